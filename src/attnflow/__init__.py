@@ -1,0 +1,22 @@
+"""attnflow: self-attention as an interacting particle system, in JAX.
+
+Tokens are particles, layers are time. The public names are re-exported here.
+"""
+
+__version__ = "0.1.0"
+
+from .kernels import KERNELS
+from .model import Attention
+from .propagator import Propagator
+from .simulate import SOLVERS, simulate
+from .trajectory import SimulationError, Trajectory
+
+__all__ = [
+    "Attention",
+    "KERNELS",
+    "Propagator",
+    "SOLVERS",
+    "SimulationError",
+    "Trajectory",
+    "simulate",
+]

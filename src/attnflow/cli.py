@@ -1,0 +1,219 @@
+"""The ``attnflow`` command line.
+
+Every computing subcommand accepts ``--json`` and then prints exactly one JSON object on
+stdout. Errors print one line on stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="attnflow: self-attention as an interacting particle system.",
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """attnflow: self-attention as an interacting particle system (tokens are particles,
+    layers are time)."""
+
+
+class CLIError(Exception):
+    """An error to report on one line of stderr, with exit status 2."""
+
+
+# ----------------------------------------------------------------------- helpers
+def setup_jax(x64: bool) -> None:
+    """Apply global JAX flags; only the command line and scripts do this."""
+    import jax
+
+    jax.config.update("jax_enable_x64", bool(x64))
+
+
+def to_jsonable(obj):
+    """Convert numpy/jax values (and containers of them) to plain JSON types."""
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if hasattr(obj, "__array__") and not isinstance(obj, (str, bytes)):
+        arr = np.asarray(obj)
+        if np.iscomplexobj(arr):
+            return to_jsonable({"real": arr.real, "imag": arr.imag})
+        if arr.dtype == np.bool_:
+            return arr.tolist()
+        if arr.ndim == 0:
+            return to_jsonable(arr.item())
+        return [to_jsonable(v) for v in arr.tolist()]
+    if isinstance(obj, float):
+        if obj != obj or obj in (float("inf"), float("-inf")):
+            return str(obj)
+        return obj
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return to_jsonable(float(obj))
+    if isinstance(obj, complex):
+        return {"real": obj.real, "imag": obj.imag}
+    return obj
+
+
+def emit_json(obj) -> None:
+    sys.stdout.write(json.dumps(to_jsonable(obj)) + "\n")
+
+
+def load_weights(V: str, Q: str, K: str, d: Optional[int], seed: int):
+    """Resolve ``--V/--Q/--K`` (names or files) into three float64 matrices."""
+    from .matrices import load
+
+    Vm = load(V, d, seed)
+    dd = Vm.shape[0]
+    # Q and K get their own streams so that "--V ginibre --Q ginibre" are independent.
+    Qm = load(Q, dd, seed + 1)
+    Km = load(K, dd, seed + 2)
+    return Qm, Km, Vm
+
+
+def initial_tokens(kind: str, n: int, d: int, seed: int, scale: float) -> np.ndarray:
+    """``n`` starting tokens in ``R^d``: uniform in ``[-scale, scale]^d`` or normal."""
+    rng = np.random.default_rng(seed)
+    if kind == "uniform":
+        return rng.uniform(-scale, scale, size=(n, d))
+    if kind == "normal":
+        return scale * rng.standard_normal((n, d))
+    p = Path(kind)
+    if p.suffix in (".npy", ".txt"):
+        if not p.exists():
+            raise CLIError(f"--x0: file {kind!r} does not exist.")
+        x0 = np.load(p) if p.suffix == ".npy" else np.loadtxt(p, ndmin=2)
+        return np.asarray(x0, dtype=np.float64)
+    raise CLIError(f"--x0 must be 'uniform', 'normal' or a .npy/.txt file; got {kind!r}.")
+
+
+# ---------------------------------------------------------------------- commands
+OptV = typer.Option("identity", "--V", help="value matrix: a name (identity, ginibre, "
+                    "paper-2d, ...) or a .npy/.npz/.txt file")
+OptQ = typer.Option("identity", "--Q", help="query matrix (name or file)")
+OptK = typer.Option("identity", "--K", help="key matrix (name or file)")
+
+
+@app.command()
+def simulate(
+    V: str = OptV,
+    Q: str = OptQ,
+    K: str = OptK,
+    n: int = typer.Option(20, "--n", help="number of tokens"),
+    d: Optional[int] = typer.Option(None, "--d", help="dimension (default: from V, or 2)"),
+    t1: float = typer.Option(5.0, "--t1", help="final time"),
+    seed: int = typer.Option(0, "--seed", help="seed for random matrices and tokens"),
+    beta: float = typer.Option(1.0, "--beta", help="inverse temperature"),
+    frame: str = typer.Option("rescaled", "--frame", help="rescaled | original"),
+    method: str = typer.Option("adaptive", "--method", help="adaptive | euler | tsit5 | dopri5 | ..."),
+    dt: Optional[float] = typer.Option(None, "--dt", help="layer step for --method euler"),
+    saves: int = typer.Option(11, "--saves", help="number of saved times in [0, t1]"),
+    rtol: float = typer.Option(1e-6, "--rtol"),
+    atol: float = typer.Option(1e-9, "--atol"),
+    max_steps: int = typer.Option(100_000, "--max-steps"),
+    x0: str = typer.Option("uniform", "--x0", help="uniform | normal | a .npy/.txt file"),
+    scale: float = typer.Option(5.0, "--scale", help="half-width (uniform) or std (normal) of x0"),
+    x64: bool = typer.Option(False, "--x64", help="compute in float64"),
+    progress: bool = typer.Option(False, "--progress", help="show a progress bar"),
+    out: Optional[Path] = typer.Option(None, "--out", help="write ts, z, x and metadata to .npz"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+):
+    """Integrate the particle system and report where the tokens went."""
+    setup_jax(x64)
+    import attnflow as af
+
+    if d is None and Path(V).suffix not in (".npy", ".npz", ".txt") and V not in _fixed_size():
+        d = 2
+    Qm, Km, Vm = load_weights(V, Q, K, d, seed)
+    dd = Vm.shape[0]
+    tokens = initial_tokens(x0, n, dd, seed, scale)
+    model = af.Attention(Qm, Km, Vm, beta=beta)
+    if saves < 2:
+        raise CLIError("--saves must be at least 2.")
+    ts = np.linspace(0.0, t1, saves)
+    if method == "euler":
+        if dt is None:
+            raise CLIError("--dt is required with --method euler.")
+        k = np.rint(ts / dt) * dt
+        ts = np.unique(np.clip(k, 0, t1))
+    traj = af.simulate(model, tokens, t1, ts=ts, frame=frame, method=method, dt=dt,
+                       rtol=rtol, atol=atol, max_steps=max_steps, progress=progress)
+    meta = traj.metadata(seed=seed, x0=x0, scale=scale, command="attnflow simulate")
+    if out is not None:
+        traj.save(out, seed=seed, x0=x0, scale=scale, command="attnflow simulate")
+    result = {
+        "status": traj.status,
+        "ok": traj.ok,
+        "ts": traj.ts,
+        "t_stop": float(traj.t_stop[0]),
+        "n": traj.n,
+        "d": traj.d,
+        "frame": traj.frame,
+        "stats": traj.stats,
+        "z_final": traj.z[-1],
+        "x_final": traj.x[-1],
+        "metadata": meta,
+        "out": str(out) if out is not None else None,
+    }
+    if as_json:
+        emit_json(result)
+        return
+    typer.echo(f"status: {traj.status}   (t_stop = {float(traj.t_stop[0]):.6g} of t1 = {t1})")
+    typer.echo(f"solver: {traj.solver}   steps: {int(np.asarray(traj.stats['num_steps']))}")
+    typer.echo(f"n = {traj.n}, d = {traj.d}, frame = {traj.frame}, x64 = {x64}")
+    with np.printoptions(precision=4, suppress=True, threshold=200):
+        typer.echo(f"final z (rescaled frame):\n{np.asarray(traj.z[-1])}")
+    if not traj.ok:
+        try:
+            traj.raise_for_status()
+        except af.SimulationError as exc:
+            typer.echo(f"note: {exc}")
+    if out is not None:
+        typer.echo(f"saved: {out}")
+
+
+def _fixed_size():
+    from .matrices import PAPER
+
+    return tuple(PAPER)
+
+
+# ------------------------------------------------------------------- entry point
+def main(argv=None) -> None:
+    """Run the command line; errors become one line on stderr and exit status 2."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        args = ["--help"]
+    try:
+        rc = app(args=args, standalone_mode=False)
+    except SystemExit:
+        raise
+    except (CLIError, ValueError, OSError, KeyError) as exc:
+        _fail(str(exc) or type(exc).__name__)
+    except Exception as exc:
+        # Usage errors of the (vendored) click parser carry ``format_message``.
+        if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
+            _fail(exc.format_message())
+        if type(exc).__name__ == "Abort":
+            raise SystemExit(1) from None
+        _fail(f"{type(exc).__name__}: {exc}")
+    raise SystemExit(rc if isinstance(rc, int) else 0)
+
+
+def _fail(message: str) -> None:
+    lines = [ln.strip() for ln in str(message).strip().splitlines() if ln.strip()]
+    sys.stderr.write(f"attnflow: error: {' '.join(lines)[:2000]}\n")
+    raise SystemExit(2)

@@ -1,0 +1,163 @@
+"""The self-attention head as a particle system, and its vector fields in both frames.
+
+Tokens are the rows of an ``(n, d)`` array. With ``P = kernel(beta <Q x_i, K x_j>)``:
+
+original frame   ``dx_i/dt = sum_j P_ij V x_j``
+rescaled frame   ``dz_i/dt = sum_j P_ij(t) V (z_j - z_i)``, ``z_i = e^{-tV} x_i``, where
+                 ``P(t)`` is evaluated at ``x = e^{tV} z``.
+
+In matrix form (tokens as rows): ``dX = P X V^T`` and ``dZ = (P Z - Z) V^T``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array
+
+from . import kernels as _kernels
+from .propagator import Propagator
+
+__all__ = ["Attention"]
+
+
+def _is_concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _as_matrix(name: str, A) -> Array:
+    """Validate one weight matrix and return it as a JAX array (not yet cast)."""
+    if isinstance(A, jax.core.Tracer):
+        arr = A
+    else:
+        try:
+            arr = np.asarray(A)
+        except Exception as exc:  # ragged lists and the like
+            raise ValueError(f"{name} must be a (d, d) array of real numbers: {exc}") from None
+    if np.issubdtype(arr.dtype, np.complexfloating):
+        raise ValueError(
+            f"{name} must be real; got a complex array. Pass the real matrix "
+            f"(complex spectra are fine, complex entries are not)."
+        )
+    if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
+            or arr.dtype == np.bool_):
+        raise ValueError(f"{name} must be a real numeric array; got dtype {arr.dtype}.")
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be a 2-d (d, d) matrix; got shape {tuple(arr.shape)}.")
+    if arr.shape[0] != arr.shape[1]:
+        raise ValueError(f"{name} must be square (d, d); got shape {tuple(arr.shape)}.")
+    if arr.shape[0] < 1:
+        raise ValueError(f"{name} must have d >= 1; got shape {tuple(arr.shape)}.")
+    if _is_concrete(arr) and not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} has non-finite entries (NaN or inf); all entries must be finite.")
+    return arr
+
+
+class Attention(eqx.Module):
+    """One self-attention head with weights fixed in time.
+
+    Args:
+        Q, K, V: query, key and value matrices, each ``(d, d)``, real and finite.
+        beta: inverse temperature multiplying every logit ``<Q x_i, K x_j>``; finite, > 0.
+        kernel: the attention kernel, one of ``attnflow.kernels.KERNELS``.
+        propagator: how ``e^{tV}`` is computed: ``"auto"`` (default), ``"eigh"``,
+            ``"eig"`` or ``"expm"``; see ``attnflow.propagator``.
+
+    The working precision is the promoted dtype of ``Q, K, V`` (integers become the
+    default float): float64 inputs stay float64 when x64 is on, and become float32 when it
+    is off. The spectral decomposition of ``V`` is computed once, here.
+
+    Invalid input raises ``ValueError`` naming the argument, at construction.
+    """
+
+    Q: Array
+    K: Array
+    V: Array
+    beta: Array
+    propagator: Propagator
+    kernel: str = eqx.field(static=True)
+
+    def __init__(self, Q, K, V, *, beta=1.0, kernel: str = "softmax",
+                 propagator: str = "auto"):
+        Qa, Ka, Va = _as_matrix("Q", Q), _as_matrix("K", K), _as_matrix("V", V)
+        shapes = {"Q": tuple(Qa.shape), "K": tuple(Ka.shape), "V": tuple(Va.shape)}
+        if len(set(shapes.values())) != 1:
+            raise ValueError(
+                f"Q, K and V must all have the same shape (d, d); got {shapes}. "
+                f"The token dimension d is fixed by V."
+            )
+        if not isinstance(kernel, str) or kernel not in _kernels.KERNELS:
+            raise ValueError(f"kernel must be one of {_kernels.KERNELS}; got {kernel!r}.")
+        if _is_concrete(beta):
+            try:
+                b = float(np.asarray(beta))
+            except Exception:
+                raise ValueError(f"beta must be a positive finite number; got {beta!r}.") from None
+            if np.ndim(beta) != 0 or np.iscomplexobj(beta):
+                raise ValueError(f"beta must be a real scalar; got {beta!r}.")
+            if not math.isfinite(b) or b <= 0:
+                raise ValueError(f"beta must be a positive finite number; got {beta!r}.")
+        dtype = jax.dtypes.canonicalize_dtype(
+            np.result_type(np.float32, *(a.dtype for a in (Qa, Ka, Va)))
+        )
+        self.Q = jnp.asarray(Qa, dtype=dtype)
+        self.K = jnp.asarray(Ka, dtype=dtype)
+        self.V = jnp.asarray(Va, dtype=dtype)
+        self.beta = jnp.asarray(beta, dtype=dtype)
+        self.kernel = kernel
+        self.propagator = Propagator(self.V, method=propagator)
+
+    # ----------------------------------------------------------------- basic facts
+    @property
+    def d(self) -> int:
+        return self.V.shape[-1]
+
+    @property
+    def dtype(self):
+        return self.V.dtype
+
+    # -------------------------------------------------------- attention of a state
+    def logits(self, x: Array) -> Array:
+        """``beta <Q x_i, K x_j>`` for tokens ``x`` ``(n, d)`` (original frame) -> ``(n, n)``."""
+        return _kernels.logits(x @ self.Q.T, x @ self.K.T, self.beta)
+
+    def attention(self, x: Array) -> Array:
+        """The attention matrix ``P`` ``(n, n)`` of tokens ``x`` ``(n, d)`` (original frame)."""
+        return _kernels.weights(self.kernel, self.logits(x))
+
+    def log_logit_bound(self, x: Array) -> Array:
+        """``log(beta max_i |Q x_i| max_j |K x_j|)``, an upper bound of ``log max |logit|``.
+
+        Cheap (``O(n d^2)``, no ``n x n`` matrix) and safe: computed from norms, so it is
+        ``+inf`` rather than NaN when ``x`` has overflowed.
+        """
+        qn = jnp.max(jnp.linalg.norm(x @ self.Q.T, axis=-1))
+        kn = jnp.max(jnp.linalg.norm(x @ self.K.T, axis=-1))
+        with jax.numpy_dtype_promotion("standard"):
+            out = jnp.log(self.beta) + jnp.log(qn) + jnp.log(kn)
+        return jnp.where(jnp.isnan(out), jnp.inf, out)
+
+    # ---------------------------------------------------------------- vector fields
+    def field_original(self, t, x: Array) -> Array:
+        """``dx/dt = P X V^T`` for tokens ``x`` ``(n, d)``."""
+        del t
+        P = self.attention(x)
+        return (P @ x) @ self.V.T
+
+    def field_rescaled(self, t, z: Array) -> Array:
+        """``dz/dt = (P(t) Z - Z) V^T`` with ``P(t)`` taken at ``x = z e^{tV}^T``."""
+        x = self.propagator.apply(t, z)
+        P = self.attention(x)
+        return (P @ z - z) @ self.V.T
+
+    def to_original(self, t, z: Array) -> Array:
+        """``x = e^{tV} z`` for row tokens ``z`` ``(..., d)``."""
+        return self.propagator.apply(t, z)
+
+    def to_rescaled(self, t, x: Array) -> Array:
+        """``z = e^{-tV} x`` for row tokens ``x`` ``(..., d)``."""
+        return self.propagator.apply(-jnp.asarray(t), x)

@@ -1,0 +1,267 @@
+"""The result of a simulation: saved states in both frames, status and statistics."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+from functools import cached_property
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array
+
+__all__ = ["Trajectory", "SimulationError", "STATUS_CODES", "run_metadata"]
+
+STATUS_CODES = ("ok", "overflow", "max_steps", "nonfinite", "failed")
+
+
+class SimulationError(RuntimeError):
+    """A simulation did not reach ``t1``; the message says what to change."""
+
+
+def _advice(code: str, dtype, solver: dict, t_stop: float, t1: float) -> str:
+    x64 = np.dtype(dtype) == np.float64
+    where = f"at t = {t_stop:.6g} of t1 = {t1:.6g}"
+    if code == "overflow":
+        if x64:
+            fix = "use a smaller t1 (the logits grow like e^{2 Re(lambda_max) t})"
+        else:
+            fix = ("use x64 (jax.config.update('jax_enable_x64', True), or --x64 on the "
+                   "command line) or a smaller t1")
+        return (f"the attention logits left the {np.dtype(dtype).name} range {where}; "
+                f"{fix}.")
+    if code == "max_steps":
+        return (f"the adaptive solver used max_steps = {solver.get('max_steps')} steps "
+                f"{where}; raise max_steps, loosen rtol/atol, or use method='euler' with "
+                f"a layer step dt (large logits make attention switch sharply and force "
+                f"small steps).")
+    if code == "nonfinite":
+        return (f"a non-finite state appeared {where}; use x64, tighter tolerances or a "
+                f"smaller t1.")
+    if code == "failed":
+        return f"the solver failed {where}; try x64, other tolerances or method='euler'."
+    return "ok"
+
+
+def run_metadata() -> dict:
+    """Versions and precision of this process, for saved results."""
+    import diffrax
+    import equinox
+
+    from . import __version__
+
+    return {
+        "attnflow": __version__,
+        "jax": jax.__version__,
+        "diffrax": diffrax.__version__,
+        "equinox": equinox.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "x64": bool(jax.config.jax_enable_x64),
+        "backend": jax.default_backend(),
+    }
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Trajectory:
+    """Saved states of one system or a batch, in both frames.
+
+    Attributes:
+        ts: ``(m,)`` saved times. For one system that stopped early, only the times
+            reached, followed by the time where it stopped.
+        frame: the frame that was integrated, ``"rescaled"`` or ``"original"``.
+        model: the ``Attention`` it came from.
+        stats: ``num_steps``, ``num_accepted_steps``, ``num_rejected_steps`` (per system).
+        solver: the method and its settings.
+        statuses: one status code per system (see ``attnflow.simulate``).
+        reached: ``(m,)`` or ``(b, m)``: which saves were reached. In a batch, states of
+            saves that a failed system never reached are NaN, and said so by ``status``.
+        t_stop: where each system stopped (``t1`` when it succeeded).
+        t1: the requested final time.
+
+    ``z`` and ``x`` are the states in the rescaled and original frames, ``(m, n, d)`` or
+    ``(b, m, n, d)``; the frame that was not integrated is computed on first access
+    (``x = e^{tV} z``, or ``x^k = (I + dt V)^k z^k`` for the discrete transformer).
+    """
+
+    ts: Array
+    frame: str
+    model: Any
+    stats: dict
+    solver: dict
+    statuses: tuple
+    reached: np.ndarray
+    t_stop: np.ndarray
+    t1: float
+    batched: bool
+    _y: Array  # (b, m, n, d), the integrated frame
+    _to_x: Array | None  # (b?, m, d, d) maps z -> x, when not computable from ts
+
+    # ------------------------------------------------------------- construction
+    @classmethod
+    def _from_solve(cls, *, model, frame, ts_requested, ys, reached, t_stop, y_stop,
+                    codes, stats, batched, to_x, solver, t1):
+        codes = np.asarray(codes).reshape(-1)
+        statuses = tuple(STATUS_CODES[int(c)] for c in codes)
+        reached = np.asarray(reached, bool)
+        ys = jnp.asarray(ys)
+        t_stop = np.asarray(t_stop, np.float64).reshape(-1)
+        dtype = ys.dtype
+        ts = jnp.asarray(ts_requested, dtype=dtype)
+        if batched:
+            mask = jnp.asarray(reached)[:, :, None, None]
+            ys = jnp.where(mask, ys, jnp.nan)
+            to = None if to_x is None else jnp.asarray(to_x, dtype)
+            return cls(ts=ts, frame=frame, model=model, stats=stats, solver=solver,
+                       statuses=statuses, reached=reached, t_stop=t_stop, t1=t1,
+                       batched=True, _y=ys, _to_x=to)
+        # One system: keep what was reached, then the state where it stopped.
+        r = reached[0]
+        keep = np.flatnonzero(r)
+        y = ys[0][keep]
+        tk = np.asarray(ts_requested)[keep]
+        to = None if to_x is None else np.asarray(to_x)[keep]
+        ok = statuses[0] == "ok"
+        ts_stop = float(t_stop[0])
+        if not ok and (tk.size == 0 or ts_stop > tk[-1] * (1 + 1e-12)):
+            y = jnp.concatenate([y, jnp.asarray(y_stop)[0][None].astype(dtype)], axis=0)
+            tk = np.append(tk, ts_stop)
+            if to is not None:
+                R = np.eye(model.d) + solver["dt"] * np.asarray(model.V, np.float64)
+                k = int(round(ts_stop / solver["dt"]))
+                to = np.concatenate([to, np.linalg.matrix_power(R, k)[None]], axis=0)
+            r = np.ones(tk.shape, bool)
+        else:
+            r = np.ones(tk.shape, bool)
+        stats1 = {k: (v[0] if np.ndim(v) else v) for k, v in stats.items()}
+        return cls(ts=jnp.asarray(tk, dtype), frame=frame, model=model, stats=stats1,
+                   solver=solver, statuses=statuses, reached=r, t_stop=t_stop, t1=t1,
+                   batched=False, _y=y[None],
+                   _to_x=None if to is None else jnp.asarray(to, dtype))
+
+    # ------------------------------------------------------------------- status
+    @property
+    def status(self) -> str:
+        """``"ok"`` or the failure code; for a batch, the first failure code found,
+        with how many systems failed (``"overflow (3 of 64)"``)."""
+        bad = [s for s in self.statuses if s != "ok"]
+        if not bad:
+            return "ok"
+        if not self.batched:
+            return bad[0]
+        return f"{bad[0]} ({len(bad)} of {len(self.statuses)})"
+
+    @property
+    def ok(self) -> bool:
+        return all(s == "ok" for s in self.statuses)
+
+    def raise_for_status(self) -> "Trajectory":
+        """Raise ``SimulationError`` saying what to change if any system failed."""
+        if self.ok:
+            return self
+        msgs = []
+        for i, s in enumerate(self.statuses):
+            if s != "ok":
+                prefix = f"system {i}: " if self.batched else ""
+                msgs.append(prefix + _advice(s, self._y.dtype, self.solver,
+                                             float(self.t_stop[i]), self.t1))
+                if len(msgs) >= 3:
+                    break
+        more = sum(s != "ok" for s in self.statuses) - len(msgs)
+        tail = f" (and {more} more systems)" if more > 0 else ""
+        raise SimulationError("; ".join(msgs) + tail)
+
+    # ------------------------------------------------------------------- states
+    def _maps(self) -> Array:
+        """``(m, d, d)`` (or ``(b, m, d, d)``) matrices M with ``x = z @ M.T``."""
+        if self._to_x is not None:
+            return self._to_x
+        return jax.vmap(self.model.propagator)(self.ts)
+
+    def _convert(self, y, to_original: bool):
+        M = self._maps()
+        if to_original:
+            return jnp.einsum("bmnd,med->bmne", y, M)
+        if self._to_x is None:  # continuous: e^{-tV} directly, no inversion
+            Minv = jax.vmap(self.model.propagator)(-self.ts)
+            return jnp.einsum("bmnd,med->bmne", y, Minv)
+        sol = jnp.linalg.solve(M[None], jnp.swapaxes(y, -1, -2))
+        return jnp.swapaxes(sol, -1, -2)
+
+    @cached_property
+    def _z(self) -> Array:
+        return self._y if self.frame == "rescaled" else self._convert(self._y, False)
+
+    @cached_property
+    def _x(self) -> Array:
+        return self._y if self.frame == "original" else self._convert(self._y, True)
+
+    @property
+    def z(self) -> Array:
+        """Rescaled-frame states ``(m, n, d)`` or ``(b, m, n, d)``."""
+        return self._z if self.batched else self._z[0]
+
+    @property
+    def x(self) -> Array:
+        """Original-frame states ``(m, n, d)`` or ``(b, m, n, d)``."""
+        return self._x if self.batched else self._x[0]
+
+    @property
+    def n(self) -> int:
+        return self._y.shape[-2]
+
+    @property
+    def d(self) -> int:
+        return self._y.shape[-1]
+
+    def attention(self, k: int = -1) -> Array:
+        """The attention matrix ``P`` at saved index ``k``: ``(n, n)`` or ``(b, n, n)``."""
+        m = self._y.shape[1]
+        if not -m <= k < m:
+            raise IndexError(f"k = {k} is out of range for {m} saved times.")
+        xk = self._x[:, k]
+        P = jax.vmap(self.model.attention)(xk)
+        return P if self.batched else P[0]
+
+    # --------------------------------------------------------------- saving
+    def metadata(self, **extra) -> dict:
+        """Everything needed to reproduce and judge this run, JSON-serialisable."""
+        m = self.model
+        meta = {
+            "frame": self.frame,
+            "solver": self.solver,
+            "t1": self.t1,
+            "status": self.status,
+            "statuses": list(self.statuses),
+            "t_stop": [float(t) for t in self.t_stop],
+            "n": self.n,
+            "d": self.d,
+            "batch": len(self.statuses) if self.batched else None,
+            "dtype": np.dtype(self._y.dtype).name,
+            "beta": float(m.beta),
+            "kernel": m.kernel,
+            "propagator": m.propagator.method,
+            "Q": np.asarray(m.Q).tolist(),
+            "K": np.asarray(m.K).tolist(),
+            "V": np.asarray(m.V).tolist(),
+            "stats": {k: np.asarray(v).tolist() for k, v in self.stats.items()},
+            "versions": run_metadata(),
+        }
+        meta.update(extra)
+        return meta
+
+    def save(self, path, **extra) -> None:
+        """Write ``ts``, ``z``, ``x``, ``reached`` and a JSON ``metadata`` string to ``.npz``."""
+        np.savez_compressed(
+            path, ts=np.asarray(self.ts), z=np.asarray(self.z), x=np.asarray(self.x),
+            reached=self.reached, metadata=json.dumps(self.metadata(**extra)),
+        )
+
+    def __repr__(self) -> str:
+        shape = tuple(self._y.shape) if self.batched else tuple(self._y.shape[1:])
+        return (f"Trajectory(frame={self.frame!r}, shape={shape}, "
+                f"t=[{float(self.ts[0]):.4g}, {float(self.ts[-1]):.4g}], "
+                f"status={self.status!r})")
