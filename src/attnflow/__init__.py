@@ -5,6 +5,7 @@ Tokens are particles, layers are time. The public names are re-exported here.
 
 __version__ = "0.1.0"
 
+from . import matrices
 from .kernels import KERNELS
 from .model import Attention
 from .propagator import Propagator

@@ -1,0 +1,92 @@
+"""Attention construction, validation and the propagator e^{tV}."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attnflow as af
+import reference as ref
+
+I2 = np.eye(2)
+
+BAD_MODELS = [
+    (dict(Q=np.eye(3)), "Q"),
+    (dict(K=np.ones((2, 3))), "K"),
+    (dict(V=np.ones(2)), "V"),
+    (dict(V=np.zeros((0, 0))), "V"),
+    (dict(V=np.array([[1.0, np.nan], [0, 1]])), "V"),
+    (dict(Q=np.array([[np.inf, 0], [0, 1]])), "Q"),
+    (dict(K=np.eye(2) * 1j), "K"),
+    (dict(V=[["a", "b"], ["c", "d"]]), "V"),
+    (dict(beta=0.0), "beta"),
+    (dict(beta=-1.0), "beta"),
+    (dict(beta=float("inf")), "beta"),
+    (dict(beta=np.ones(2)), "beta"),
+    (dict(kernel="relu"), "kernel"),
+    (dict(propagator="taylor"), "propagator"),
+]
+
+
+@pytest.mark.parametrize("kwargs,word", BAD_MODELS)
+def test_bad_model_input_names_the_argument(kwargs, word):
+    args = dict(Q=I2, K=I2, V=I2)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=word):
+        af.Attention(args.pop("Q"), args.pop("K"), args.pop("V"), **args)
+
+
+def test_model_is_a_pytree_with_dtype_promotion():
+    m = af.Attention([[1, 0], [0, 1]], I2, I2, beta=2)
+    assert m.dtype == jnp.float64 and m.beta.dtype == jnp.float64
+    leaves = jax.tree_util.tree_leaves(m)
+    assert any(leaf is m.V for leaf in leaves)
+    m32 = af.Attention(*(np.eye(2, dtype=np.float32),) * 3)
+    assert m32.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("V,method", [
+    (np.array([[0.8, 0.3], [0.3, -0.4]]), "eigh"),
+    (np.array([[1.0, 2.0], [0.0, 0.5]]), "eig"),
+    (np.array([[0.3, -1.0], [1.0, 0.3]]), "eig"),
+    (np.array([[0.7, 1.0], [0.0, 0.7]]), "expm"),           # Jordan block
+    (np.array([[2.0, 1.0, 0.0], [0.0, 2.0, 1.0], [0.0, 0.0, 2.0]]), "expm"),
+    (np.array([[1.0, 1e4], [0.0, 1.0 + 1e-6]]), "expm"),    # nearly defective
+])
+def test_propagator_matches_taylor_exponential(V, method):
+    p = af.Propagator(jnp.asarray(V))
+    assert p.method == method
+    for t in [-1.0, 0.0, 0.37, 2.5]:
+        want = ref.expm(t * V)
+        got = np.asarray(p(t))
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9 * np.abs(want).max())
+
+
+def test_jordan_block_closed_form():
+    """e^{t(lam I + N)} = e^{t lam} (I + t N) for a 2x2 Jordan block."""
+    lam = 0.7
+    p = af.Propagator(jnp.asarray([[lam, 1.0], [0.0, lam]]))
+    for t in [0.5, 3.0]:
+        want = np.exp(t * lam) * np.array([[1.0, t], [0.0, 1.0]])
+        np.testing.assert_allclose(np.asarray(p(t)), want, rtol=1e-13)
+
+
+def test_propagator_inside_jit_is_guarded():
+    """A model built from traced weights still gets e^{tV} right, Jordan block included."""
+    def f(V):
+        return af.Attention(jnp.eye(2), jnp.eye(2), V).propagator(1.5)
+
+    for V in [np.array([[0.7, 1.0], [0.0, 0.7]]), np.array([[0.3, -1.0], [1.0, 0.3]])]:
+        np.testing.assert_allclose(np.asarray(jax.jit(f)(jnp.asarray(V))), ref.expm(1.5 * V),
+                                   rtol=1e-10)
+
+
+def test_vector_fields_match_reference():
+    rng = np.random.default_rng(0)
+    Q, K, V = (rng.standard_normal((3, 3)) for _ in range(3))
+    z = rng.standard_normal((5, 3))
+    m = af.Attention(Q, K, V, beta=0.5)
+    np.testing.assert_allclose(np.asarray(m.field_original(0.0, jnp.asarray(z))),
+                               ref.field_original(0.0, z, Q, K, V, 0.5), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(m.field_rescaled(0.8, jnp.asarray(z))),
+                               ref.field_rescaled(0.8, z, Q, K, V, 0.5), rtol=1e-9, atol=1e-12)
