@@ -372,6 +372,39 @@ def rank_of(P, tol: float = 1e-6, *, method: str = "auto", svd_max_n: int = 1024
 
 
 # -------------------------------------------------------- trajectory statistics
+def _masked_log_mass(L, keep, m, logS):
+    """``log(sum_{j in keep} e^{L_j - m}) - logS`` for rows of logits ``L``, robustly.
+
+    The largest kept logit is pinned to ``e^0 = 1`` after its own shift (see
+    ``_softmax_pinned``), so the result is exact to relative rounding and ``-inf`` only
+    when nothing is kept.
+    """
+    Lk = jnp.where(keep, L, -jnp.inf)
+    mk = jnp.max(Lk, axis=-1)
+    top = jax.nn.one_hot(jnp.argmax(Lk, axis=-1), L.shape[-1], dtype=bool)
+    e = jnp.where(keep, jnp.where(top, 1.0, jnp.exp(jnp.minimum(L - mk[:, None], 0.0))), 0.0)
+    return (mk - m) + jnp.log(e.sum(-1)) - logS
+
+
+def _softmax_pinned(L):
+    """Row softmax of ``L`` ``(n, n)`` with the argmax entry pinned to ``e^0``.
+
+    Inside ``jit`` on CPU, XLA may contract ``q.k - max`` into one fused multiply-add,
+    so the shifted logit of the maximum comes out as the product's rounding error
+    (``+-ulp/2``), not 0; past ``|logit| ~ 6e18`` (float64; ``~1.5e9`` in float32) that
+    is beyond ``log(finfo.max)`` and ``jax.nn.softmax`` returns ``inf / inf = NaN``.
+    Clamping the shifts at 0 and pinning the argmax to 1 keeps every row exact to the
+    accuracy of its logits.
+    """
+    n = L.shape[-1]
+    k = jnp.argmax(L, axis=-1)
+    hot = jax.nn.one_hot(k, n, dtype=bool)
+    m = jnp.max(L, axis=-1)
+    e = jnp.where(hot, 1.0, jnp.exp(jnp.minimum(L - m[:, None], 0.0)))
+    S = e.sum(-1)
+    return e / S[:, None], k, hot, m, jnp.log(S)
+
+
 @eqx.filter_jit
 def _traj_stats(model, x, stochastic: bool):
     """Tokens ``x`` ``(c, n, d)`` (original frame) -> ``P`` and per-row statistics."""
@@ -379,10 +412,13 @@ def _traj_stats(model, x, stochastic: bool):
 
     def one(x):
         L = model.logits(x)
-        P = _kernels.weights(kernel, L)
-        n = P.shape[-1]
-        k = jnp.argmax(P, axis=-1)
-        hot = jax.nn.one_hot(k, n, dtype=bool)
+        n = L.shape[-1]
+        if kernel == "softmax":
+            P, k, hot, m, logS = _softmax_pinned(L)
+        else:
+            P = _kernels.weights(kernel, L)
+            k = jnp.argmax(P, axis=-1)
+            hot = jax.nn.one_hot(k, n, dtype=bool)
         off = jnp.where(hot, 0.0, P)
         s = off.sum(-1)
         pk = jnp.take_along_axis(P, k[:, None], axis=-1)[:, 0]
@@ -392,9 +428,8 @@ def _traj_stats(model, x, stochastic: bool):
         same = k[None, :] == k[:, None]  # (i, j): token j attends the leader of row i
         out_mass = jnp.where(same, 0.0, P).sum(-1)
         if kernel == "softmax":
-            lse = jax.scipy.special.logsumexp(L, axis=-1)
-            log_off = jax.scipy.special.logsumexp(jnp.where(hot, -jnp.inf, L), axis=-1) - lse
-            log_out = jax.scipy.special.logsumexp(jnp.where(same, -jnp.inf, L), axis=-1) - lse
+            log_off = _masked_log_mass(L, ~hot, m, logS)
+            log_out = _masked_log_mass(L, ~same, m, logS)
         else:
             log_off = jnp.log(s)
             log_out = jnp.log(out_mass)
