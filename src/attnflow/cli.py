@@ -191,6 +191,106 @@ def _fixed_size():
     return tuple(PAPER)
 
 
+# ------------------------------------------------------------------ rank (issue 4)
+@app.command()
+def rank(
+    V: str = OptV,
+    Q: str = OptQ,
+    K: str = OptK,
+    n: int = typer.Option(20, "--n", help="number of tokens"),
+    d: Optional[int] = typer.Option(None, "--d", help="dimension (default: from V, or 1)"),
+    t1: float = typer.Option(10.0, "--t1", help="final time (logits grow like "
+                             "e^{2 lambda t}: keep it moderate, see --help)"),
+    seed: int = typer.Option(0, "--seed", help="seed for random matrices and tokens"),
+    beta: float = typer.Option(1.0, "--beta", help="inverse temperature"),
+    frame: str = typer.Option("rescaled", "--frame", help="rescaled | original"),
+    method: str = typer.Option("adaptive", "--method", help="adaptive | euler | tsit5 | ..."),
+    dt: Optional[float] = typer.Option(None, "--dt", help="layer step for --method euler"),
+    saves: int = typer.Option(241, "--saves", help="number of saved times in [0, t1] "
+                              "(the fit needs many)"),
+    rtol: float = typer.Option(1e-6, "--rtol"),
+    atol: float = typer.Option(1e-9, "--atol"),
+    max_steps: int = typer.Option(100_000, "--max-steps"),
+    x0: str = typer.Option("uniform", "--x0", help="uniform | normal | a .npy/.txt file"),
+    scale: float = typer.Option(1.0, "--scale", help="half-width (uniform) or std (normal) of x0"),
+    x64: bool = typer.Option(False, "--x64", help="compute in float64"),
+    tol: float = typer.Option(1e-6, "--tol", help="numerical rank: singular values above "
+                              "tol * sigma_max count"),
+    norm: str = typer.Option("inf", "--norm", help="Boolean distance per row: inf "
+                             "(1 - max_j P_ij) | l1 (twice that)"),
+    leader_threshold: float = typer.Option(0.5, "--leader-threshold",
+                                           help="leaders: column mass of the last P above this"),
+    fit_max: float = typer.Option(1e-2, "--fit-max", help="fit only where D <= fit-max"),
+    fit_min: Optional[float] = typer.Option(None, "--fit-min", help="fit only where D >= "
+                                            "fit-min (default 1e3 * smallest normal float; "
+                                            "0: logit-based values to the end)"),
+    progress: bool = typer.Option(False, "--progress", help="show a progress bar"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+):
+    """Simulate, then follow the attention matrix P(t) to its Boolean limit: numerical
+    rank, distance to the nearest Boolean row-stochastic matrix, the leaders (tokens that
+    keep receiving attention) and a fit of log(-log D) against t (doubly exponential law).
+
+    Proved for d = 1, V > 0, QK > 0 (rows tend to e_1 or e_n, rank <= 2 generically);
+    measured elsewhere. Example: attnflow rank --d 1 --x64. On CPU the softmax of the
+    simulation breaks down past |logit| ~ 6e18 (float64) or ~ 1.5e9 (float32): with
+    V = I and tokens of size 1 that is t ~ 21 (x64) or t ~ 10 (float32).
+    """
+    setup_jax(x64)
+    import attnflow as af
+    from .rank import track_rank
+
+    if d is None and Path(V).suffix not in (".npy", ".npz", ".txt") and V not in _fixed_size():
+        d = 1
+    Qm, Km, Vm = load_weights(V, Q, K, d, seed)
+    dd = Vm.shape[0]
+    tokens = initial_tokens(x0, n, dd, seed, scale)
+    model = af.Attention(Qm, Km, Vm, beta=beta)
+    if saves < 2:
+        raise CLIError("--saves must be at least 2.")
+    ts = np.linspace(0.0, t1, saves)
+    if method == "euler":
+        if dt is None:
+            raise CLIError("--dt is required with --method euler.")
+        ts = np.unique(np.clip(np.rint(ts / dt) * dt, 0, t1))
+    # Check the analysis settings before the (possibly long) simulation.
+    if not 0.0 < tol < 1.0:
+        raise CLIError(f"--tol must be in (0, 1); got {tol}.")
+    if norm not in ("inf", "l1"):
+        raise CLIError(f"--norm must be 'inf' or 'l1'; got {norm!r}.")
+    if not 0.0 < fit_max < 1.0:
+        raise CLIError(f"--fit-max must be in (0, 1); got {fit_max}.")
+    if fit_min is not None and not 0.0 <= fit_min < fit_max:
+        raise CLIError(f"--fit-min must be in [0, fit-max); got {fit_min}.")
+    if not leader_threshold > 0:
+        raise CLIError(f"--leader-threshold must be positive; got {leader_threshold}.")
+    traj = af.simulate(model, tokens, t1, ts=ts, frame=frame, method=method, dt=dt,
+                       rtol=rtol, atol=atol, max_steps=max_steps, progress=progress)
+    rt = track_rank(traj, tol=tol, norm=norm, leader_threshold=leader_threshold,
+                    fit_max=fit_max, fit_min=fit_min)
+    meta = traj.metadata(seed=seed, x0=x0, scale=scale, command="attnflow rank")
+    if as_json:
+        result = rt.to_dict()
+        result.update(status=traj.status, ok=traj.ok, metadata=meta)
+        emit_json(result)
+        return
+    typer.echo(f"status: {traj.status}   (t_stop = {float(traj.t_stop[0]):.6g} of t1 = {t1})")
+    typer.echo(f"n = {traj.n}, d = {traj.d}, x64 = {x64}, tol = {tol:g}, norm = {norm}")
+    typer.echo(f"{'t':>9} {'rank':>5} {'method':>8} {'Boolean distance':>17} "
+               f"{'log D':>12} {'attended':>8}")
+    m = len(rt.ts)
+    for k in sorted(set(np.linspace(0, m - 1, min(m, 13)).round().astype(int).tolist())):
+        typer.echo(f"{float(rt.ts[k]):9.4g} {int(rt.rank[k]):5d} {str(rt.rank_method[k]):>8} "
+                   f"{float(rt.boolean_distance[k]):17.4e} "
+                   f"{float(rt.log_boolean_distance[k]):12.5g} {int(rt.n_attended[k]):8d}")
+    typer.echo(rt.summary())
+    if not traj.ok:
+        try:
+            traj.raise_for_status()
+        except af.SimulationError as exc:
+            typer.echo(f"note: {exc}")
+
+
 # ------------------------------------------------------------------- entry point
 def main(argv=None) -> None:
     """Run the command line; errors become one line on stderr and exit status 2."""
