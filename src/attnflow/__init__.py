@@ -9,6 +9,7 @@ from . import matrices
 from .kernels import KERNELS
 from .model import Attention
 from .propagator import Propagator
+from .rank import RankTrack, boolean_distance, rank_of, track_rank
 from .simulate import SOLVERS, simulate
 from .trajectory import SimulationError, Trajectory
 
@@ -16,8 +17,12 @@ __all__ = [
     "Attention",
     "KERNELS",
     "Propagator",
+    "RankTrack",
     "SOLVERS",
     "SimulationError",
     "Trajectory",
+    "boolean_distance",
+    "rank_of",
     "simulate",
+    "track_rank",
 ]
