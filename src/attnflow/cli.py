@@ -220,7 +220,7 @@ def rank(
                              "(1 - max_j P_ij) | l1 (twice that)"),
     leader_threshold: float = typer.Option(0.5, "--leader-threshold",
                                            help="leaders: column mass of the last P above this"),
-    fit_max: float = typer.Option(1e-2, "--fit-max", help="fit only where D <= fit-max"),
+    fit_max: float = typer.Option(1e-10, "--fit-max", help="fit only where D <= fit-max"),
     fit_min: Optional[float] = typer.Option(None, "--fit-min", help="fit only where D >= "
                                             "fit-min (default 1e3 * smallest normal float; "
                                             "0: logit-based values to the end)"),
