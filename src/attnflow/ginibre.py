@@ -1,0 +1,693 @@
+"""How generic is the hyperplane theorem? Sampling its hypotheses over real Ginibre matrices.
+
+The hyperplane theorem of Geshkovski, Letrouit, Polyanskiy, Rigollet (2023) needs V's
+eigenvalue of largest modulus to be real, positive and simple (``lambda_1 > |lambda_2|``)
+-- the *spectral hypothesis* -- and ``<Q phi_1, K phi_1> > 0`` for its eigenvector
+``phi_1``; a triple (Q, K, V) satisfying both is a *good triple*. ``ginibre_fraction``
+estimates, for V a d x d real Ginibre matrix (iid N(0, 1) entries):
+
+* the fraction satisfying the spectral hypothesis, with a 95% (or any level) Wilson or
+  Clopper-Pearson interval -- exactly 1/2 at d = 1 and 1/(2 sqrt 2) at d = 2;
+* the fraction of good triples with Q = K = I (equal to the former: ``<phi, phi> > 0``
+  for every real eigenvector; computed, not assumed);
+* the fraction of good triples with Q, K independent real Ginibre matrices too (half the
+  former in expectation: ``Q phi`` and ``K phi`` are independent Gaussian vectors).
+
+Decisions (per sample, ``a = tol * ||V||_F``, default ``tol = d * eps``, eps = 2**-52).
+With lambda_1 an eigenvalue of largest modulus and ``m_1 >= m_2 >= m_3`` the sorted
+moduli, the spectral hypothesis holds iff
+
+    |Im lambda_1| <= a,   Re lambda_1 > a,   m_1 - m_2 > a.
+
+LAPACK's ``geev`` returns real eigenvalues of a real matrix with imaginary part exactly 0
+and complex ones in exact conjugate pairs of equal modulus, so a complex top eigenvalue
+always fails the gap test; two eigenvalues closer than ``a`` (including a pair that
+rounding split off the real axis) are not certified simple and fail too. ``geev`` is
+backward stable (the eigenvalues are exact for ``V + E``, ``||E||_F`` a modest multiple
+of ``eps ||V||_F``), so ``a`` is a scale-aware rounding threshold. A sample is
+*borderline* if a margin is within ``1000 a`` of its threshold (for a real top:
+``|lambda_1|`` or the gap ``m_1 - m_2``; for a complex top: ``|Im lambda_1|`` or the gap
+``m_1 - m_3`` to the next eigenvalue): the estimate reports how many there are, so you
+can see that the tolerance does not matter (it is 0 in every run so far). For good
+triples, ``phi_1`` (unit norm) comes from two steps of inverse iteration with the shift
+lambda_1 (checked by its residual; ``numpy.linalg.eig`` is the fallback), and the
+triple is good iff ``<Q phi, K phi> > tol * ||Q||_F ||K||_F``.
+
+Random streams (split-independent): sample ``i``'s V is matrix ``i mod B`` of the block
+``rng(seed, TAG, d, 0, i // B)`` (``B = block_size(d)``: 1024 matrices for small d, one
+matrix from d = 256; ``numpy.random.Generator.standard_normal``, filled row-major), and
+its Q, K are drawn (Q first) from substream ``i mod B`` of the block
+``Substreams(seed, TAG, d, 1, i // B)`` (the PCG64 stream advanced by ``(i mod B) 2**64``)
+-- only for samples that satisfy the spectral hypothesis. ``ginibre_sample(d, i, seed=...)`` rebuilds any triple.
+
+Throughput, and the choice of "devices". The cost is LAPACK ``dgeev`` (eigenvalues only).
+The default backend is numpy: ``numpy.linalg.eigvals`` on stacked batches (one C loop of
+``geev`` calls, no Python per matrix), with generation and bookkeeping vectorised; its
+per-matrix time is within a few percent of a plain loop of ``numpy.linalg.eigvals`` at
+large d and far below it at small d (where the loop is Python overhead). Parallelism is
+a pool of worker processes (``workers``), one BLAS thread each: measured on this
+project's machine (JAX 0.10, 2 cores), forced host devices
+(``--xla_force_host_platform_device_count``) executed one after the other, so JAX
+sharding gave no speed-up for this study, while processes scale with the cores; and
+``jnp.linalg.eigvals`` exists only on CPU anyway. ``backend="jax"`` (``jnp.linalg.eigvals``
+sharded over all local JAX devices by ``sweep.map_devices``, x64 required) is kept for
+machines where host devices do run concurrently; its decisions agree with numpy's. See
+BENCHMARKS.md for the measured ratios.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from . import sweep as _sweep
+
+__all__ = [
+    "GinibreEstimate",
+    "GinibreStudy",
+    "Proportion",
+    "binomial_interval",
+    "block_size",
+    "ginibre_curve",
+    "ginibre_fraction",
+    "ginibre_kernel",
+    "ginibre_sample",
+    "ginibre_sweep",
+    "parse_dims",
+]
+
+TAG = 0x67696E69  # "gini": namespaces this study's random streams
+KERNEL_VERSION = 1  # bump when the per-sample numbers change; part of a sweep's identity
+BORDERLINE_FACTOR = 1000.0
+PAPER_D, PAPER_FRACTION = 128, 0.14  # Geshkovski et al. 2023: "about 14%" at d = 128
+INTERVALS = ("wilson", "clopper-pearson")
+BACKENDS = ("numpy", "jax")
+_EPS = float(np.finfo(np.float64).eps)
+_BATCH_ELEMS = 1 << 21  # matrix entries per internal batch: 16 MB of float64
+
+
+# ------------------------------------------------------------------ intervals
+def _z(level: float) -> float:
+    return statistics.NormalDist().inv_cdf(0.5 + level / 2.0)
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta I_x(a, b), a, b > 0 (continued fraction, Lentz)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    if x > (a + 1.0) / (a + b + 2.0):
+        return 1.0 - _betainc(b, a, 1.0 - x)
+    lbeta = math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+    front = math.exp(a * math.log(x) + b * math.log1p(-x) - lbeta) / a
+    tiny = 1e-300
+    f, c, dd = 1.0, 1.0, 0.0
+    for i in range(200_000):
+        m = i // 2
+        if i == 0:
+            num = 1.0
+        elif i % 2 == 0:
+            num = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        else:
+            num = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        dd = 1.0 + num * dd
+        dd = tiny if abs(dd) < tiny else dd
+        dd = 1.0 / dd
+        c = 1.0 + num / c
+        c = tiny if abs(c) < tiny else c
+        cd = c * dd
+        f *= cd
+        if abs(1.0 - cd) < 1e-15:
+            return front * (f - 1.0)
+    raise ArithmeticError(f"incomplete beta did not converge (a={a}, b={b}, x={x}).")
+
+
+def _beta_quantile(q: float, a: float, b: float) -> float:
+    """x with I_x(a, b) = q, by bisection (I is increasing in x)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            break
+        if _betainc(a, b, mid) < q:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def binomial_interval(count: int, samples: int, *, level: float = 0.95,
+                      method: str = "wilson") -> tuple[float, float]:
+    """Two-sided confidence interval for a binomial proportion.
+
+    Arguments:
+        count: successes, 0 <= count <= samples.
+        samples: trials, >= 1.
+        level: confidence level in (0, 1), 0.95 by default.
+        method: ``"wilson"`` (the Wilson score interval) or ``"clopper-pearson"`` (the
+            exact interval: ``P(X >= count | low) = P(X <= count | high) = (1 - level)/2``,
+            from beta quantiles; conservative).
+
+    Returns ``(low, high)`` with ``0 <= low <= count/samples <= high <= 1``.
+    """
+    count = _sweep._nonneg_int("count", count)
+    samples = _sweep._nonneg_int("samples", samples, minimum=1)
+    if count > samples:
+        raise ValueError(f"count must be <= samples; got {count} > {samples}.")
+    level = float(level)
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie strictly between 0 and 1 (e.g. 0.95); got {level}.")
+    method = _interval_name(method)
+    n, k = samples, count
+    if method == "wilson":
+        z = _z(level)
+        p = k / n
+        den = 1.0 + z * z / n
+        centre = (p + z * z / (2 * n)) / den
+        half = z / den * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+        low, high = max(0.0, centre - half), min(1.0, centre + half)
+        # the exact end points (rounding must not push them past p)
+        if k == 0:
+            low = 0.0
+        if k == n:
+            high = 1.0
+        return min(low, p), max(high, p)
+    alpha = 1.0 - level
+    low = 0.0 if k == 0 else _beta_quantile(alpha / 2, k, n - k + 1)
+    high = 1.0 if k == n else _beta_quantile(1 - alpha / 2, k + 1, n - k)
+    return low, high
+
+
+def _interval_name(method: str) -> str:
+    m = str(method).lower().replace("_", "-")
+    if m in ("exact", "clopper", "cp"):
+        m = "clopper-pearson"
+    if m not in INTERVALS:
+        raise ValueError(f"interval must be one of {INTERVALS} ('exact' is an alias of "
+                         f"'clopper-pearson'); got {method!r}.")
+    return m
+
+
+# -------------------------------------------------------------------- results
+@dataclasses.dataclass(frozen=True)
+class Proportion:
+    """``count`` successes in ``samples`` trials: ``fraction`` and its interval."""
+
+    count: int
+    samples: int
+    fraction: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, count: int, samples: int, level: float, method: str) -> "Proportion":
+        low, high = binomial_interval(count, samples, level=level, method=method)
+        return cls(int(count), int(samples), count / samples, low, high)
+
+
+@dataclasses.dataclass(frozen=True)
+class GinibreEstimate:
+    """The estimate of ``ginibre_fraction``.
+
+    Fields:
+        d, samples, seed: the study (samples = number of Ginibre matrices V).
+        count: samples satisfying the spectral hypothesis (lambda_1 real, > 0, simple).
+        fraction, low, high: ``count / samples`` and its ``level`` interval (``interval``:
+            "wilson" or "clopper-pearson").
+        good_identity: ``Proportion`` of good triples with Q = K = I.
+        good_ginibre: ``Proportion`` of good triples with Q, K real Ginibre as well.
+        borderline: samples whose spectral decision lies within ``1000 * tol * ||V||_F``
+            of flipping; ``borderline_ginibre``: same for the sign of <Q phi, K phi>.
+        tol: the relative tolerance used (absolute ``tol * ||V||_F``).
+        backend: "numpy" or "jax".
+    """
+
+    d: int
+    samples: int
+    seed: int
+    count: int
+    fraction: float
+    low: float
+    high: float
+    level: float
+    interval: str
+    good_identity: Proportion
+    good_ginibre: Proportion
+    borderline: int
+    borderline_ginibre: int
+    tol: float
+    backend: str
+
+    def to_dict(self) -> dict:
+        """Plain-JSON form with the same field names (nested dicts for proportions)."""
+        return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        pct = f"{100 * self.level:g}%"
+        return (f"d = {self.d:4d}  fraction = {self.fraction:.5f}  {pct} "
+                f"[{self.low:.5f}, {self.high:.5f}]  ({self.count}/{self.samples}); "
+                f"good triples Q=K=I {self.good_identity.fraction:.5f}, Q,K Ginibre "
+                f"{self.good_ginibre.fraction:.5f} [{self.good_ginibre.low:.5f}, "
+                f"{self.good_ginibre.high:.5f}]; borderline {self.borderline}")
+
+
+def summarize(arrays, *, d: int, seed: int, tol: float, backend: str = "numpy",
+              level: float = 0.95, interval: str = "wilson") -> GinibreEstimate:
+    """A ``GinibreEstimate`` from the per-sample arrays of ``ginibre_kernel``."""
+    n = int(np.asarray(arrays["spectral"]).shape[0])
+    interval = _interval_name(interval)
+    k = int(np.count_nonzero(arrays["spectral"]))
+    low, high = binomial_interval(k, n, level=level, method=interval)
+    return GinibreEstimate(
+        d=int(d), samples=n, seed=int(seed), count=k, fraction=k / n, low=low, high=high,
+        level=float(level), interval=interval,
+        good_identity=Proportion.of(int(np.count_nonzero(arrays["good_identity"])), n,
+                                    level, interval),
+        good_ginibre=Proportion.of(int(np.count_nonzero(arrays["good_ginibre"])), n,
+                                   level, interval),
+        borderline=int(np.count_nonzero(arrays["borderline"])),
+        borderline_ginibre=int(np.count_nonzero(arrays["borderline_ginibre"])),
+        tol=float(tol), backend=str(backend))
+
+
+# -------------------------------------------------------------------- samples
+def block_size(d: int) -> int:
+    """Samples per random stream of V: ``clip(2**16 // d**2, 1, 1024)`` (a power of 2
+    for powers of 2; 1 from d = 256 on). Fixed forever: it defines the numbers."""
+    return int(min(1024, max(1, 65536 // (d * d))))
+
+
+def _generate_V(seed: int, d: int, start: int, stop: int) -> np.ndarray:
+    """V for the samples [start, stop): (stop - start, d, d) float64."""
+    B = block_size(d)
+    out = np.empty((stop - start, d, d))
+    for blk in range(start // B, (stop - 1) // B + 1):
+        lo = blk * B
+        s, e = max(lo, start), min(lo + B, stop)
+        g = _sweep.rng(seed, TAG, d, 0, blk)
+        out[s - start:e - start] = g.standard_normal((e - lo, d, d))[s - lo:]
+    return out
+
+
+def _generate_QK(seed: int, d: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q, K (each (len(indices), d, d)) of the samples ``indices`` (sorted)."""
+    B = block_size(d)
+    p = len(indices)
+    Q, K = np.empty((p, d, d)), np.empty((p, d, d))
+    streams, cur = None, -1
+    for j, i in enumerate(indices):
+        blk = int(i) // B
+        if blk != cur:
+            streams, cur = _sweep.Substreams(seed, TAG, d, 1, blk), blk
+        g = streams[int(i) - blk * B]
+        Q[j] = g.standard_normal((d, d))
+        K[j] = g.standard_normal((d, d))
+    return Q, K
+
+
+def ginibre_sample(d: int, index: int, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray,
+                                                                  np.ndarray]:
+    """The triple ``(V, Q, K)`` (each (d, d) float64) of sample ``index`` of the study
+    with this ``d`` and ``seed``: exactly the matrices ``ginibre_fraction`` used."""
+    d = _sweep._nonneg_int("d", d, minimum=1)
+    index = _sweep._nonneg_int("index", index)
+    seed = _sweep._nonneg_int("seed", seed)
+    V = _generate_V(seed, d, index, index + 1)[0]
+    Q, K = _generate_QK(seed, d, np.array([index]))
+    return V, Q[0], K[0]
+
+
+# --------------------------------------------------------------------- kernel
+def _jax_eigvals(V):
+    import jax.numpy as jnp
+
+    return jnp.linalg.eigvals(V)
+
+
+def _eigvals(V: np.ndarray, backend: str) -> np.ndarray:
+    if backend == "jax":
+        w = _sweep.map_devices(_jax_eigvals, V)
+    else:
+        w = np.linalg.eigvals(V)
+    return np.asarray(w).astype(np.complex128, copy=False)
+
+
+def _top_eigenvectors(V: np.ndarray, lam: np.ndarray) -> np.ndarray:
+    """Unit eigenvectors (p, d) of V (p, d, d) for the real, simple eigenvalues lam (p,):
+    two steps of inverse iteration with the shift ``lam (1 + sqrt(eps))`` (never exactly
+    singular; each step shrinks the other components by ``sqrt(eps) lam / gap``),
+    accepted if the residual ``||V x - lam x||`` is below ``1000 d eps ||V||_F``, else
+    (rarely) taken from ``numpy.linalg.eig``."""
+    p, d = V.shape[0], V.shape[1]
+    if d == 1:
+        return np.ones((p, 1))
+    fro = np.linalg.norm(V.reshape(p, -1), axis=1)
+    A = V - (lam * (1.0 + math.sqrt(_EPS)))[:, None, None] * np.eye(d)
+    x0 = np.full((p, d, 1), 1.0 / math.sqrt(d))
+    with np.errstate(all="ignore"):
+        try:
+            x = _inverse_iteration(A, x0)
+        except np.linalg.LinAlgError:  # one exactly singular matrix stops numpy's batch
+            x = np.full((p, d), np.nan)
+            for j in range(p):
+                with np.errstate(all="ignore"):
+                    try:
+                        x[j] = _inverse_iteration(A[j:j + 1], x0[j:j + 1])[0]
+                    except np.linalg.LinAlgError:
+                        pass
+        res = np.linalg.norm(np.einsum("pij,pj->pi", V, x) - lam[:, None] * x, axis=1)
+        ok = np.isfinite(res) & (res <= 1e3 * d * _EPS * fro)
+    for j in np.nonzero(~ok)[0]:
+        w, vecs = np.linalg.eig(V[j])
+        k = int(np.argmin(np.abs(w - lam[j])))
+        v = np.real(vecs[:, k])
+        x[j] = v / np.linalg.norm(v)
+    return x
+
+
+def _inverse_iteration(A: np.ndarray, x: np.ndarray, steps: int = 2) -> np.ndarray:
+    for _ in range(steps):
+        x = np.linalg.solve(A, x)
+        x = x / np.linalg.norm(x, axis=1, keepdims=True)
+    return x[:, :, 0]
+
+
+def _analyse(V: np.ndarray, start: int, seed: int, tol: float, backend: str) -> dict:
+    b, d = V.shape[0], V.shape[1]
+    w = _eigvals(V, backend)
+    mod = np.abs(w)
+    order = np.argsort(-mod, axis=1, kind="stable")
+    ms = np.take_along_axis(mod, order, axis=1)
+    zeros = np.zeros(b)
+    m1 = ms[:, 0]
+    m2 = ms[:, 1] if d > 1 else zeros
+    m3 = ms[:, 2] if d > 2 else zeros
+    lam = w[np.arange(b), order[:, 0]]
+    fro = np.linalg.norm(V.reshape(b, -1), axis=1)
+    a = tol * fro
+    wide = BORDERLINE_FACTOR * a
+    real_top = np.abs(lam.imag) <= a
+    spectral = real_top & (lam.real > a) & (m1 - m2 > a)
+    borderline = np.where(real_top,
+                          (np.abs(lam.real) <= wide) | (m1 - m2 <= wide),
+                          (np.abs(lam.imag) <= wide) | (m1 - m3 <= wide))
+    qk = np.full(b, np.nan)
+    good_id = np.zeros(b, dtype=bool)
+    idx = np.nonzero(spectral)[0]
+    if idx.size:
+        phi = _top_eigenvectors(V[idx], lam.real[idx])
+        good_id[idx] = np.einsum("pi,pi->p", phi, phi) > tol
+        Q, K = _generate_QK(seed, d, start + idx)
+        qphi = np.einsum("pij,pj->pi", Q, phi)
+        kphi = np.einsum("pij,pj->pi", K, phi)
+        qk[idx] = np.einsum("pi,pi->p", qphi, kphi) / (
+            np.linalg.norm(Q.reshape(idx.size, -1), axis=1)
+            * np.linalg.norm(K.reshape(idx.size, -1), axis=1))
+    with np.errstate(invalid="ignore"):
+        good_gin = spectral & (qk > tol)
+        border_gin = spectral & (np.abs(qk) <= BORDERLINE_FACTOR * tol)
+    return {"lam1": lam, "mod2": m2, "mod3": m3, "fro": fro, "spectral": spectral,
+            "borderline": borderline, "qk": qk, "good_identity": good_id,
+            "good_ginibre": good_gin, "borderline_ginibre": border_gin}
+
+
+def ginibre_kernel(config, start: int, stop: int, seed: int) -> dict:
+    """Sweep kernel: per-sample results for samples ``[start, stop)``.
+
+    ``config``: ``{"d": int, "tol": float, "backend": "numpy" | "jax", "version": int}``.
+    Returns arrays of leading size ``stop - start``: ``lam1`` (complex, the eigenvalue
+    of largest modulus), ``mod2``, ``mod3`` (the next sorted moduli, 0 if d is too
+    small), ``fro`` (||V||_F), ``spectral``, ``borderline`` (bool), ``qk``
+    (<Q phi, K phi> / (||Q||_F ||K||_F), NaN where the spectral hypothesis fails),
+    ``good_identity``, ``good_ginibre``, ``borderline_ginibre`` (bool).
+    """
+    d, tol, backend = int(config["d"]), float(config["tol"]), str(config["backend"])
+    if int(config.get("version", KERNEL_VERSION)) != KERNEL_VERSION:
+        raise ValueError(f"this sweep was made by ginibre kernel version "
+                         f"{config.get('version')}; this attnflow has version "
+                         f"{KERNEL_VERSION}. Use a new output directory.")
+    step = max(block_size(d), (_BATCH_ELEMS // (d * d)) // block_size(d) * block_size(d))
+    parts = []
+    s = start
+    while s < stop:
+        e = min(stop, (s // step + 1) * step)
+        parts.append(_analyse(_generate_V(seed, d, s, e), s, seed, tol, backend))
+        s = e
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+# ------------------------------------------------------------------ front end
+def _seconds_per_matrix(d: int) -> float:
+    """Rough single-core cost model of one sample (for shard sizes)."""
+    return 1e-6 + 1e-7 * d * d + 2e-9 * d ** 3
+
+
+def default_shard_size(d: int) -> int:
+    """Samples per shard file: about 4 s of one core, a power of 2 in
+    [block_size(d), 65536]. Recorded in each sweep's manifest."""
+    target = 4.0 / _seconds_per_matrix(d)
+    size = 2 ** int(round(math.log2(max(target, 1.0))))
+    return int(min(65536, max(block_size(d), size)))
+
+
+def _check_common(d, samples, seed, level, interval, tol, backend, workers):
+    d = _sweep._nonneg_int("d", d, minimum=1)
+    samples = _sweep._nonneg_int("samples", samples, minimum=1)
+    seed = _sweep._nonneg_int("seed", seed)
+    level = float(level)
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie strictly between 0 and 1 (e.g. 0.95); got {level}.")
+    interval = _interval_name(interval)
+    if tol is None:
+        tol = d * _EPS
+    try:
+        tol = float(tol)
+    except (TypeError, ValueError):
+        raise ValueError(f"tol must be a positive number (relative to ||V||_F) or None; "
+                         f"got {tol!r}.") from None
+    if not (math.isfinite(tol) and 0.0 < tol < 1e-2):
+        raise ValueError(f"tol must be a positive number below 1e-2 (a relative rounding "
+                         f"tolerance; default d * eps); got {tol!r}.")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}.")
+    if backend == "jax":
+        import jax
+
+        if not jax.config.jax_enable_x64:
+            raise ValueError("backend='jax' computes in float64 and needs "
+                             "jax.config.update('jax_enable_x64', True) (or the CLI's "
+                             "default); or use backend='numpy'.")
+        if workers not in (1, None):
+            raise ValueError("backend='jax' shards over the local JAX devices; use "
+                             "workers=1 with it (workers > 1 is for backend='numpy').")
+        workers = 1
+    if workers is not None:
+        workers = _sweep._nonneg_int("workers", workers, minimum=1)
+    return d, samples, seed, level, interval, tol, workers
+
+
+def _make_sweep(d: int, samples: int, seed: int, tol: float, backend: str,
+                shard_size: int | None) -> _sweep.Sweep:
+    return _sweep.Sweep(
+        name="ginibre",
+        kernel=ginibre_kernel,
+        config={"d": d, "tol": tol, "backend": backend, "version": KERNEL_VERSION},
+        size=samples, seed=seed,
+        shard_size=default_shard_size(d) if shard_size is None else shard_size,
+        align=block_size(d), unit="matrix")
+
+
+def ginibre_sweep(d: int, samples: int, *, seed: int = 0, tol: float | None = None,
+                  backend: str = "numpy", shard_size: int | None = None) -> _sweep.Sweep:
+    """The ``Sweep`` behind ``ginibre_fraction`` (for ``sweep.run`` / ``sweep.merge``)."""
+    d, samples, seed, _, _, tol, _ = _check_common(d, samples, seed, 0.95, "wilson", tol,
+                                                   backend, 1)
+    return _make_sweep(d, samples, seed, tol, backend, shard_size)
+
+
+def ginibre_fraction(d: int, samples: int, *, seed: int = 0, level: float = 0.95,
+                     interval: str = "wilson", tol: float | None = None,
+                     workers: int | None = 1, backend: str = "numpy",
+                     out: str | Path | None = None, shard_size: int | None = None,
+                     progress: bool = False) -> GinibreEstimate:
+    """Fraction of d x d real Ginibre matrices satisfying the spectral hypothesis of the
+    hyperplane theorem (lambda_1 real, positive, simple), with a confidence interval, and
+    the fractions of good triples (see the module docstring for the exact decisions).
+
+    Arguments:
+        d: the dimension, >= 1.
+        samples: the number of matrices, >= 1.
+        seed: integer >= 0; the same seed gives the same numbers however the work is
+            split (workers, shards, devices, resumption).
+        level: confidence level of the intervals, in (0, 1).
+        interval: "wilson" (default) or "clopper-pearson" (exact, conservative).
+        tol: relative tolerance (times ||V||_F) of the decisions; default ``d * eps``.
+        workers: worker processes (1: this process; None: one per available core). A
+            pool is started on first use and reused; call it from under
+            ``if __name__ == "__main__":`` in scripts (processes are spawned).
+        backend: "numpy" (LAPACK via numpy; default) or "jax" (``jnp.linalg.eigvals``
+            sharded over the local JAX devices; needs x64).
+        out: a directory: run as a resumable on-disk sweep there (shards skipped if
+            present; see ``attnflow.sweep``) and merge; None computes in memory.
+        shard_size: samples per shard file (default ``default_shard_size(d)``).
+        progress: show a progress bar on stderr.
+
+    Returns a ``GinibreEstimate`` (``.fraction, .low, .high, .samples``, ...).
+    """
+    d, samples, seed, level, interval, tol, workers = _check_common(
+        d, samples, seed, level, interval, tol, backend, workers)
+    sw = _make_sweep(d, samples, seed, tol, backend, shard_size)
+    if out is None:
+        data = _sweep.compute(sw, workers=workers, progress=progress)
+    else:
+        _sweep.run(sw, out, workers=workers, progress=progress)
+        data = _sweep.merge(out, expect=sw)
+    return summarize(data.arrays, d=d, seed=seed, tol=tol, backend=backend, level=level,
+                     interval=interval)
+
+
+@dataclasses.dataclass
+class GinibreStudy:
+    """Result of ``ginibre_curve``: ``results`` (one ``GinibreEstimate`` per d, once the
+    sweep is complete; empty otherwise), ``runs`` (a ``sweep.RunReport`` dict per d when
+    computed on disk), ``complete``, and the parameters."""
+
+    d: list[int]
+    samples: int
+    seed: int
+    results: list[GinibreEstimate]
+    runs: list[dict] | None
+    complete: bool
+    out: str | None
+    shard: str | None
+
+    def to_dict(self) -> dict:
+        return {"d": self.d, "samples": self.samples, "seed": self.seed,
+                "results": [r.to_dict() for r in self.results], "runs": self.runs,
+                "complete": self.complete, "out": self.out, "shard": self.shard}
+
+
+def _subdir(out: Path, d: int) -> Path:
+    return out / f"d{d:05d}"
+
+
+def ginibre_curve(ds: Sequence[int], samples: int, *, seed: int = 0, level: float = 0.95,
+                  interval: str = "wilson", tol: float | None = None,
+                  workers: int | None = 1, backend: str = "numpy",
+                  out: str | Path | None = None, shard: str | tuple[int, int] | None = None,
+                  merge_only: bool = False, progress: bool = False) -> GinibreStudy:
+    """``ginibre_fraction`` for every d in ``ds``, optionally as a job-array sweep.
+
+    ``out``: the sweep directory (one subdirectory ``dNNNNN`` per d); needed with
+    ``shard`` ("i/N": this job runs the i-th of N contiguous slices of the list of all
+    shards of all the d, each shard costing about 4 s of one core) and
+    ``merge_only`` (combine what the jobs wrote, compute nothing). Results are filled in
+    when every shard of every d is on disk. Other arguments as in ``ginibre_fraction``.
+    """
+    if isinstance(ds, (int, np.integer)):
+        ds = [ds]
+    ds = [_sweep._nonneg_int("d", x, minimum=1) for x in ds]
+    if not ds:
+        raise ValueError("d must list at least one dimension (e.g. 2,4,8).")
+    if len(set(ds)) != len(ds):
+        raise ValueError(f"d lists a dimension twice ({ds}); list each once.")
+    shard_t = _sweep.parse_shard(shard)
+    if (shard_t is not None or merge_only) and out is None:
+        raise ValueError("shard and merge need an output directory (out / --out).")
+    checked = [_check_common(x, samples, seed, level, interval, tol, backend, workers)
+               for x in ds]
+    samples, seed, level, interval, workers = (checked[0][1], checked[0][2], checked[0][3],
+                                               checked[0][4], checked[0][6])
+    shard_txt = None if shard_t is None else f"{shard_t[0]}/{shard_t[1]}"
+    if out is None:
+        res = [ginibre_fraction(x, samples, seed=seed, level=level, interval=interval,
+                                tol=tol, workers=workers, backend=backend,
+                                progress=progress) for x in ds]
+        return GinibreStudy(ds, samples, seed, res, None, True, None, None)
+    out = Path(out)
+    sweeps = [_make_sweep(c[0], samples, seed, c[5], backend, None) for c in checked]
+    runs = []
+    if not merge_only:
+        # Job i of N takes the i-th contiguous slice of all the shards of all the d
+        # together (shards cost about the same, see default_shard_size).
+        every = [(j, k) for j, sw in enumerate(sweeps) for k in range(sw.n_shards)]
+        mine = [every[m] for m in _sweep.shard_slice(len(every), shard_t)]
+        for j, (x, sw) in enumerate(zip(ds, sweeps)):
+            rep = _sweep.run(sw, _subdir(out, x), shards=[k for jj, k in mine if jj == j],
+                             workers=workers, progress=progress)
+            runs.append({"d": x, **rep.to_dict()})
+    complete = all(_is_complete(_subdir(out, x), sw) for x, sw in zip(ds, sweeps))
+    results = []
+    if complete or merge_only:
+        for c, sw in zip(checked, sweeps):
+            data = _sweep.merge(_subdir(out, c[0]), expect=sw)  # raises if incomplete
+            results.append(summarize(data.arrays, d=c[0], seed=seed, tol=c[5],
+                                     backend=backend, level=level, interval=interval))
+        complete = True
+    return GinibreStudy(ds, samples, seed, results, runs or None, complete, str(out),
+                        shard_txt)
+
+
+def _is_complete(path: Path, sw: _sweep.Sweep) -> bool:
+    if not (path / _sweep.MANIFEST).is_file():
+        return False
+    present = _sweep._present(path)
+    return all(sw.shard_range(k) in present for k in range(sw.n_shards))
+
+
+def parse_dims(text: str) -> list[int]:
+    """Parse a list of dimensions: ``"2,4,8"``, or with ``...`` continuing a progression
+    given by at least three terms, ``"2,4,8,...,256"`` (geometric) or ``"8,16,24,...,64"``
+    (arithmetic); the last term must lie on the progression."""
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise ValueError(f"--d must list dimensions like '2,4,8' or '2,4,8,...,256'; got "
+                         f"{text!r}.")
+    out: list[int] = []
+    k = 0
+    while k < len(items):
+        t = items[k]
+        if t == "...":
+            if len(out) < 3 or k + 1 >= len(items) or items[k + 1] == "...":
+                raise ValueError(f"--d: '...' needs three terms before it and a last term "
+                                 f"after it, e.g. '2,4,8,...,256'; got {text!r}.")
+            a, b, c = out[-3:]
+            end = _dim(items[k + 1], text)
+            if b - a == c - b and c > b:
+                step = c - b
+                if (end - c) % step or end <= c:
+                    raise ValueError(f"--d: {end} is not on the progression {a},{b},{c},...")
+                out.extend(range(c + step, end + 1, step))
+            elif a > 0 and b * b == a * c and c > b and b % a == 0:
+                r = b // a
+                x = c
+                while x < end:
+                    x *= r
+                    out.append(x)
+                if out[-1] != end:
+                    raise ValueError(f"--d: {end} is not on the progression {a},{b},{c},...")
+            else:
+                raise ValueError(f"--d: {a},{b},{c} is neither an increasing arithmetic nor "
+                                 f"an integer geometric progression; list the dimensions.")
+            k += 2
+            continue
+        out.append(_dim(t, text))
+        k += 1
+    return out
+
+
+def _dim(t: str, text: str) -> int:
+    try:
+        v = int(t)
+    except ValueError:
+        raise ValueError(f"--d: {t!r} is not an integer (in {text!r}); write e.g. "
+                         f"'2,4,8,...,256'.") from None
+    if v < 1:
+        raise ValueError(f"--d: dimensions must be >= 1; got {v}.")
+    return v
