@@ -90,3 +90,28 @@ def test_vector_fields_match_reference():
                                ref.field_original(0.0, z, Q, K, V, 0.5), rtol=1e-12)
     np.testing.assert_allclose(np.asarray(m.field_rescaled(0.8, jnp.asarray(z))),
                                ref.field_rescaled(0.8, z, Q, K, V, 0.5), rtol=1e-9, atol=1e-12)
+
+
+def test_softmax_survives_huge_logits_inside_jit():
+    """|logit| ~ 1e20 in d = 1: no NaN, and the exact Boolean limit."""
+    m = af.Attention([[1.0]], [[1.0]], [[1.0]])
+    x = jnp.asarray(np.linspace(-1.0, 1.0, 8)[:, None] * 1e10)
+    P = np.asarray(jax.jit(lambda m, x: m.attention(x))(m, x))
+    assert np.all(np.isfinite(P))
+    # <x_i, x_j> = x_i x_j: positive tokens attend the largest, negative the smallest.
+    want = np.zeros((8, 8))
+    want[:4, 0] = 1.0
+    want[4:, 7] = 1.0
+    np.testing.assert_array_equal(P, want)
+    dz = np.asarray(jax.jit(lambda m, z: m.field_rescaled(0.0, z))(m, x))
+    assert np.all(np.isfinite(dz))
+
+
+def test_softmax_matches_reference_and_its_gradient():
+    L = jnp.asarray(np.random.default_rng(3).normal(size=(5, 7)) * 4)
+    np.testing.assert_allclose(np.asarray(af.kernels.softmax(L)),
+                               ref.softmax_rows(np.asarray(L)), rtol=1e-14)
+    f = lambda s: lambda L: jnp.sum(s(L) ** 2 * jnp.arange(7.0))  # noqa: E731
+    g = jax.grad(f(af.kernels.softmax))(L)
+    g_ref = jax.grad(f(lambda L: jax.nn.softmax(L, axis=-1)))(L)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), rtol=1e-12, atol=1e-14)

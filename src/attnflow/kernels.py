@@ -14,16 +14,32 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-__all__ = ["KERNELS", "logits", "weights", "apply_weights", "row_stochastic"]
+__all__ = ["KERNELS", "logits", "softmax", "weights", "apply_weights", "row_stochastic"]
 
 
-def _softmax(L: Array) -> Array:
-    return jax.nn.softmax(L, axis=-1)
+def softmax(L: Array) -> Array:
+    """Row softmax of logits ``L`` ``(..., n)``, exact to the accuracy of the logits.
+
+    ``exp(L_j - max_k L_k)`` with the shifted exponents clamped at 0 and the argmax entry
+    pinned to ``e^0 = 1``. Inside ``jit`` on CPU, XLA may recompute a low-rank logit
+    product inside the fused subtraction and contract it into one fused multiply-add;
+    the shifted logit of the maximum then comes out as the product's rounding error
+    (``+-ulp/2``) instead of 0, which past ``|logit| ~ 1e18`` (float64) exceeds
+    ``log(finfo.max)``, and ``jax.nn.softmax`` returns ``inf / inf = NaN``. The max
+    shift is not stop-gradiented: with the argmax pinned, this is the exact
+    reparametrisation ``softmax(L)_j = e^{L_j - L_max} / sum_k e^{L_k - L_max}`` and its
+    gradient is the softmax gradient.
+    """
+    n = L.shape[-1]
+    m = jnp.max(L, axis=-1, keepdims=True)
+    top = jnp.arange(n) == jnp.argmax(L, axis=-1)[..., None]
+    e = jnp.where(top, 1.0, jnp.exp(jnp.minimum(L - m, 0.0))).astype(L.dtype)
+    return e / jnp.sum(e, axis=-1, keepdims=True)
 
 
 # name -> (function of the logit matrix, rows sum to one?)
 _REGISTRY = {
-    "softmax": (_softmax, True),
+    "softmax": (softmax, True),
 }
 
 KERNELS = tuple(_REGISTRY)

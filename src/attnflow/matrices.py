@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["PAPER", "NAMES", "named", "load", "ginibre"]
+__all__ = ["PAPER", "NAMES", "named", "load", "ginibre", "paper_128"]
 
 # Value matrices of the published figures of Geshkovski, Letrouit, Polyanskiy, Rigollet
 # (2023); eigenvalues in the comments.
@@ -40,6 +40,26 @@ def ginibre(d: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((d, d))
 
 
+def paper_128(seed: int = 0, d: int = 128, density: float = 0.1) -> np.ndarray:
+    """The symmetric value matrix of the paper's 128 x 128 experiment, re-drawn.
+
+    A sparse random matrix (a fraction ``density`` of entries uniform in [0, 1], the rest
+    0) is symmetrised, ``(A + A^T) / 2``; every eigenvalue of modulus at most 1 is then
+    replaced by one of modulus uniform in [1, 2] with the same sign. The result is
+    symmetric with no eigenvalue in (-1, 1) and one large Perron eigenvalue (about 6.7
+    at d = 128).
+    """
+    rng = np.random.default_rng(seed)
+    A = np.where(rng.random((d, d)) < density, rng.random((d, d)), 0.0)
+    S = (A + A.T) / 2
+    w, U = np.linalg.eigh(S)
+    small = np.abs(w) <= 1
+    sign = np.where(w[small] < 0, -1.0, 1.0)
+    w[small] = sign * rng.uniform(1.0, 2.0, size=int(small.sum()))
+    V = (U * w) @ U.T
+    return (V + V.T) / 2
+
+
 def _rotation(d: int) -> np.ndarray:
     """Generator of a rotation in the first plane plus a small contraction elsewhere."""
     if d < 2:
@@ -65,6 +85,7 @@ _GENERATED = {
     "symmetric": _symmetric,
     "rotation": lambda d, seed: _rotation(d),
     "jordan": lambda d, seed: np.eye(d) + np.diag(np.ones(d - 1), 1),
+    "paper-128": lambda d, seed: paper_128(seed, d),
 }
 
 NAMES = tuple(_GENERATED) + tuple(PAPER)

@@ -22,7 +22,7 @@ from jaxtyping import Array
 from . import kernels as _kernels
 from .propagator import Propagator
 
-__all__ = ["Attention"]
+__all__ = ["Attention", "Dynamics"]
 
 
 def _is_concrete(x) -> bool:
@@ -55,6 +55,14 @@ def _as_matrix(name: str, A) -> Array:
     if _is_concrete(arr) and not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} has non-finite entries (NaN or inf); all entries must be finite.")
     return arr
+
+
+def log_logit_bound(q: Array, k: Array, beta) -> Array:
+    """``log(beta max_i |q_i| max_j |k_j|)`` for queries/keys ``(n, p)``; ``+inf``, never NaN."""
+    qn = jnp.max(jnp.linalg.norm(q, axis=-1))
+    kn = jnp.max(jnp.linalg.norm(k, axis=-1))
+    out = jnp.log(beta) + jnp.log(qn) + jnp.log(kn)
+    return jnp.where(jnp.isnan(out), jnp.inf, out)
 
 
 class Attention(eqx.Module):
@@ -135,11 +143,7 @@ class Attention(eqx.Module):
         Cheap (``O(n d^2)``, no ``n x n`` matrix) and safe: computed from norms, so it is
         ``+inf`` rather than NaN when ``x`` has overflowed.
         """
-        qn = jnp.max(jnp.linalg.norm(x @ self.Q.T, axis=-1))
-        kn = jnp.max(jnp.linalg.norm(x @ self.K.T, axis=-1))
-        with jax.numpy_dtype_promotion("standard"):
-            out = jnp.log(self.beta) + jnp.log(qn) + jnp.log(kn)
-        return jnp.where(jnp.isnan(out), jnp.inf, out)
+        return log_logit_bound(x @ self.Q.T, x @ self.K.T, self.beta)
 
     # ---------------------------------------------------------------- vector fields
     def field_original(self, t, x: Array) -> Array:
@@ -161,3 +165,67 @@ class Attention(eqx.Module):
     def to_rescaled(self, t, x: Array) -> Array:
         """``z = e^{-tV} x`` for row tokens ``x`` ``(..., d)``."""
         return self.propagator.apply(-jnp.asarray(t), x)
+
+
+class Dynamics(eqx.Module):
+    """The vector field of one frame in the coordinates the solver integrates.
+
+    ``coords="standard"``: the state is the tokens themselves (``x`` in the original
+    frame, ``z`` in the rescaled frame). ``coords="modal"`` (rescaled frame, diagonalisable
+    V): the state is ``w = T^{-1} z`` in the real modal basis of ``V`` (see
+    ``attnflow.propagator``), where ``e^{tV}`` acts mode by mode:
+
+        dw = modal(P w - w, mu),  P from q = modal(w, e^{t mu}) (Q T)^T, k likewise.
+
+    Built once per solve; ``QT = Q T`` and ``KT = K T`` are precomputed here.
+    """
+
+    model: Attention
+    QT: Array | None
+    KT: Array | None
+    frame: str = eqx.field(static=True)
+    coords: str = eqx.field(static=True)
+
+    def __init__(self, model: Attention, frame: str, coords: str | None = None):
+        prop = model.propagator
+        if coords is None:
+            coords = "modal" if (frame == "rescaled" and prop.has_modal) else "standard"
+        if coords == "modal" and not prop.has_modal:
+            raise ValueError("modal coordinates need a diagonalisable V (propagator eig/eigh).")
+        self.model = model
+        self.frame = frame
+        self.coords = coords
+        if coords == "modal":
+            self.QT = model.Q @ prop.T
+            self.KT = model.K @ prop.T
+        else:
+            self.QT = self.KT = None
+
+    # ------------------------------------------------------------ coordinates
+    def state_from_tokens(self, x0: Array) -> Array:
+        """Initial state from tokens at t = 0 (where x = z)."""
+        return self.model.propagator.to_modal(x0) if self.coords == "modal" else x0
+
+    def queries_keys(self, t, y: Array) -> tuple[Array, Array]:
+        m = self.model
+        if self.coords == "modal":
+            we = m.propagator.modal_scale(y, *m.propagator.exp_multipliers(t))
+            return we @ self.QT.T, we @ self.KT.T
+        x = y if self.frame == "original" else m.propagator.apply(t, y)
+        return x @ m.Q.T, x @ m.K.T
+
+    def log_bound(self, t, y: Array) -> Array:
+        q, k = self.queries_keys(t, y)
+        return log_logit_bound(q, k, self.model.beta)
+
+    # ------------------------------------------------------------------ field
+    def __call__(self, t, y: Array) -> Array:
+        m = self.model
+        q, k = self.queries_keys(t, y)
+        P = _kernels.weights(m.kernel, _kernels.logits(q, k, m.beta))
+        if self.frame == "original":
+            return (P @ y) @ m.V.T
+        if self.coords == "modal":
+            prop = m.propagator
+            return prop.modal_scale(P @ y - y, prop.mu_re, prop.mu_im)
+        return (P @ y - y) @ m.V.T

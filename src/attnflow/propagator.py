@@ -21,6 +21,16 @@ costs one scaling and one product. Which decomposition is used (``method``):
     eigenvector basis) and for badly conditioned bases: ``jax.scipy.linalg.expm`` of
     ``tV`` (Pade with scaling and squaring) at each call. Slower, always right.
 
+Modal coordinates. For ``"eigh"`` and ``"eig"`` the propagator also holds the real modal
+form ``V = T B T^{-1}``: ``T`` real, ``B`` block diagonal with a 1x1 block ``lambda`` per
+real eigenvalue and a 2x2 block ``[[a, b], [-b, a]]`` per complex pair ``a +- ib``. In
+modal coordinates ``w = T^{-1} z`` every function of ``V`` acts column by column, as
+multiplication by ``f(mu)`` (``mu = a + ib``; see ``modal_scale``), so ``e^{tV}``,
+``(I + dt V)^k`` and ``(I + dt V)^{-1} V`` are exact per mode and cost ``O(n d)`` on ``n``
+tokens. ``simulate`` integrates the rescaled frame in these coordinates: a mode whose
+coordinate diverges (a negative eigenvalue, in the rescaled frame) then never swamps the
+rounding of another, as it would in the standard basis.
+
 The decomposition is computed in float64 with numpy whatever the working precision, then
 cast; it only runs at construction time when V is a concrete array. When V is a tracer
 (a model built inside ``jit`` or ``vmap``), ``"auto"`` becomes ``"guarded"``: both the
@@ -54,6 +64,40 @@ def _complex_dtype(dtype):
     return jnp.complex128 if np.dtype(dtype) == np.float64 else jnp.complex64
 
 
+def _real_modal_form(w: np.ndarray, S: np.ndarray):
+    """Real modal basis from a complex eigendecomposition, or None if pairs don't match.
+
+    Returns ``(T, T_inv, mu_re, mu_im, partner, sign)``: for a complex pair
+    ``lambda = a + ib`` with eigenvector ``u + i v`` the columns ``u, v`` of ``T`` carry the
+    block ``[[a, b], [-b, a]]``; ``partner`` links the two columns, ``sign`` is ``+1`` on the
+    first and ``-1`` on the second, ``0`` for a real eigenvalue.
+    """
+    d = len(w)
+    T = np.zeros((d, d))
+    mu_re, mu_im = np.zeros(d), np.zeros(d)
+    partner, sign = np.arange(d), np.zeros(d)
+    k = 0
+    while k < d:
+        if w[k].imag == 0.0:
+            T[:, k] = S[:, k].real
+            mu_re[k] = w[k].real
+            k += 1
+            continue
+        if k + 1 >= d or not np.isclose(w[k + 1], np.conj(w[k]), rtol=1e-10, atol=0):
+            return None
+        T[:, k], T[:, k + 1] = S[:, k].real, S[:, k].imag
+        mu_re[k] = mu_re[k + 1] = w[k].real
+        mu_im[k] = mu_im[k + 1] = w[k].imag
+        partner[k], partner[k + 1] = k + 1, k
+        sign[k], sign[k + 1] = 1.0, -1.0
+        k += 2
+    with np.errstate(all="ignore"):
+        cond = np.linalg.cond(T)
+    if not np.isfinite(cond):
+        return None
+    return T, np.linalg.inv(T), mu_re, mu_im, partner, sign
+
+
 class Propagator(eqx.Module):
     """``e^{tV}`` for a fixed real ``(d, d)`` matrix ``V``.
 
@@ -75,6 +119,12 @@ class Propagator(eqx.Module):
     evals: Array
     evecs: Array
     evecs_inv: Array
+    T: Array | None
+    T_inv: Array | None
+    mu_re: Array | None
+    mu_im: Array | None
+    partner: Array | None
+    sign: Array | None
     method: str = eqx.field(static=True)
     basis_condition: float = eqx.field(static=True)
 
@@ -86,6 +136,7 @@ class Propagator(eqx.Module):
         dtype = jnp.result_type(V)
         cdtype = _complex_dtype(dtype)
         self.V = V
+        self.T = self.T_inv = self.mu_re = self.mu_im = self.partner = self.sign = None
         if _is_concrete(V):
             Vn = np.asarray(V, dtype=np.float64)
             if method == "auto":
@@ -103,6 +154,8 @@ class Propagator(eqx.Module):
                 self.evecs = jnp.asarray(S, dtype=dtype)
                 self.evecs_inv = jnp.asarray(S.T, dtype=dtype)
                 self.basis_condition = 1.0
+                self._set_modal(S, S.T, w, np.zeros_like(w), np.arange(len(w)),
+                                np.zeros_like(w), dtype)
             else:
                 w, S = np.linalg.eig(Vn)
                 with np.errstate(all="ignore"):
@@ -119,6 +172,13 @@ class Propagator(eqx.Module):
                 self.evecs = jnp.asarray(S, dtype=cdtype)
                 self.evecs_inv = jnp.asarray(S_inv, dtype=cdtype)
                 self.basis_condition = cond
+                if method == "eig":
+                    modal = _real_modal_form(w, S)
+                    if modal is None:
+                        if auto:
+                            method = "expm"
+                    else:
+                        self._set_modal(*modal, dtype=dtype)
         else:
             if method == "auto":
                 method = "guarded"
@@ -135,9 +195,56 @@ class Propagator(eqx.Module):
             self.basis_condition = float("nan")
         self.method = method
 
+    def _set_modal(self, T, T_inv, mu_re, mu_im, partner, sign, dtype):
+        self.T = jnp.asarray(T, dtype=dtype)
+        self.T_inv = jnp.asarray(T_inv, dtype=dtype)
+        self.mu_re = jnp.asarray(mu_re, dtype=dtype)
+        self.mu_im = jnp.asarray(mu_im, dtype=dtype)
+        self.partner = jnp.asarray(partner, dtype=jnp.int32)
+        self.sign = jnp.asarray(sign, dtype=dtype)
+
     @property
     def d(self) -> int:
         return self.V.shape[-1]
+
+    # ------------------------------------------------------------ modal coordinates
+    @property
+    def has_modal(self) -> bool:
+        """Whether the real modal form (and modal coordinates) is available."""
+        return self.T is not None and self.method in ("eigh", "eig")
+
+    def to_modal(self, z: Array) -> Array:
+        """Row tokens ``z`` ``(..., d)`` -> modal coordinates ``w = z T^{-T}``."""
+        return z @ self.T_inv.T
+
+    def from_modal(self, w: Array) -> Array:
+        """Modal coordinates ``w`` ``(..., d)`` -> row tokens ``z = w T^T``."""
+        return w @ self.T.T
+
+    def modal_scale(self, u: Array, re: Array, im: Array) -> Array:
+        """Apply ``f(B)`` to modal rows ``u`` ``(..., d)``, given ``f(mu) = re + i im``.
+
+        Column ``k`` becomes ``re_k u_k + sign_k im_k u_{partner(k)}``: a scaling for a
+        real eigenvalue, a scaled rotation within the two columns of a complex pair.
+        """
+        return re * u + (self.sign * im) * jnp.take(u, self.partner, axis=-1)
+
+    def exp_multipliers(self, t) -> tuple[Array, Array]:
+        """``e^{t mu}`` per modal column, as ``(re, im)``; ``t`` a scalar."""
+        t = jnp.asarray(t, dtype=self.mu_re.dtype)
+        r = jnp.exp(t * self.mu_re)
+        return r * jnp.cos(t * self.mu_im), r * jnp.sin(t * self.mu_im)
+
+    def power_multipliers(self, k, dt) -> tuple[Array, Array]:
+        """``(1 + dt mu)^k`` per modal column, as ``(re, im)``: the discrete flow ``R^k``."""
+        dtype = self.mu_re.dtype
+        a = 1.0 + dt * self.mu_re
+        b = dt * self.mu_im
+        k = jnp.asarray(k, dtype=dtype)
+        logr = 0.5 * jnp.log(a * a + b * b)
+        theta = jnp.arctan2(b, a)
+        r = jnp.exp(k * logr)
+        return r * jnp.cos(k * theta), r * jnp.sin(k * theta)
 
     def _eigen(self, t) -> Array:
         dtype = self.V.dtype

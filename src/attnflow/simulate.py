@@ -31,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from .model import Attention
+from . import kernels as _kernels
+from .model import Attention, Dynamics
 from .trajectory import STATUS_CODES, Trajectory
 
 __all__ = ["simulate", "SOLVERS"]
@@ -112,28 +113,20 @@ def _check_ts(ts, t1: float) -> np.ndarray:
 
 
 # --------------------------------------------------------------------- adaptive path
-def _overflow_event(model, frame: str, log_limit: float):
-    def cond_fn(t, y, args, **kwargs):
-        x = model.to_original(t, y) if frame == "rescaled" else y
-        bound = model.log_logit_bound(x)
-        return (bound > log_limit) | ~jnp.all(jnp.isfinite(y))
-
-    return cond_fn
-
-
 @eqx.filter_jit
-def _solve_adaptive(model, y0, ts, t1, rtol, atol, *, frame, solver_name, max_steps,
-                    progress):
-    field = model.field_rescaled if frame == "rescaled" else model.field_original
-    # The model is closed over rather than passed as ``args``: its spectral data may be
-    # complex, and diffrax warns about complex leaves in ``args``.
-    term = diffrax.ODETerm(lambda t, y, args: field(t, y))
+def _solve_adaptive(dyn, y0, ts, t1, rtol, atol, *, solver_name, max_steps, progress):
+    # The dynamics are closed over rather than passed as ``args``: diffrax warns about
+    # complex leaves in ``args`` (the propagator holds complex eigenvectors).
+    term = diffrax.ODETerm(lambda t, y, args: dyn(t, y))
     solver = SOLVERS[solver_name]()
     log_limit = _log_limit(y0.dtype)
-    event = diffrax.Event(_overflow_event(model, frame, log_limit))
+
+    def overflow(t, y, args, **kwargs):
+        return (dyn.log_bound(t, y) > log_limit) | ~jnp.all(jnp.isfinite(y))
+
+    event = diffrax.Event(overflow)
     controller = diffrax.PIDController(rtol=rtol, atol=atol)
     meter = diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter()
-
     # Two save streams: the requested times, and the state where the solve stopped.
     saveat = diffrax.SaveAt(subs=(diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)))
 
@@ -162,28 +155,30 @@ def _solve_adaptive(model, y0, ts, t1, rtol, atol, *, frame, solver_name, max_st
 
 
 # ------------------------------------------------------------------ fixed-step path
-def _euler_progress_callback(bar):
-    def cb(k):
-        bar.n = int(k)
-        bar.refresh()
-
-    return cb
-
-
-def _solve_euler(model, y0, dt, n_layers: int, save_layers: np.ndarray, *, frame,
-                 progress):
-    dtype = y0.dtype
+def _solve_euler(dyn, y0, dt, n_layers: int, save_layers: np.ndarray, *, progress):
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=n_layers, unit="layer", desc="attnflow euler")
+
+        def callback(k):
+            bar.n = int(k)
+            bar.refresh()
+    else:
+        callback = None
+    # Per-mode factors of the discrete rescaled update, (I + dt B)^{-1} B, exact.
+    prop = dyn.model.propagator
+    step_re = step_im = None
+    if dyn.coords == "modal":
+        mu = np.asarray(prop.mu_re, np.float64) + 1j * np.asarray(prop.mu_im, np.float64)
+        c = mu / (1.0 + dt * mu)
+        step_re, step_im = (jnp.asarray(v, y0.dtype) for v in (c.real, c.imag))
     try:
-        out = _euler_loop(model, y0, jnp.asarray(dt, dtype),
-                          jnp.asarray(save_layers, jnp.int32),
-                          frame=frame, log_limit=_log_limit(dtype),
+        out = _euler_loop(dyn, y0, jnp.asarray(dt, y0.dtype), jnp.asarray(save_layers, jnp.int32),
+                          step_re, step_im, log_limit=_log_limit(y0.dtype),
                           progress_every=max(1, n_layers // 100) if progress else 0,
-                          callback=_euler_progress_callback(bar) if bar else None)
+                          callback=callback)
         jax.block_until_ready(out)
     finally:
         if bar is not None:
@@ -193,31 +188,49 @@ def _solve_euler(model, y0, dt, n_layers: int, save_layers: np.ndarray, *, frame
 
 
 @eqx.filter_jit
-def _euler_loop(model, y0, dt, save_layers, *, frame, log_limit, progress_every,
+def _euler_loop(dyn, y0, dt, save_layers, step_re, step_im, *, log_limit, progress_every,
                 callback):
+    """Forward Euler, one step per layer, for a batch ``y0`` ``(b, n, d)``.
+
+    Original frame: ``x <- x + dt P x V^T``. Rescaled frame, with ``R = I + dt V``:
+    ``z <- z + dt (P z - z) (R^{-1} V)^T``, ``P`` taken at ``x = R^k z``; in modal
+    coordinates ``R^k`` and ``R^{-1} V`` act mode by mode (exact), otherwise ``R^k`` is
+    carried as a matrix product. A system whose logits would leave the float range stops
+    (its state is frozen) and is flagged.
+    """
+    model = dyn.model
+    prop = model.propagator
     d = model.d
     eye = jnp.eye(d, dtype=y0.dtype)
     R = eye + dt * model.V
-    # R^{-1} V (= V R^{-1}: they commute), for the exact discrete rescaled update.
-    RinvV = jnp.linalg.solve(R, model.V)
+    RinvV = jnp.linalg.solve(R, model.V)  # (= V R^{-1}: they commute)
 
-    def step_one(y, Rk):
-        x = y if frame == "original" else y @ Rk.T
-        bound = model.log_logit_bound(x)
-        ok = bound <= log_limit
-        P = model.attention(x)
-        if frame == "original":
+    def step_one(y, k, Rk):
+        if dyn.frame == "original":
+            x = y
+            q, kk = x @ model.Q.T, x @ model.K.T
+        elif dyn.coords == "modal":
+            we = prop.modal_scale(y, *prop.power_multipliers(k, dt))
+            q, kk = we @ dyn.QT.T, we @ dyn.KT.T
+        else:
+            x = y @ Rk.T
+            q, kk = x @ model.Q.T, x @ model.K.T
+        ok = _log_bound_ok(q, kk, model.beta, log_limit)
+        P = _kernels.weights(model.kernel, _kernels.logits(q, kk, model.beta))
+        if dyn.frame == "original":
             y_new = y + dt * (P @ y) @ model.V.T
+        elif dyn.coords == "modal":
+            y_new = y + dt * prop.modal_scale(P @ y - y, step_re, step_im)
         else:
             y_new = y + dt * (P @ y - y) @ RinvV.T
         ok = ok & jnp.all(jnp.isfinite(y_new))
         return jnp.where(ok, y_new, y), ok
 
-    step_batch = jax.vmap(step_one, in_axes=(0, None))
+    step_batch = jax.vmap(step_one, in_axes=(0, None, None))
 
     def body(state):
         y, Rk, k, stopped, k_stop = state
-        y_new, ok = step_batch(y, Rk)
+        y_new, ok = step_batch(y, k, Rk)
         newly = ~stopped & ~ok
         k_stop = jnp.where(newly, k, k_stop)
         stopped = stopped | ~ok
@@ -226,10 +239,11 @@ def _euler_loop(model, y0, dt, save_layers, *, frame, log_limit, progress_every,
             jax.lax.cond((k + 1) % progress_every == 0,
                          lambda: jax.debug.callback(callback, k + 1),
                          lambda: None)
-        return y, R @ Rk, k + 1, stopped, k_stop
+        Rk = Rk if dyn.coords == "modal" else R @ Rk
+        return y, Rk, k + 1, stopped, k_stop
 
     def advance(state, target):
-        state = jax.lax.while_loop(lambda s: s[2] < target, body, state)
+        state = jax.lax.while_loop(lambda s: (s[2] < target) & ~jnp.all(s[3]), body, state)
         y, Rk, k, stopped, _ = state
         return state, (y, Rk, ~stopped)
 
@@ -241,6 +255,12 @@ def _euler_loop(model, y0, dt, save_layers, *, frame, log_limit, progress_every,
     k_stop = jnp.where(stopped, k_stop, k_end)
     # ys: (m, b, n, d) -> (b, m, n, d)
     return jnp.swapaxes(ys, 0, 1), Rks, jnp.swapaxes(reached, 0, 1), y_end, k_stop, stopped
+
+
+def _log_bound_ok(q, k, beta, log_limit):
+    from .model import log_logit_bound
+
+    return log_logit_bound(q, k, beta) <= log_limit
 
 
 # ------------------------------------------------------------------------- public
@@ -296,10 +316,12 @@ def simulate(
     t1f = _positive_float("t1", t1)
     ts_np = _check_ts(ts, t1f)
     dtype = model.dtype
-    y0 = jnp.asarray(x0, dtype=dtype)
+    x0j = jnp.asarray(x0, dtype=dtype)
     if not batched:
-        y0 = y0[None]
+        x0j = x0j[None]
     # At t = 0 both frames coincide: z(0) = x(0).
+    dyn = Dynamics(model, frame)
+    y0 = dyn.state_from_tokens(x0j)
 
     if method in _FIXED:
         if dt is None:
@@ -325,7 +347,7 @@ def simulate(
                 )
             del lam
         ys, Rks, reached, y_end, k_stop, stopped = _solve_euler(
-            model, y0, dtf, n_layers, save_layers, frame=frame, progress=progress)
+            dyn, y0, dtf, n_layers, save_layers, progress=progress)
         codes = np.where(np.asarray(stopped), STATUS_CODES.index("overflow"), 0)
         t_stop = np.asarray(k_stop, np.float64) * dtf
         ts_b = np.broadcast_to(save_layers * dtf, (y0.shape[0], len(save_layers)))
@@ -335,16 +357,16 @@ def simulate(
             "num_rejected_steps": np.zeros_like(np.asarray(k_stop)),
             "n_layers": n_layers,
         }
-        # Map to the original frame with the same R^k the loop used.
-        to_x = np.asarray(Rks)
+        # Standard coordinates: map to the original frame with the R^k the loop used.
+        to_x = None if dyn.coords == "modal" else np.asarray(Rks)
         solver_info = {"method": "euler", "dt": dtf, "layers": n_layers}
         y_stop = y_end
         reached = np.asarray(reached)
     else:
         ts_j = jnp.asarray(ts_np, dtype=dtype)
         ys, ts_out, t_stop, y_stop, codes, stats = _solve_adaptive(
-            model, y0, ts_j, jnp.asarray(t1f, dtype), jnp.asarray(rtol, dtype),
-            jnp.asarray(atol, dtype), frame=frame, solver_name=method,
+            dyn, y0, ts_j, jnp.asarray(t1f, dtype), jnp.asarray(rtol, dtype),
+            jnp.asarray(atol, dtype), solver_name=method,
             max_steps=int(max_steps), progress=bool(progress),
         )
         codes = np.asarray(codes)
@@ -359,7 +381,7 @@ def simulate(
                        "atol": float(atol), "max_steps": int(max_steps)}
 
     return Trajectory._from_solve(
-        model=model, frame=frame, ts_requested=ts_np, ys=ys, reached=reached,
+        model=model, frame=frame, coords=dyn.coords, ts_requested=ts_np, ys=ys, reached=reached,
         t_stop=t_stop, y_stop=y_stop, codes=codes, stats=stats, batched=batched,
         to_x=to_x, solver=solver_info, t1=t1f,
     )

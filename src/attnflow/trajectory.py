@@ -97,12 +97,13 @@ class Trajectory:
     t_stop: np.ndarray
     t1: float
     batched: bool
-    _y: Array  # (b, m, n, d), the integrated frame
+    coords: str  # "standard", or "modal": the rescaled state is w = T^{-1} z
+    _y: Array  # (b, m, n, d), the integrated state
     _to_x: Array | None  # (b?, m, d, d) maps z -> x, when not computable from ts
 
     # ------------------------------------------------------------- construction
     @classmethod
-    def _from_solve(cls, *, model, frame, ts_requested, ys, reached, t_stop, y_stop,
+    def _from_solve(cls, *, model, frame, coords, ts_requested, ys, reached, t_stop, y_stop,
                     codes, stats, batched, to_x, solver, t1):
         codes = np.asarray(codes).reshape(-1)
         statuses = tuple(STATUS_CODES[int(c)] for c in codes)
@@ -117,7 +118,7 @@ class Trajectory:
             to = None if to_x is None else jnp.asarray(to_x, dtype)
             return cls(ts=ts, frame=frame, model=model, stats=stats, solver=solver,
                        statuses=statuses, reached=reached, t_stop=t_stop, t1=t1,
-                       batched=True, _y=ys, _to_x=to)
+                       batched=True, coords=coords, _y=ys, _to_x=to)
         # One system: keep what was reached, then the state where it stopped.
         r = reached[0]
         keep = np.flatnonzero(r)
@@ -139,7 +140,7 @@ class Trajectory:
         stats1 = {k: (v[0] if np.ndim(v) else v) for k, v in stats.items()}
         return cls(ts=jnp.asarray(tk, dtype), frame=frame, model=model, stats=stats1,
                    solver=solver, statuses=statuses, reached=r, t_stop=t_stop, t1=t1,
-                   batched=False, _y=y[None],
+                   batched=False, coords=coords, _y=y[None],
                    _to_x=None if to is None else jnp.asarray(to, dtype))
 
     # ------------------------------------------------------------------- status
@@ -176,24 +177,47 @@ class Trajectory:
 
     # ------------------------------------------------------------------- states
     def _maps(self) -> Array:
-        """``(m, d, d)`` (or ``(b, m, d, d)``) matrices M with ``x = z @ M.T``."""
+        """``(m, d, d)`` matrices M with ``x = z @ M.T`` (standard coordinates)."""
         if self._to_x is not None:
             return self._to_x
         return jax.vmap(self.model.propagator)(self.ts)
 
+    def _multipliers(self, sign: int):
+        """Per-mode factors of ``e^{+-t V}`` (or ``(I + dt V)^{+-k}``) at the saved times."""
+        prop = self.model.propagator
+        if self.solver.get("method") == "euler":
+            dt = self.solver["dt"]
+            k = jnp.round(self.ts / dt)
+            return jax.vmap(lambda kk: prop.power_multipliers(sign * kk, dt))(k)
+        return jax.vmap(lambda t: prop.exp_multipliers(sign * t))(self.ts)
+
+    def _modal_to_tokens(self, w, sign: int):
+        """Modal rows ``w`` (b, m, n, d) -> tokens after the per-mode factors at each save."""
+        prop = self.model.propagator
+        re, im = self._multipliers(sign)  # (m, d) each
+        scaled = prop.modal_scale(w, re[None, :, None, :], im[None, :, None, :])
+        return prop.from_modal(scaled)
+
     def _convert(self, y, to_original: bool):
-        M = self._maps()
+        prop = self.model.propagator
+        if self.coords == "modal":  # rescaled frame, state w = T^{-1} z
+            return self._modal_to_tokens(y, +1) if to_original else prop.from_modal(y)
         if to_original:
-            return jnp.einsum("bmnd,med->bmne", y, M)
+            return jnp.einsum("bmnd,med->bmne", y, self._maps())
+        # original frame -> rescaled
+        if prop.has_modal:
+            return self._modal_to_tokens(prop.to_modal(y), -1)
         if self._to_x is None:  # continuous: e^{-tV} directly, no inversion
             Minv = jax.vmap(self.model.propagator)(-self.ts)
             return jnp.einsum("bmnd,med->bmne", y, Minv)
-        sol = jnp.linalg.solve(M[None], jnp.swapaxes(y, -1, -2))
+        sol = jnp.linalg.solve(self._maps()[None], jnp.swapaxes(y, -1, -2))
         return jnp.swapaxes(sol, -1, -2)
 
     @cached_property
     def _z(self) -> Array:
-        return self._y if self.frame == "rescaled" else self._convert(self._y, False)
+        if self.frame == "rescaled" and self.coords == "standard":
+            return self._y
+        return self._convert(self._y, False)
 
     @cached_property
     def _x(self) -> Array:
