@@ -34,10 +34,13 @@ class CLIError(Exception):
 
 # ----------------------------------------------------------------------- helpers
 def setup_jax(x64: bool) -> None:
-    """Apply global JAX flags; only the command line and scripts do this."""
+    """Turn on float64 when asked; only the command line and scripts touch JAX flags.
+
+    Off is JAX's default in a fresh process, so nothing is done without ``--x64``."""
     import jax
 
-    jax.config.update("jax_enable_x64", bool(x64))
+    if x64:
+        jax.config.update("jax_enable_x64", True)
 
 
 def to_jsonable(obj):
@@ -304,7 +307,8 @@ def ginibre(
     shard: Optional[str] = typer.Option(None, "--shard", help="i/N: run only the i-th of "
                                         "N slices (job arrays), then --merge"),
     merge: bool = typer.Option(False, "--merge", help="only combine the shards in --out"),
-    workers: int = typer.Option(0, "--workers", help="worker processes (0: one per core)"),
+    workers: int = typer.Option(0, "--workers", help="worker processes (0: one per core "
+                                 "when the run is long, else 1)"),
     level: float = typer.Option(0.95, "--level", help="confidence level of the intervals"),
     interval: str = typer.Option("wilson", "--interval", help="wilson | clopper-pearson"),
     tol: Optional[float] = typer.Option(None, "--tol", help="relative decision tolerance "

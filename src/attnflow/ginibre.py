@@ -89,6 +89,7 @@ INTERVALS = ("wilson", "clopper-pearson")
 BACKENDS = ("numpy", "jax")
 _EPS = float(np.finfo(np.float64).eps)
 _BATCH_ELEMS = 1 << 21  # matrix entries per internal batch: 16 MB of float64
+AUTO_POOL_SECONDS = 20.0
 
 
 # ------------------------------------------------------------------ intervals
@@ -448,6 +449,14 @@ def _seconds_per_matrix(d: int) -> float:
     return 1e-6 + 1e-7 * d * d + 2e-9 * d ** 3
 
 
+def _auto_workers(workers: int | None, seconds: float) -> int:
+    """``None`` -> one worker per available core if the work is estimated at more than
+    ``AUTO_POOL_SECONDS`` of one core (a pool costs a few seconds to start), else 1."""
+    if workers is not None:
+        return workers
+    return _sweep._resolve_workers(None) if seconds > AUTO_POOL_SECONDS else 1
+
+
 def default_shard_size(d: int) -> int:
     """Samples per shard file: about 4 s of one core, a power of 2 in
     [block_size(d), 65536]. Recorded in each sweep's manifest."""
@@ -528,9 +537,10 @@ def ginibre_fraction(d: int, samples: int, *, seed: int = 0, level: float = 0.95
         level: confidence level of the intervals, in (0, 1).
         interval: "wilson" (default) or "clopper-pearson" (exact, conservative).
         tol: relative tolerance (times ||V||_F) of the decisions; default ``d * eps``.
-        workers: worker processes (1: this process; None: one per available core). A
-            pool is started on first use and reused; call it from under
-            ``if __name__ == "__main__":`` in scripts (processes are spawned).
+        workers: worker processes (1: this process; None: one per available core when
+            the work is estimated above ~20 s of one core, else 1). A pool is started on
+            first use and reused; call it from under ``if __name__ == "__main__":`` in
+            scripts (processes are spawned). The numbers do not depend on it.
         backend: "numpy" (LAPACK via numpy; default) or "jax" (``jnp.linalg.eigvals``
             sharded over the local JAX devices; needs x64).
         out: a directory: run as a resumable on-disk sweep there (shards skipped if
@@ -543,6 +553,7 @@ def ginibre_fraction(d: int, samples: int, *, seed: int = 0, level: float = 0.95
     d, samples, seed, level, interval, tol, workers = _check_common(
         d, samples, seed, level, interval, tol, backend, workers)
     sw = _make_sweep(d, samples, seed, tol, backend, shard_size)
+    workers = _auto_workers(workers, samples * _seconds_per_matrix(d))
     if out is None:
         data = _sweep.compute(sw, workers=workers, progress=progress)
     else:
@@ -605,6 +616,8 @@ def ginibre_curve(ds: Sequence[int], samples: int, *, seed: int = 0, level: floa
     samples, seed, level, interval, workers = (checked[0][1], checked[0][2], checked[0][3],
                                                checked[0][4], checked[0][6])
     shard_txt = None if shard_t is None else f"{shard_t[0]}/{shard_t[1]}"
+    workers = _auto_workers(workers, samples * sum(map(_seconds_per_matrix, ds))
+                            / (1 if shard_t is None else shard_t[1]))
     if out is None:
         res = [ginibre_fraction(x, samples, seed=seed, level=level, interval=interval,
                                 tol=tol, workers=workers, backend=backend,

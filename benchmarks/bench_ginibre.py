@@ -1,0 +1,161 @@
+"""Ginibre eigenvalue throughput: ginibre_fraction against a plain numpy.linalg.eigvals loop.
+
+Measured side by side in one run, interleaved round by round (so that load from other
+processes hits both sides alike), medians reported:
+
+1. per-matrix time of ``attnflow.ginibre_fraction(d, n, workers=1)`` -- everything:
+   generating V, eigenvalues, decisions, eigenvectors and Q, K for the samples that pass,
+   intervals -- against a plain Python loop ``for A in mats: numpy.linalg.eigvals(A)``
+   over pre-generated matrices (generation not timed), at several d;
+2. device scaling: the same study with ``workers=2`` against ``workers=1`` (warm pool);
+3. for reference, the JAX backend (``jnp.linalg.eigvals`` sharded by
+   ``sweep.map_devices``) with 1 vs 2 forced host devices, each in its own subprocess
+   (``XLA_FLAGS=--xla_force_host_platform_device_count=N`` must be set before JAX starts).
+
+One BLAS thread per process (``OPENBLAS_NUM_THREADS=1`` etc., set here before numpy is
+imported, and in every worker), so that one process = one core on both sides.
+
+Run:  python benchmarks/bench_ginibre.py [--quick] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import os
+
+for _k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_k, "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+_JAX_CHILD = r"""
+import os, sys, time, json
+import jax
+jax.config.update("jax_enable_x64", True)
+from attnflow.ginibre import ginibre_fraction
+d, n, rounds = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+ginibre_fraction(d, max(4, n // 8), seed=99, backend="jax")  # compile
+ts = []
+for r in range(rounds):
+    t = time.perf_counter(); ginibre_fraction(d, n, seed=r, backend="jax")
+    ts.append(time.perf_counter() - t)
+print(json.dumps({"devices": len(jax.devices()), "seconds": ts}))
+"""
+
+
+def _samples(d: int, seconds: float) -> int:
+    from attnflow.ginibre import _seconds_per_matrix
+
+    return int(min(200_000, max(16, seconds / _seconds_per_matrix(d))))
+
+
+def plain_loop(mats: np.ndarray) -> float:
+    t = time.perf_counter()
+    for A in mats:
+        np.linalg.eigvals(A)
+    return time.perf_counter() - t
+
+
+def ours(d: int, n: int, seed: int, workers: int) -> float:
+    from attnflow import ginibre_fraction
+
+    t = time.perf_counter()
+    ginibre_fraction(d, n, seed=seed, workers=workers)
+    return time.perf_counter() - t
+
+
+def bench_vs_loop(dims, rounds, seconds):
+    rows = []
+    for d in dims:
+        n = _samples(d, seconds)
+        mats = np.random.default_rng(12345).standard_normal((n, d, d))
+        plain_loop(mats[: max(1, n // 10)])
+        ours(d, max(1, n // 10), 999, 1)  # warm up both
+        ref, mine = [], []
+        for r in range(rounds):
+            ref.append(plain_loop(mats))
+            mine.append(ours(d, n, r, 1))
+        row = {"d": d, "samples": n, "rounds": rounds,
+               "loop_us": 1e6 * statistics.median(ref) / n,
+               "ours_us": 1e6 * statistics.median(mine) / n}
+        row["ratio"] = row["ours_us"] / row["loop_us"]
+        row["ratio_min"] = min(mine) / min(ref)
+        rows.append(row)
+        print(f"d={d:4d} n={n:7d}: loop {row['loop_us']:10.2f} us/matrix, "
+              f"ginibre_fraction {row['ours_us']:10.2f} us/matrix, ratio {row['ratio']:.3f} "
+              f"(min/min {row['ratio_min']:.3f})", flush=True)
+    return rows
+
+
+def bench_workers(dims, rounds, seconds):
+    rows = []
+    ours(dims[0], 64, 998, 2)  # start the pool (spawn + imports, once per process)
+    for d in dims:
+        n = _samples(d, seconds)
+        ours(d, max(16, n // 10), 997, 2)
+        one, two = [], []
+        for r in range(rounds):
+            one.append(ours(d, n, r, 1))
+            two.append(ours(d, n, r, 2))
+        row = {"d": d, "samples": n, "rounds": rounds,
+               "one_s": statistics.median(one), "two_s": statistics.median(two)}
+        row["speedup"] = row["one_s"] / row["two_s"]
+        rows.append(row)
+        print(f"d={d:4d} n={n:6d}: 1 worker {row['one_s']:.2f} s, 2 workers "
+              f"{row['two_s']:.2f} s, speed-up {row['speedup']:.2f}x", flush=True)
+    return rows
+
+
+def bench_jax_devices(d, rounds, seconds):
+    n = _samples(d, seconds)
+    out = {}
+    for ndev in (1, 2):
+        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={ndev}")
+        res = subprocess.run([sys.executable, "-c", _JAX_CHILD, str(d), str(n), str(rounds)],
+                             env=env, capture_output=True, text=True, check=True)
+        rec = json.loads(res.stdout.strip().splitlines()[-1])
+        out[ndev] = statistics.median(rec["seconds"])
+    row = {"d": d, "samples": n, "one_device_s": out[1], "two_devices_s": out[2],
+           "speedup": out[1] / out[2]}
+    print(f"jax backend d={d} n={n}: 1 device {out[1]:.2f} s, 2 forced devices "
+          f"{out[2]:.2f} s, speed-up {row['speedup']:.2f}x", flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", type=str, default=None, help="write the numbers here")
+    args = ap.parse_args()
+    rounds, seconds = (3, 0.3) if args.quick else (5, 2.0)
+    dims = [2, 8, 32, 128] if args.quick else [2, 8, 32, 64, 128, 256]
+    load0 = os.getloadavg()
+    print(f"cores {len(os.sched_getaffinity(0))}, load average {load0[0]:.2f}, "
+          f"OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}", flush=True)
+    res = {"vs_loop": bench_vs_loop(dims, rounds, seconds)}
+    res["workers"] = bench_workers([d for d in dims if d >= 64] or dims[-1:], rounds,
+                                   2 * seconds)
+    res["jax_devices"] = bench_jax_devices(128 if not args.quick else 32, rounds, seconds)
+    import jax
+
+    res["meta"] = {"python": platform.python_version(), "numpy": np.__version__,
+                   "jax": jax.__version__, "machine": platform.machine(),
+                   "cores": len(os.sched_getaffinity(0)), "load_before": load0,
+                   "load_after": os.getloadavg(), "quick": args.quick,
+                   "command": "python benchmarks/bench_ginibre.py"
+                              + (" --quick" if args.quick else "")}
+    print(f"load average after: {res['meta']['load_after'][0]:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
