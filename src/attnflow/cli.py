@@ -348,6 +348,41 @@ def ginibre(
         typer.echo(est.summary())
 
 
+@app.command()
+def figures(
+    out: Path = typer.Option(Path("figures"), "--out", help="output folder"),
+    only: Optional[list[str]] = typer.Option(None, "--only", help="run only this figure "
+                                             "(repeatable), e.g. --only polytope"),
+    quick: bool = typer.Option(False, "--quick", help="small versions, seconds each"),
+    experiments: Optional[Path] = typer.Option(None, "--experiments",
+                                               help="folder of fig_*.py scripts"),
+    list_only: bool = typer.Option(False, "--list", help="list the figures and exit"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+):
+    """Regenerate the figures (PNG + PDF + JSON sidecars) from experiments/fig_*.py."""
+    from .figures import find_experiments, list_figures, run_figures
+
+    if list_only:
+        names = list_figures(find_experiments(experiments))
+        if as_json:
+            emit_json({"figures": names})
+        else:
+            typer.echo("\n".join(names))
+        return
+    index = run_figures(out, only=only, quick=quick, experiments=experiments,
+                        progress=not as_json)
+    if as_json:
+        emit_json(index)
+    else:
+        for name, res in index["figures"].items():
+            typer.echo(f"{name}: {len(res['figures'])} files in {res['seconds']} s")
+        for name, why in index["failed"].items():
+            typer.echo(f"{name}: FAILED: {why}", err=True)
+    if index["failed"]:
+        raise CLIError(f"{len(index['failed'])} figure script(s) failed: "
+                       f"{', '.join(index['failed'])}")
+
+
 # ------------------------------------------------------------------- entry point
 def main(argv=None) -> None:
     """Run the command line; errors become one line on stderr and exit status 2."""

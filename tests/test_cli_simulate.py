@@ -1,0 +1,76 @@
+"""The `attnflow simulate` command: JSON on stdout, metadata in --out, errors on stderr."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "attnflow", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_simulate_json_and_out(tmp_path):
+    out = tmp_path / "r.npz"
+    p = run("simulate", "--V", "paper-2d", "--n", "6", "--t1", "2", "--x64", "--seed", "4",
+            "--saves", "3", "--json", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)  # exactly one JSON object on stdout
+    assert res["status"] == "ok" and res["n"] == 6 and res["d"] == 2
+    assert res["ts"] == [0.0, 1.0, 2.0]
+    meta = res["metadata"]
+    assert meta["seed"] == 4 and meta["versions"]["x64"] is True
+    assert meta["solver"]["solver"] == "Tsit5" and meta["solver"]["rtol"] == 1e-6
+    with np.load(out) as f:
+        saved_meta = json.loads(str(f["metadata"]))
+        z = f["z"]
+    assert saved_meta["status"] == "ok" and saved_meta["dtype"] == "float64"
+    assert z.shape == (3, 6, 2)
+    np.testing.assert_allclose(z[-1], np.array(res["z_final"]), rtol=1e-12)
+
+
+def test_simulate_matrix_from_file_and_euler(tmp_path):
+    V = np.array([[0.5, 0.2], [0.0, -0.3]])
+    np.save(tmp_path / "V.npy", V)
+    p = run("simulate", "--V", str(tmp_path / "V.npy"), "--n", "4", "--t1", "1",
+            "--method", "euler", "--dt", "0.25", "--json", "--x64")
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert res["metadata"]["V"] == V.tolist()
+    assert res["metadata"]["solver"] == {"method": "euler", "dt": 0.25, "layers": 4}
+
+
+def run_inprocess(capsys, *args):
+    """The command line in this process (errors happen before any solve)."""
+    from attnflow.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    cap = capsys.readouterr()
+    return exc.value.code, cap.out, cap.err
+
+
+@pytest.mark.parametrize("args,word", [
+    (("--V", "nonsense"), "unknown matrix name"),
+    (("--n", "0"), "x0"),
+    (("--t1", "-1"), "t1"),
+    (("--method", "euler"), "--dt"),
+    (("--bogus",), "bogus"),
+])
+def test_simulate_errors_are_one_line_exit_2(capsys, args, word):
+    code, out, err = run_inprocess(capsys, "simulate", "--x64", *args)
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and word in lines[0]
+
+
+def test_overflow_reported_not_raised():
+    p = run("simulate", "--t1", "80", "--saves", "3", "--json")  # float32, V = I
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert res["status"] == "overflow" and 30 < res["t_stop"] < 50
+    assert all(np.isfinite(np.array(res["z_final"])).ravel())
