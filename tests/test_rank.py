@@ -346,3 +346,45 @@ def test_cli_rank_error_exit_2(capsys):
     code, out, err = run_cli(["rank", "--d", "1", "--tol", "2", "--x64", "--json"], capsys)
     assert code == 2 and out == ""
     assert err.startswith("attnflow: error:") and "tol" in err and err.count("\n") == 1
+
+
+def test_chunked_evaluation_matches(d1, monkeypatch):
+    import attnflow.rank as rank_mod
+
+    _, traj, rt = d1
+    monkeypatch.setattr(rank_mod, "_CHUNK_ELEMENTS", 7 * 10 * 10)  # 7 saved times per chunk
+    rc = track_rank(traj)
+    np.testing.assert_array_equal(rc.rank, rt.rank)
+    np.testing.assert_array_equal(rc.rank_method, rt.rank_method)
+    # the same numbers up to the last bit of rounding (XLA vectorises by batch size)
+    np.testing.assert_allclose(rc.boolean_distance, rt.boolean_distance, rtol=1e-13)
+    np.testing.assert_allclose(rc.log_boolean_distance, rt.log_boolean_distance, rtol=1e-13)
+    np.testing.assert_allclose(rc.column_mass, rt.column_mass, rtol=1e-13)
+    assert rc.rate == pytest.approx(rt.rate, rel=1e-12)
+
+
+def test_to_dict_is_json_ready(d1):
+    from attnflow.cli import to_jsonable
+
+    _, _, rt = d1
+    d = json.loads(json.dumps(to_jsonable(rt.to_dict())))
+    assert d["leaders"] == rt.leaders.tolist() and d["final_rank"] == 2
+    assert len(d["rank"]) == len(rt.ts)
+    assert "fit log(-log D)" in rt.summary()
+
+
+@pytest.mark.slow
+def test_fig_leaders_quick(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "fig_leaders.py"
+    spec = importlib.util.spec_from_file_location("fig_leaders", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    res = mod.make(tmp_path, quick=True)
+    assert len(res["figures"]) == 6 and all(Path(p).stat().st_size > 0 for p in res["figures"])
+    side = json.loads(Path(res["json"]).read_text())
+    assert side["x64"] and side["versions"]["jax"] and side["cases"][0]["seed"] == 0
+    d1 = side["results"]["d1"]
+    assert all(v.split(" of ")[0] == v.split(" of ")[1] for v in d1["checks_passed"].values())
