@@ -10,6 +10,7 @@ from .ginibre import GinibreEstimate, ginibre_fraction
 from .kernels import KERNELS
 from .model import Attention
 from .propagator import Propagator
+from .regimes import Observation, Regime, observe_limit, predict_regime, spectral_structure
 from .rank import RankTrack, boolean_distance, rank_of, track_rank
 from .simulate import SOLVERS, simulate
 from .trajectory import SimulationError, Trajectory
@@ -18,6 +19,11 @@ __all__ = [
     "GinibreEstimate", "ginibre_fraction",
     "Attention",
     "KERNELS",
+    "Observation",
+    "Regime",
+    "observe_limit",
+    "predict_regime",
+    "spectral_structure",
     "Propagator",
     "RankTrack",
     "SOLVERS",

@@ -349,6 +349,75 @@ def ginibre(
 
 
 @app.command()
+def classify(
+    V: str = OptV,
+    Q: str = OptQ,
+    K: str = OptK,
+    d: Optional[int] = typer.Option(None, "--d", help="dimension (default: from V, or 2)"),
+    seed: int = typer.Option(0, "--seed", help="seed for random matrices and tokens"),
+    rtol: float = typer.Option(1e-8, "--rtol", help="relative tolerance of the decisions"),
+    do_simulate: bool = typer.Option(False, "--simulate", help="also simulate, observe the "
+                                     "limit and compare with the prediction"),
+    n: int = typer.Option(20, "--n", help="tokens (with --simulate)"),
+    t1: float = typer.Option(12.0, "--t1", help="final time (with --simulate)"),
+    saves: int = typer.Option(61, "--saves", help="saved times (with --simulate)"),
+    method: str = typer.Option("adaptive", "--method", help="adaptive | euler | ..."),
+    dt: Optional[float] = typer.Option(None, "--dt", help="layer step for --method euler"),
+    scale: float = typer.Option(5.0, "--scale", help="tokens uniform in [-scale, scale]^d"),
+    max_steps: int = typer.Option(100_000, "--max-steps"),
+    tol: Optional[float] = typer.Option(None, "--tol", help="clustering tolerance (relative)"),
+    x64: bool = typer.Option(False, "--x64", help="compute in float64"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+):
+    """Predict the limit geometry from V's spectrum (and Q, K); with --simulate, run it,
+    observe where the tokens went and say whether observation agrees with prediction."""
+    setup_jax(x64)
+    from .regimes import observe_limit, predict_regime
+
+    if d is None and Path(V).suffix not in (".npy", ".npz", ".txt") and V not in _fixed_size():
+        d = 2
+    Qm, Km, Vm = load_weights(V, Q, K, d, seed)
+    reg = predict_regime(Qm, Km, Vm, rtol=rtol)
+    result = {"prediction": reg.to_dict(), **{k: v for k, v in reg.to_dict().items()
+                                               if k in ("label", "theorem", "eigenvalues",
+                                                        "reason")}}
+    if do_simulate:
+        import attnflow as af
+
+        if saves < 2:
+            raise CLIError("--saves must be at least 2.")
+        dd = Vm.shape[0]
+        tokens = initial_tokens("uniform", n, dd, seed, scale)
+        frame = "original" if reg.label == "origin" else "rescaled"
+        ts = np.linspace(0.0, t1, saves)
+        if method == "euler":
+            if dt is None:
+                raise CLIError("--dt is required with --method euler.")
+            ts = np.unique(np.clip(np.rint(ts / dt) * dt, 0, t1))
+        traj = af.simulate(af.Attention(Qm, Km, Vm), tokens, t1, ts=ts, frame=frame,
+                           method=method, dt=dt, max_steps=max_steps)
+        obs = observe_limit(traj, tol=tol)
+        agree = obs.label == reg.label
+        result["observation"] = obs.to_dict()
+        result["agree"] = agree
+        result["metadata"] = traj.metadata(seed=seed, scale=scale, command="attnflow classify")
+    if as_json:
+        emit_json(result)
+        return
+    with np.printoptions(precision=4, suppress=True):
+        typer.echo(f"predicted: {reg.label}")
+        typer.echo(f"theorem:   {reg.theorem}")
+        typer.echo(f"spectrum:  {reg.eigenvalues}")
+        typer.echo(f"reason:    {reg.reason}")
+        for h in reg.hypotheses:
+            typer.echo(f"  [{'x' if h.holds else ' '}] {h.name}"
+                       + (f" ({h.value:.4g})" if h.value is not None else ""))
+        if do_simulate:
+            typer.echo(f"observed:  {obs.label} ({obs.reason})  status: {traj.status}")
+            typer.echo(f"agree:     {'yes' if agree else 'no'}")
+
+
+@app.command()
 def figures(
     out: Path = typer.Option(Path("figures"), "--out", help="output folder"),
     only: Optional[list[str]] = typer.Option(None, "--only", help="run only this figure "
