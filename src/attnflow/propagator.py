@@ -126,7 +126,9 @@ class Propagator(eqx.Module):
     partner: Array | None
     sign: Array | None
     method: str = eqx.field(static=True)
-    basis_condition: float = eqx.field(static=True)
+    # An array leaf, not a static field: a static float would recompile every solve
+    # for every new V.
+    basis_condition: np.ndarray
 
     def __init__(self, V, method: str = "auto"):
         if method not in PROPAGATOR_METHODS:
@@ -153,7 +155,7 @@ class Propagator(eqx.Module):
                 self.evals = jnp.asarray(w.astype(np.complex128), dtype=cdtype)
                 self.evecs = jnp.asarray(S, dtype=dtype)
                 self.evecs_inv = jnp.asarray(S.T, dtype=dtype)
-                self.basis_condition = 1.0
+                self.basis_condition = np.asarray(1.0)
                 self._set_modal(S, S.T, w, np.zeros_like(w), np.arange(len(w)),
                                 np.zeros_like(w), dtype)
             else:
@@ -171,7 +173,7 @@ class Propagator(eqx.Module):
                 self.evals = jnp.asarray(w, dtype=cdtype)
                 self.evecs = jnp.asarray(S, dtype=cdtype)
                 self.evecs_inv = jnp.asarray(S_inv, dtype=cdtype)
-                self.basis_condition = cond
+                self.basis_condition = np.asarray(cond)
                 if method == "eig":
                     modal = _real_modal_form(w, S)
                     if modal is None:
@@ -192,7 +194,7 @@ class Propagator(eqx.Module):
                 self.evals = w.astype(cdtype)
                 self.evecs = S.astype(cdtype)
                 self.evecs_inv = jnp.linalg.inv(S).astype(cdtype)
-            self.basis_condition = float("nan")
+            self.basis_condition = np.asarray(float("nan"))
         self.method = method
 
     def _set_modal(self, T, T_inv, mu_re, mu_im, partner, sign, dtype):
