@@ -115,3 +115,22 @@ def test_softmax_matches_reference_and_its_gradient():
     g = jax.grad(f(af.kernels.softmax))(L)
     g_ref = jax.grad(f(lambda L: jax.nn.softmax(L, axis=-1)))(L)
     np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), rtol=1e-12, atol=1e-14)
+
+
+def test_rectangular_head_equals_bilinear_form():
+    """A (p, d) head: logits depend on Q^T K only, so (I, Q^T K) gives the same flow."""
+    rng = np.random.default_rng(5)
+    d, p = 5, 2
+    Q, K, V = rng.normal(size=(p, d)), rng.normal(size=(p, d)), rng.normal(size=(d, d))
+    with pytest.raises(ValueError, match="rectangular"):
+        af.Attention(Q, K, V)
+    with pytest.raises(ValueError, match="rectangular"):
+        af.Attention(Q, K[:1], V, rectangular=True)
+    a = af.Attention(Q, K, V, beta=0.5, rectangular=True)
+    b = af.Attention(np.eye(d), Q.T @ K, V, beta=0.5)
+    x0 = rng.normal(size=(6, d))
+    ta, tb = af.simulate(a, x0, 1.0), af.simulate(b, x0, 1.0)
+    np.testing.assert_allclose(np.asarray(ta.x), np.asarray(tb.x), rtol=1e-9, atol=1e-10)
+    z = rng.normal(size=(6, d))
+    np.testing.assert_allclose(np.asarray(a.field_original(0.0, jnp.asarray(z))),
+                               ref.field_original(0.0, z, Q, K, V, 0.5), rtol=1e-12)

@@ -29,7 +29,7 @@ def _is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
-def _as_matrix(name: str, A) -> Array:
+def _as_matrix(name: str, A, square: bool = True) -> Array:
     """Validate one weight matrix and return it as a JAX array (not yet cast)."""
     if isinstance(A, jax.core.Tracer):
         arr = A
@@ -48,9 +48,9 @@ def _as_matrix(name: str, A) -> Array:
         raise ValueError(f"{name} must be a real numeric array; got dtype {arr.dtype}.")
     if arr.ndim != 2:
         raise ValueError(f"{name} must be a 2-d (d, d) matrix; got shape {tuple(arr.shape)}.")
-    if arr.shape[0] != arr.shape[1]:
+    if square and arr.shape[0] != arr.shape[1]:
         raise ValueError(f"{name} must be square (d, d); got shape {tuple(arr.shape)}.")
-    if arr.shape[0] < 1:
+    if min(arr.shape) < 1:
         raise ValueError(f"{name} must have d >= 1; got shape {tuple(arr.shape)}.")
     if _is_concrete(arr) and not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} has non-finite entries (NaN or inf); all entries must be finite.")
@@ -70,10 +70,15 @@ class Attention(eqx.Module):
 
     Args:
         Q, K, V: query, key and value matrices, each ``(d, d)``, real and finite.
+            With ``rectangular=True``, Q and K may be ``(p, d)`` (a head of size ``p``
+            acting on tokens of dimension ``d``, as in a trained transformer); V stays
+            ``(d, d)``. The logits ``<Q x_i, K x_j> = x_i^T Q^T K x_j`` then depend on
+            ``Q^T K`` only (for the softmax kernel).
         beta: inverse temperature multiplying every logit ``<Q x_i, K x_j>``; finite, > 0.
         kernel: the attention kernel, one of ``attnflow.kernels.KERNELS``.
         propagator: how ``e^{tV}`` is computed: ``"auto"`` (default), ``"eigh"``,
             ``"eig"`` or ``"expm"``; see ``attnflow.propagator``.
+        rectangular: allow ``(p, d)`` query and key matrices (see above).
 
     The working precision is the promoted dtype of ``Q, K, V`` (integers become the
     default float): float64 inputs stay float64 when x64 is on, and become float32 when it
@@ -90,13 +95,23 @@ class Attention(eqx.Module):
     kernel: str = eqx.field(static=True)
 
     def __init__(self, Q, K, V, *, beta=1.0, kernel: str = "softmax",
-                 propagator: str = "auto"):
-        Qa, Ka, Va = _as_matrix("Q", Q), _as_matrix("K", K), _as_matrix("V", V)
+                 propagator: str = "auto", rectangular: bool = False):
+        Qa = _as_matrix("Q", Q, square=not rectangular)
+        Ka = _as_matrix("K", K, square=not rectangular)
+        Va = _as_matrix("V", V)
         shapes = {"Q": tuple(Qa.shape), "K": tuple(Ka.shape), "V": tuple(Va.shape)}
-        if len(set(shapes.values())) != 1:
+        if rectangular:
+            d = Va.shape[0]
+            if Qa.shape != Ka.shape or Qa.shape[1] != d:
+                raise ValueError(
+                    f"with rectangular=True, Q and K must both be (p, d) with d = {d} from "
+                    f"V; got {shapes}."
+                )
+        elif len(set(shapes.values())) != 1:
             raise ValueError(
                 f"Q, K and V must all have the same shape (d, d); got {shapes}. "
-                f"The token dimension d is fixed by V."
+                f"The token dimension d is fixed by V (for heads with p x d query and key "
+                f"maps pass rectangular=True)."
             )
         if not isinstance(kernel, str) or kernel not in _kernels.KERNELS:
             raise ValueError(f"kernel must be one of {_kernels.KERNELS}; got {kernel!r}.")

@@ -122,7 +122,8 @@ def _sorted_eigenvalues(V: np.ndarray) -> np.ndarray:
     return w[order]
 
 
-def _validate_matrix(name: str, A, d: int | None = None) -> np.ndarray:
+def _validate_matrix(name: str, A, d: int | None = None,
+                     rectangular: bool = False) -> np.ndarray:
     try:
         arr = np.asarray(A)
     except Exception as exc:
@@ -133,10 +134,15 @@ def _validate_matrix(name: str, A, d: int | None = None) -> np.ndarray:
         arr = arr.astype(np.float64)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a real numeric (d, d) matrix.") from None
-    if arr.ndim != 2 or arr.shape[0] != arr.shape[1] or arr.shape[0] < 1:
-        raise ValueError(f"{name} must be a square (d, d) matrix; got shape {arr.shape}.")
-    if d is not None and arr.shape[0] != d:
-        raise ValueError(f"{name} has shape {arr.shape}; Q, K and V must all be ({d}, {d}).")
+    if rectangular:
+        if arr.ndim != 2 or min(arr.shape) < 1 or (d is not None and arr.shape[1] != d):
+            raise ValueError(f"{name} must be a (p, {d}) matrix; got shape {arr.shape}.")
+    else:
+        if arr.ndim != 2 or arr.shape[0] != arr.shape[1] or arr.shape[0] < 1:
+            raise ValueError(f"{name} must be a square (d, d) matrix; got shape {arr.shape}.")
+        if d is not None and arr.shape[0] != d:
+            raise ValueError(f"{name} has shape {arr.shape}; Q, K and V must all be "
+                             f"({d}, {d}).")
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} has non-finite entries (NaN or inf).")
     return arr
@@ -257,7 +263,8 @@ def predict_regime(Q, K=None, V=None, *, rtol: float = 1e-8) -> Regime:
     """Predict the limit geometry from ``(Q, K, V)`` (or an ``Attention``), before simulating.
 
     Args:
-        Q, K, V: ``(d, d)`` real matrices; or pass one ``attnflow.Attention`` as ``Q``.
+        Q, K, V: ``(d, d)`` real matrices (Q and K may be ``(p, d)``: a head of size p);
+            or pass one ``attnflow.Attention`` as ``Q``.
         rtol: relative tolerance of every numerical decision (see module doc).
 
     Returns:
@@ -266,19 +273,24 @@ def predict_regime(Q, K=None, V=None, *, rtol: float = 1e-8) -> Regime:
     """
     from .model import Attention
 
+    rect = False
     if isinstance(Q, Attention):
         if K is not None or V is not None:
             raise ValueError("pass either an Attention or Q, K, V, not both.")
         model = Q
         Q, K, V = (np.asarray(a, np.float64) for a in (model.Q, model.K, model.V))
+        rect = Q.shape[0] != Q.shape[1]
     elif K is None or V is None:
         raise ValueError("predict_regime needs Q, K and V (or one Attention).")
     if not (isinstance(rtol, (int, float)) and 0 < rtol < 1):
         raise ValueError(f"rtol must be a number in (0, 1); got {rtol!r}.")
     V = _validate_matrix("V", V)
     d = V.shape[0]
-    Q = _validate_matrix("Q", Q, d)
-    K = _validate_matrix("K", K, d)
+    rect = rect or np.ndim(Q) == 2 and np.shape(Q)[0] != np.shape(Q)[1]
+    Q = _validate_matrix("Q", Q, d, rectangular=rect)
+    K = _validate_matrix("K", K, d, rectangular=rect)
+    if Q.shape != K.shape:
+        raise ValueError(f"Q and K must have the same shape; got {Q.shape} and {K.shape}.")
     st = spectral_structure(V, rtol=rtol)
     w = st.eigenvalues
     M, pd, qk_scale = _qk_facts(Q, K, rtol)
