@@ -49,7 +49,8 @@ def _as_matrix(name: str, A, square: bool = True) -> Array:
     if arr.ndim != 2:
         raise ValueError(f"{name} must be a 2-d (d, d) matrix; got shape {tuple(arr.shape)}.")
     if square and arr.shape[0] != arr.shape[1]:
-        raise ValueError(f"{name} must be square (d, d); got shape {tuple(arr.shape)}.")
+        hint = (" (a (p, d) head map needs rectangular=True)" if name in ("Q", "K") else "")
+        raise ValueError(f"{name} must be square (d, d); got shape {tuple(arr.shape)}{hint}.")
     if min(arr.shape) < 1:
         raise ValueError(f"{name} must have d >= 1; got shape {tuple(arr.shape)}.")
     if _is_concrete(arr) and not np.all(np.isfinite(arr)):
