@@ -14,7 +14,14 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-__all__ = ["KERNELS", "logits", "softmax", "weights", "apply_weights", "row_stochastic"]
+__all__ = ["KERNELS", "logits", "softmax", "weights", "apply_weights", "attend",
+           "row_stochastic", "auto_block", "DENSE_MAX_N", "BLOCK_ENTRIES"]
+
+# Above this many tokens ``attend`` never forms the (n, n) matrix: it processes blocks of
+# query rows, each against all keys, so memory is O(n * block).
+DENSE_MAX_N = 2048
+# Entries of one (block, n) logit tile.
+BLOCK_ENTRIES = 1 << 22
 
 
 def softmax(L: Array) -> Array:
@@ -63,3 +70,42 @@ def apply_weights(kernel: str, L: Array, values: Array) -> Array:
 def row_stochastic(kernel: str) -> bool:
     """Whether the kernel's rows sum to one (needed by the rescaled frame)."""
     return _REGISTRY[kernel][1]
+
+
+def auto_block(n: int) -> int:
+    """Query rows per tile for ``n`` tokens: 0 (dense) up to ``DENSE_MAX_N``, else about
+    ``BLOCK_ENTRIES / n`` (at least 16): a tile of 4M entries, 16 MB in float32."""
+    if n <= DENSE_MAX_N:
+        return 0
+    return max(16, BLOCK_ENTRIES // n)
+
+
+def attend(kernel: str, q: Array, k: Array, beta, values: Array, *,
+           block: int | None = None) -> Array:
+    """``weights(kernel, beta q k^T) @ values`` without the ``(n, n)`` matrix when n is large.
+
+    Args:
+        kernel: a kernel name.
+        q: queries ``(n, p)``; k: keys ``(m, p)``; values: ``(m, d)``.
+        beta: inverse temperature.
+        block: query rows per tile; ``None`` chooses by size (``auto_block``), 0 forces
+            the dense path.
+
+    Each tile holds whole rows of logits (a block of queries against every key), so every
+    row-wise kernel is evaluated exactly as in the dense path: the results agree to
+    rounding (the same operations per row). Memory ``O(block * m)``.
+    """
+    n = q.shape[0]
+    if block is None:
+        block = auto_block(k.shape[0])
+    if block <= 0 or block >= n:
+        return weights(kernel, logits(q, k, beta)) @ values
+    nb = -(-n // block)
+    pad = nb * block - n
+    qb = jnp.pad(q, ((0, pad), (0, 0))).reshape(nb, block, q.shape[-1])
+
+    def tile(qi):
+        return weights(kernel, logits(qi, k, beta)) @ values
+
+    out = jax.lax.map(tile, qb)
+    return out.reshape(nb * block, values.shape[-1])[:n]

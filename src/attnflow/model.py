@@ -80,6 +80,9 @@ class Attention(eqx.Module):
         propagator: how ``e^{tV}`` is computed: ``"auto"`` (default), ``"eigh"``,
             ``"eig"`` or ``"expm"``; see ``attnflow.propagator``.
         rectangular: allow ``(p, d)`` query and key matrices (see above).
+        block: query rows per tile in the vector field (``attnflow.kernels.attend``):
+            ``None`` chooses by size (dense up to 2048 tokens, then tiles of ~4M logits,
+            never the ``(n, n)`` matrix), ``0`` forces the dense path.
 
     The working precision is the promoted dtype of ``Q, K, V`` (integers become the
     default float): float64 inputs stay float64 when x64 is on, and become float32 when it
@@ -94,9 +97,11 @@ class Attention(eqx.Module):
     beta: Array
     propagator: Propagator
     kernel: str = eqx.field(static=True)
+    block: int | None = eqx.field(static=True, default=None)
 
     def __init__(self, Q, K, V, *, beta=1.0, kernel: str = "softmax",
-                 propagator: str = "auto", rectangular: bool = False):
+                 propagator: str = "auto", rectangular: bool = False,
+                 block: int | None = None):
         Qa = _as_matrix("Q", Q, square=not rectangular)
         Ka = _as_matrix("K", K, square=not rectangular)
         Va = _as_matrix("V", V)
@@ -132,7 +137,11 @@ class Attention(eqx.Module):
         self.K = jnp.asarray(Ka, dtype=dtype)
         self.V = jnp.asarray(Va, dtype=dtype)
         self.beta = jnp.asarray(beta, dtype=dtype)
+        if block is not None and (not isinstance(block, (int, np.integer)) or block < 0):
+            raise ValueError(f"block must be None (automatic) or an integer >= 0 (0: dense); "
+                             f"got {block!r}.")
         self.kernel = kernel
+        self.block = None if block is None else int(block)
         self.propagator = Propagator(self.V, method=propagator)
 
     # ----------------------------------------------------------------- basic facts
@@ -162,17 +171,20 @@ class Attention(eqx.Module):
         return log_logit_bound(x @ self.Q.T, x @ self.K.T, self.beta)
 
     # ---------------------------------------------------------------- vector fields
+    def attend(self, x: Array, values: Array) -> Array:
+        """``P(x) @ values`` for tokens ``x`` ``(n, d)``, tiled for large n (see ``block``)."""
+        return _kernels.attend(self.kernel, x @ self.Q.T, x @ self.K.T, self.beta, values,
+                               block=self.block)
+
     def field_original(self, t, x: Array) -> Array:
         """``dx/dt = P X V^T`` for tokens ``x`` ``(n, d)``."""
         del t
-        P = self.attention(x)
-        return (P @ x) @ self.V.T
+        return self.attend(x, x) @ self.V.T
 
     def field_rescaled(self, t, z: Array) -> Array:
         """``dz/dt = (P(t) Z - Z) V^T`` with ``P(t)`` taken at ``x = z e^{tV}^T``."""
         x = self.propagator.apply(t, z)
-        P = self.attention(x)
-        return (P @ z - z) @ self.V.T
+        return (self.attend(x, z) - z) @ self.V.T
 
     def to_original(self, t, z: Array) -> Array:
         """``x = e^{tV} z`` for row tokens ``z`` ``(..., d)``."""
@@ -238,10 +250,10 @@ class Dynamics(eqx.Module):
     def __call__(self, t, y: Array) -> Array:
         m = self.model
         q, k = self.queries_keys(t, y)
-        P = _kernels.weights(m.kernel, _kernels.logits(q, k, m.beta))
+        Py = _kernels.attend(m.kernel, q, k, m.beta, y, block=m.block)
         if self.frame == "original":
-            return (P @ y) @ m.V.T
+            return Py @ m.V.T
         if self.coords == "modal":
             prop = m.propagator
-            return prop.modal_scale(P @ y - y, prop.mu_re, prop.mu_im)
-        return (P @ y - y) @ m.V.T
+            return prop.modal_scale(Py - y, prop.mu_re, prop.mu_im)
+        return (Py - y) @ m.V.T

@@ -216,13 +216,13 @@ def _euler_loop(dyn, y0, dt, save_layers, step_re, step_im, *, log_limit, progre
             x = y @ Rk.T
             q, kk = x @ model.Q.T, x @ model.K.T
         ok = _log_bound_ok(q, kk, model.beta, log_limit)
-        P = _kernels.weights(model.kernel, _kernels.logits(q, kk, model.beta))
+        Py = _kernels.attend(model.kernel, q, kk, model.beta, y, block=model.block)
         if dyn.frame == "original":
-            y_new = y + dt * (P @ y) @ model.V.T
+            y_new = y + dt * Py @ model.V.T
         elif dyn.coords == "modal":
-            y_new = y + dt * prop.modal_scale(P @ y - y, step_re, step_im)
+            y_new = y + dt * prop.modal_scale(Py - y, step_re, step_im)
         else:
-            y_new = y + dt * (P @ y - y) @ RinvV.T
+            y_new = y + dt * (Py - y) @ RinvV.T
         ok = ok & jnp.all(jnp.isfinite(y_new))
         return jnp.where(ok, y_new, y), ok
 
