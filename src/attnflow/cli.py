@@ -235,9 +235,9 @@ def rank(
     keep receiving attention) and a fit of log(-log D) against t (doubly exponential law).
 
     Proved for d = 1, V > 0, QK > 0 (rows tend to e_1 or e_n, rank <= 2 generically);
-    measured elsewhere. Example: attnflow rank --d 1 --x64. On CPU the softmax of the
-    simulation breaks down past |logit| ~ 6e18 (float64) or ~ 1.5e9 (float32): with
-    V = I and tokens of size 1 that is t ~ 21 (x64) or t ~ 10 (float32).
+    measured elsewhere. Example: attnflow rank --d 1 --x64. Use --x64: in float32,
+    followers coincide with their leader to the last bit after t ~ 13 (V = I, tokens of
+    size 1), and rows then split evenly over the copies (the Boolean distance jumps).
     """
     setup_jax(x64)
     import attnflow as af

@@ -93,6 +93,13 @@ at n = 512 and 1.5 s at n = 1024 on 2 CPU cores); above it a randomized estimate
 ``O(n^2 rank_cap)``: about 4 s at n = 4096), reported with
 ``rank_method = "randomized"`` and ``rank_exact = False``, and ``rank = rank_cap`` means
 "at least ``rank_cap``". ``rank_method`` says which rule gave each number.
+
+Precision
+---------
+Followers approach their leader like ``e^{-lambda t}`` in the rescaled frame. In float32
+they coincide with it to the last bit after ``t ~ 13 / lambda`` (tokens of size 1): the
+logits of the copies are then equal, rows split evenly over them, the Boolean distance
+jumps to ``1 - 1/k`` and ``leaders_settled`` becomes False. Use x64 for long runs.
 """
 
 from __future__ import annotations
@@ -406,7 +413,8 @@ def _softmax_pinned(L):
     (``+-ulp/2``), not 0; past ``|logit| ~ 6e18`` (float64; ``~1.5e9`` in float32) that
     is beyond ``log(finfo.max)`` and ``jax.nn.softmax`` returns ``inf / inf = NaN``.
     Clamping the shifts at 0 and pinning the argmax to 1 keeps every row exact to the
-    accuracy of its logits.
+    accuracy of its logits (the same formula as ``kernels.softmax``; here the shift and
+    the normaliser are also returned, for the log-masses).
     """
     n = L.shape[-1]
     k = jnp.argmax(L, axis=-1)
