@@ -1,0 +1,63 @@
+"""The vector field against the machine's limit: the same work in plain JAX.
+
+The limit is a plain jitted function doing only what any implementation must: the two
+projections, the logit product, the n^2 exponentials of a max-shifted softmax, the
+weighted sum and the value map. attnflow's vector field (both frames; the rescaled one in
+modal coordinates) is timed in the same run; the ratio limit / attnflow is reported
+(1.0 = at the limit). float64 and float32, n = 1024, d = 64.
+
+    python benchmarks/bench_limit.py
+"""
+
+from __future__ import annotations
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import attnflow as af  # noqa: E402
+from attnflow.model import Dynamics  # noqa: E402
+from _common import best_of, save  # noqa: E402
+
+
+def main():
+    n, d = 1024, 64
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((d, d)) / np.sqrt(d)
+    V = (A + A.T) / 2
+    Q = np.eye(d) + 0.1 * rng.standard_normal((d, d))
+    K = np.eye(d) + 0.1 * rng.standard_normal((d, d))
+    out = {"n": n, "d": d}
+    for dtype in (np.float64, np.float32):
+        model = af.Attention(*(np.asarray(a, dtype) for a in (Q, K, V)), beta=0.125)
+        x = jnp.asarray(rng.standard_normal((n, d)), dtype)
+        Qj, Kj, Vj, bj = model.Q, model.K, model.V, model.beta
+
+        @jax.jit
+        def plain(x):
+            q = x @ Qj.T
+            k = x @ Kj.T
+            L = (bj * q) @ k.T
+            e = jnp.exp(L - L.max(axis=1, keepdims=True))
+            return ((e / e.sum(axis=1, keepdims=True)) @ x) @ Vj.T
+
+        field = jax.jit(lambda dyn, t, y: dyn(t, y))
+        t_plain = best_of(lambda: plain(x).block_until_ready(), repeats=30, warmup=3)
+        row = {"plain_ms": 1e3 * t_plain}
+        for frame in ("original", "rescaled"):
+            dyn = Dynamics(model, frame)
+            y = dyn.state_from_tokens(x)
+            t = jnp.asarray(0.3, dtype)
+            t_field = best_of(lambda: field(dyn, t, y).block_until_ready(), repeats=30,
+                              warmup=3)
+            row[f"{frame}_ms"] = 1e3 * t_field
+            row[f"{frame}_fraction_of_limit"] = t_plain / t_field
+        out[np.dtype(dtype).name] = row
+    save("limit", out)
+
+
+if __name__ == "__main__":
+    main()
