@@ -267,6 +267,10 @@ def test_cli_job_array_then_merge_equals_one_run(tmp_path, capsys):
     assert not first["complete"] and first["results"] == []
     second = _cli_json(capsys, *args, "--out", out, "--shard", "1/2")
     assert second["complete"]
+    # two dimensions, one shard each: job 0 computed d = 2, job 1 computed d = 3
+    assert [r["computed"] for r in first["runs"]] == [[0], []]
+    assert [r["computed"] for r in second["runs"]] == [[], [0]]
+    assert all(r["skipped"] == [] for r in first["runs"] + second["runs"])
     merged = _cli_json(capsys, *args, "--out", out, "--merge")
     assert merged["results"] == one["results"]
 

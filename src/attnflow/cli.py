@@ -337,9 +337,9 @@ def ginibre(
         emit_json(study.to_dict())
         return
     for run in study.runs or []:
-        typer.echo(f"d = {run['d']:4d}: {run['computed']} shards computed, {run['skipped']} "
-                   f"already on disk, {run['missing']} of {run['n_shards']} still missing "
-                   f"({run['seconds']:.1f} s)")
+        typer.echo(f"d = {run['d']:4d}: {len(run['computed'])} shards computed, "
+                   f"{len(run['skipped'])} already on disk, {run['missing']} of "
+                   f"{run['n_shards']} still missing ({run['seconds']:.1f} s)")
     if not study.complete:
         typer.echo(f"incomplete: run the other --shard slices into {out}, then "
                    f"`attnflow ginibre ... --out {out} --merge`.")

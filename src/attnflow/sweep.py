@@ -301,8 +301,8 @@ class RunReport:
 
     def to_dict(self) -> dict:
         return {"out_dir": str(self.out_dir), "n_shards": self.n_shards,
-                "selected": len(self.selected), "computed": len(self.computed),
-                "skipped": len(self.skipped), "complete": self.complete,
+                "selected": list(self.selected), "computed": list(self.computed),
+                "skipped": list(self.skipped), "complete": self.complete,
                 "missing": self.missing, "seconds": self.seconds}
 
 
