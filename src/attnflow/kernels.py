@@ -1,7 +1,33 @@
 """Attention kernels: how the logits of one query row become attention weights.
 
-A kernel maps the ``(n, n)`` logit matrix ``L_ij = beta <Q x_i, K x_j>`` to the weight
-matrix ``P``. ``"softmax"`` is the kernel of the transformer and of the theory.
+A kernel maps the ``(n, n)`` logit matrix ``L_ij = beta <q_i, k_j>`` to the weight matrix
+``P``, row by row. ``"softmax"`` is the kernel of the transformer and of the theory; the
+others alter or escape softmax dispersion (Velickovic et al. 2024: with logits of spread
+``delta``, no softmax coefficient exceeds ``1 / (1 + (n - 1) e^{-delta})``, so every
+coefficient tends to 0 as ``n`` grows with the logits bounded):
+
+``"softmax"``   ``softmax(L)``.
+``"qknorm"``    queries and keys RMS-normalised per token (over the head dimension ``p``:
+                ``q / sqrt(mean(q^2))``, so ``|q| = sqrt(p)``) before the logits, then
+                softmax. The logits ``beta <q^, k^>`` lie in ``[-beta p, beta p]``: the
+                spread is at most ``2 beta p`` whatever the tokens (it never overflows).
+``"ssmax"``     scalable softmax ``softmax(s log(n) L)``, parameter ``s`` (default 1),
+                ``n`` the number of keys. With one logit ``D`` above the rest the top
+                weight is ``1 / (1 + (n - 1) n^{-s D})``: it tends to 1 if ``s D > 1``.
+``"sigmoid"``   ``sigmoid(L - log n)``, not normalised: rows need not sum to 1 (zero logits
+                give ``1 / (n + 1)``), so only the original frame applies.
+``"adaptive"``  the adaptive temperature of Velickovic et al.: ``p = softmax(L)``,
+                ``H = -sum p log(p + 1e-9)`` (nats); ``1/theta = max(polyval([-0.037,
+                0.481, -2.3, 4.917, -1.791], H), 1)`` where ``H > 0.5``, else 1; returns
+                ``softmax(L / theta)``. The factor is 1 unless ``0.84858 < H < 5.94452``
+                and at most 2.4214 (at ``H = 4.412``).
+
+Each kernel is a ``Kernel`` entry of the registry: an optional per-token ``prep(q, k)``
+of queries and keys, the row-wise ``fn(L, **params)``, whether rows sum to one, the
+numeric parameters with their defaults, and how much the kernel can enlarge a logit
+(for the overflow guard ``log_logit_bound``). Parameters are passed as a mapping
+(``params={"s": 2.0}``); inside a model they are array leaves, so changing their value
+never recompiles.
 
 Every kernel here is evaluated in the working precision of its inputs (float64 stays
 float64: ``jax.nn.dot_product_attention`` is deliberately not used, as it computes its
@@ -10,12 +36,19 @@ softmax in float32).
 
 from __future__ import annotations
 
+import math
+from typing import Callable, Mapping, NamedTuple
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array
 
-__all__ = ["KERNELS", "logits", "softmax", "weights", "apply_weights", "attend",
-           "row_stochastic", "auto_block", "DENSE_MAX_N", "BLOCK_ENTRIES"]
+__all__ = ["KERNELS", "Kernel", "logits", "softmax", "weights", "apply_weights", "attend",
+           "row_stochastic", "auto_block", "DENSE_MAX_N", "BLOCK_ENTRIES", "prepare",
+           "rms_normalize", "ssmax", "sigmoid_attention", "adaptive_softmax",
+           "adaptive_inverse_temperature", "kernel_params", "log_logit_bound",
+           "ADAPTIVE_POLY", "ADAPTIVE_MAX_INVERSE_TEMPERATURE", "get"]
 
 # Above this many tokens ``attend`` never forms the (n, n) matrix: it processes blocks of
 # query rows, each against all keys, so memory is O(n * block).
@@ -24,6 +57,7 @@ DENSE_MAX_N = 2048
 BLOCK_ENTRIES = 1 << 22
 
 
+# ----------------------------------------------------------------------- kernels
 def softmax(L: Array) -> Array:
     """Row softmax of logits ``L`` ``(..., n)``, exact to the accuracy of the logits.
 
@@ -44,34 +78,215 @@ def softmax(L: Array) -> Array:
     return e / jnp.sum(e, axis=-1, keepdims=True)
 
 
-# name -> (function of the logit matrix, rows sum to one?)
-_REGISTRY = {
-    "softmax": (softmax, True),
+def rms_normalize(u: Array) -> Array:
+    """``u / sqrt(mean(u^2))`` over the last axis (``|result| = sqrt(p)``); zero rows stay 0.
+
+    Exact scale invariance, no epsilon: each row is first divided by its largest
+    ``|entry|``, so the mean square can neither underflow nor overflow (tokens of size
+    1e-200 or 1e200 normalise to the same thing). Non-finite rows give NaN (reported by
+    the overflow guard, never hidden)."""
+    a = jnp.max(jnp.abs(u), axis=-1, keepdims=True)
+    pos = a > 0
+    v = u / jnp.where(pos, a, 1.0)
+    r = jnp.sqrt(jnp.mean(v * v, axis=-1, keepdims=True))
+    return jnp.where(pos, v / jnp.where(pos, r, 1.0), 0.0).astype(u.dtype)
+
+
+def _qknorm_prep(q: Array, k: Array) -> tuple[Array, Array]:
+    return rms_normalize(q), rms_normalize(k)
+
+
+def ssmax(L: Array, s=1.0) -> Array:
+    """Scalable softmax ``softmax(s log(n) L)`` of logits ``L`` ``(..., n)``."""
+    n = L.shape[-1]
+    return softmax((jnp.asarray(s, L.dtype) * math.log(n)) * L)
+
+
+def sigmoid_attention(L: Array) -> Array:
+    """``sigmoid(L - log n)`` of logits ``L`` ``(..., n)``; rows need not sum to 1."""
+    n = L.shape[-1]
+    return jax.nn.sigmoid(L - math.log(n))
+
+
+# Velickovic et al. (2024), adaptive temperature: coefficients of 1/theta in the entropy.
+ADAPTIVE_POLY = (-0.037, 0.481, -2.3, 4.917, -1.791)
+
+
+def _adaptive_peak() -> float:
+    crit = np.roots(np.polyder(np.asarray(ADAPTIVE_POLY)))
+    crit = crit[np.abs(crit.imag) < 1e-12].real
+    vals = [np.polyval(ADAPTIVE_POLY, h) for h in crit if h > 0.5] + [1.0]
+    return float(max(vals))
+
+
+# Largest factor the adaptive rule can put on the logits (2.4214 at H = 4.412).
+ADAPTIVE_MAX_INVERSE_TEMPERATURE = _adaptive_peak()
+
+
+def adaptive_inverse_temperature(L: Array) -> Array:
+    """``1/theta`` of each row of ``L`` ``(..., n)`` under the adaptive rule: ``(...)``."""
+    p = softmax(L)
+    H = -jnp.sum(p * jnp.log(p + 1e-9), axis=-1)
+    poly = jnp.polyval(jnp.asarray(ADAPTIVE_POLY, L.dtype), H)
+    return jnp.where(H > 0.5, jnp.maximum(poly, 1.0), 1.0).astype(L.dtype)
+
+
+def adaptive_softmax(L: Array) -> Array:
+    """``softmax(L / theta)`` with the adaptive temperature of each row (see module doc)."""
+    return softmax(L * adaptive_inverse_temperature(L)[..., None])
+
+
+# ---------------------------------------------------------------------- registry
+def _no_gain(log_b, n, params):
+    return log_b
+
+
+def _ssmax_gain(log_b, n, params):
+    return log_b + jnp.log(params["s"] * math.log(n))
+
+
+def _sigmoid_gain(log_b, n, params):
+    # |L - log n| <= |L| + log n <= 2 max(|L|, log n)
+    return jnp.logaddexp(log_b, math.log(math.log(n)) if n > 1 else -jnp.inf)
+
+
+def _adaptive_gain(log_b, n, params):
+    return log_b + math.log(ADAPTIVE_MAX_INVERSE_TEMPERATURE)
+
+
+class Kernel(NamedTuple):
+    """One registry entry. The first two fields keep the old ``(fn, row_stochastic)`` form.
+
+    Attributes:
+        fn: ``fn(L, **params) -> P``, row-wise on logits ``L`` ``(..., n)``.
+        row_stochastic: whether every row of ``P`` sums to one.
+        prep: ``prep(q, k) -> (q, k)`` applied per token before the logits, or None.
+        params: the numeric parameters and their defaults, e.g. ``{"s": 1.0}``.
+        positive: names of the parameters that must be > 0.
+        log_gain: ``log_gain(log_b, n, params)``: from a bound ``log_b`` of
+            ``log max |L|`` to a bound of the log of the largest number the kernel
+            exponentiates (the overflow guard).
+        summary: one line for help texts.
+    """
+
+    fn: Callable
+    row_stochastic: bool
+    prep: Callable | None
+    params: Mapping[str, float]
+    positive: tuple
+    log_gain: Callable
+    summary: str
+
+
+_REGISTRY: dict[str, Kernel] = {
+    "softmax": Kernel(softmax, True, None, {}, (), _no_gain, "softmax(L)"),
+    "qknorm": Kernel(softmax, True, _qknorm_prep, {}, (), _no_gain,
+                     "softmax of beta <q^, k^>, q^ and k^ RMS-normalised per token"),
+    "ssmax": Kernel(ssmax, True, None, {"s": 1.0}, ("s",), _ssmax_gain,
+                    "scalable softmax: softmax(s log(n) L)"),
+    "sigmoid": Kernel(sigmoid_attention, False, None, {}, (), _sigmoid_gain,
+                      "sigmoid(L - log n), unnormalised (original frame only)"),
+    "adaptive": Kernel(adaptive_softmax, True, None, {}, (), _adaptive_gain,
+                       "softmax(L / theta), adaptive temperature of Velickovic et al."),
 }
 
 KERNELS = tuple(_REGISTRY)
 
 
-def logits(q: Array, k: Array, beta) -> Array:
-    """``beta * q @ k.T``: queries ``q`` ``(n, p)``, keys ``k`` ``(n, p)`` -> ``(n, n)``."""
-    return (beta * q) @ k.T
+def get(kernel: str) -> Kernel:
+    """The registry entry of ``kernel``; ``ValueError`` listing the names if unknown."""
+    try:
+        return _REGISTRY[kernel]
+    except (KeyError, TypeError):
+        raise ValueError(f"kernel must be one of {KERNELS}; got {kernel!r}.") from None
 
 
-def weights(kernel: str, L: Array) -> Array:
-    """The attention matrix of the logits ``L`` ``(..., n)`` under ``kernel``."""
-    return _REGISTRY[kernel][0](L)
+def kernel_params(kernel: str, params: Mapping | None = None) -> dict:
+    """The kernel's parameters: ``params`` over the defaults, names and values checked.
 
-
-def apply_weights(kernel: str, L: Array, values: Array) -> Array:
-    """``weights(kernel, L) @ values`` for ``values`` of shape ``(n, d)``."""
-    return weights(kernel, L) @ values
+    Values may be numbers or (traced) arrays; concrete values must be finite real
+    scalars, and positive where the kernel needs it (``ssmax``'s ``s``). Raises
+    ``ValueError`` naming the parameter."""
+    spec = get(kernel)
+    params = {} if params is None else dict(params)
+    unknown = sorted(set(params) - set(spec.params))
+    if unknown:
+        allowed = ", ".join(spec.params) or "none"
+        raise ValueError(f"kernel_params: {kernel!r} takes no parameter {unknown[0]!r} "
+                         f"(its parameters: {allowed}).")
+    out = dict(spec.params)
+    for name, value in params.items():
+        if not isinstance(value, jax.core.Tracer):
+            try:
+                arr = np.asarray(value)
+                v = float(arr)
+            except Exception:
+                raise ValueError(f"kernel_params[{name!r}] must be a real number; "
+                                 f"got {value!r}.") from None
+            if arr.ndim != 0 or np.iscomplexobj(arr) or not math.isfinite(v):
+                raise ValueError(f"kernel_params[{name!r}] must be a finite real scalar; "
+                                 f"got {value!r}.")
+            if name in spec.positive and v <= 0:
+                raise ValueError(f"kernel_params[{name!r}] must be > 0 for {kernel!r}; "
+                                 f"got {value!r}.")
+        out[name] = value
+    return out
 
 
 def row_stochastic(kernel: str) -> bool:
     """Whether the kernel's rows sum to one (needed by the rescaled frame)."""
-    return _REGISTRY[kernel][1]
+    return get(kernel).row_stochastic
 
 
+def prepare(kernel: str, q: Array, k: Array) -> tuple[Array, Array]:
+    """Queries and keys as the kernel sees them (``qknorm``: RMS-normalised per token)."""
+    prep = get(kernel).prep
+    return (q, k) if prep is None else prep(q, k)
+
+
+def logits(q: Array, k: Array, beta) -> Array:
+    """``beta * q @ k.T``: queries ``q`` ``(n, p)``, keys ``k`` ``(n, p)`` -> ``(n, n)``.
+
+    The raw product: for ``qknorm`` pass ``prepare("qknorm", q, k)`` first."""
+    return (beta * q) @ k.T
+
+
+def weights(kernel: str, L: Array, params: Mapping | None = None) -> Array:
+    """The attention matrix of the logits ``L`` ``(..., n)`` under ``kernel``.
+
+    ``L`` are the pre-kernel logits (for ``qknorm``, those of the normalised queries and
+    keys); ``params`` the kernel's parameters (defaults where missing)."""
+    spec = get(kernel)
+    if not spec.params:
+        return spec.fn(L)
+    return spec.fn(L, **kernel_params(kernel, params))
+
+
+def apply_weights(kernel: str, L: Array, values: Array, params: Mapping | None = None) -> Array:
+    """``weights(kernel, L) @ values`` for ``values`` of shape ``(n, d)``."""
+    return weights(kernel, L, params) @ values
+
+
+def log_logit_bound(q: Array, k: Array, beta, *, kernel: str = "softmax",
+                    params: Mapping | None = None) -> Array:
+    """An upper bound of the log of the largest ``|number|`` the kernel exponentiates.
+
+    ``log(beta max_i |q_i| max_j |k_j|)`` for the queries and keys the kernel sees (after
+    ``prepare``: for ``qknorm`` this is ``log(beta p)``, it never overflows), plus what the
+    kernel multiplies the logits by (``ssmax``: ``s log n``; ``adaptive``: at most 2.4214;
+    ``sigmoid``: the shift ``log n``). Queries ``(n, p)``, keys ``(m, p)``; cheap
+    (``O((n + m) p)``); ``+inf`` rather than NaN when the inputs have overflowed."""
+    spec = get(kernel)
+    if spec.prep is not None:
+        q, k = spec.prep(q, k)
+    qn = jnp.max(jnp.linalg.norm(q, axis=-1))
+    kn = jnp.max(jnp.linalg.norm(k, axis=-1))
+    out = jnp.log(beta) + jnp.log(qn) + jnp.log(kn)
+    out = spec.log_gain(out, k.shape[0], kernel_params(kernel, params))
+    return jnp.where(jnp.isnan(out), jnp.inf, out)
+
+
+# ------------------------------------------------------------------------ tiling
 def auto_block(n: int) -> int:
     """Query rows per tile for ``n`` tokens: 0 (dense) up to ``DENSE_MAX_N``, else about
     ``BLOCK_ENTRIES / n`` (at least 16): a tile of 4M entries, 16 MB in float32."""
@@ -81,31 +296,35 @@ def auto_block(n: int) -> int:
 
 
 def attend(kernel: str, q: Array, k: Array, beta, values: Array, *,
-           block: int | None = None) -> Array:
+           block: int | None = None, params: Mapping | None = None) -> Array:
     """``weights(kernel, beta q k^T) @ values`` without the ``(n, n)`` matrix when n is large.
 
     Args:
         kernel: a kernel name.
-        q: queries ``(n, p)``; k: keys ``(m, p)``; values: ``(m, d)``.
+        q: queries ``(n, p)``; k: keys ``(m, p)``; values: ``(m, d)``. Raw: the kernel's
+            ``prep`` (``qknorm``) is applied here.
         beta: inverse temperature.
         block: query rows per tile; ``None`` chooses by size (``auto_block``), 0 forces
             the dense path.
+        params: the kernel's parameters (e.g. ``{"s": 2.0}`` for ``ssmax``).
 
     Each tile holds whole rows of logits (a block of queries against every key), so every
-    row-wise kernel is evaluated exactly as in the dense path: the results agree to
-    rounding (the same operations per row). Memory ``O(block * m)``.
+    row-wise kernel is evaluated exactly as in the dense path (``ssmax`` and ``sigmoid``
+    see the full ``n = m`` keys in every tile): the results agree to rounding (the same
+    operations per row). Memory ``O(block * m)``.
     """
+    q, k = prepare(kernel, q, k)
     n = q.shape[0]
     if block is None:
         block = auto_block(k.shape[0])
     if block <= 0 or block >= n:
-        return weights(kernel, logits(q, k, beta)) @ values
+        return weights(kernel, logits(q, k, beta), params) @ values
     nb = -(-n // block)
     pad = nb * block - n
     qb = jnp.pad(q, ((0, pad), (0, 0))).reshape(nb, block, q.shape[-1])
 
     def tile(qi):
-        return weights(kernel, logits(qi, k, beta)) @ values
+        return weights(kernel, logits(qi, k, beta), params) @ values
 
     out = jax.lax.map(tile, qb)
     return out.reshape(nb * block, values.shape[-1])[:n]

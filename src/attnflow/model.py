@@ -58,12 +58,14 @@ def _as_matrix(name: str, A, square: bool = True) -> Array:
     return arr
 
 
-def log_logit_bound(q: Array, k: Array, beta) -> Array:
-    """``log(beta max_i |q_i| max_j |k_j|)`` for queries/keys ``(n, p)``; ``+inf``, never NaN."""
-    qn = jnp.max(jnp.linalg.norm(q, axis=-1))
-    kn = jnp.max(jnp.linalg.norm(k, axis=-1))
-    out = jnp.log(beta) + jnp.log(qn) + jnp.log(kn)
-    return jnp.where(jnp.isnan(out), jnp.inf, out)
+def log_logit_bound(q: Array, k: Array, beta, *, kernel: str = "softmax",
+                    kernel_params=None) -> Array:
+    """``log(beta max_i |q_i| max_j |k_j|)`` for raw queries/keys ``(n, p)``; ``+inf``, never NaN.
+
+    With ``kernel``, the bound of what that kernel actually exponentiates: the normalised
+    queries and keys for ``qknorm`` (``log(beta p)``), times ``s log n`` for ``ssmax``,
+    and so on (``attnflow.kernels.log_logit_bound``)."""
+    return _kernels.log_logit_bound(q, k, beta, kernel=kernel, params=kernel_params)
 
 
 class Attention(eqx.Module):
@@ -76,7 +78,15 @@ class Attention(eqx.Module):
             ``(d, d)``. The logits ``<Q x_i, K x_j> = x_i^T Q^T K x_j`` then depend on
             ``Q^T K`` only (for the softmax kernel).
         beta: inverse temperature multiplying every logit ``<Q x_i, K x_j>``; finite, > 0.
-        kernel: the attention kernel, one of ``attnflow.kernels.KERNELS``.
+        kernel: the attention kernel, one of ``attnflow.kernels.KERNELS``: ``"softmax"``,
+            ``"qknorm"`` (queries and keys RMS-normalised per token, then softmax of
+            ``beta <q^, k^>``), ``"ssmax"`` (``softmax(s log(n) L)``), ``"sigmoid"``
+            (``sigmoid(L - log n)``, not row-stochastic: original frame only),
+            ``"adaptive"`` (adaptive temperature); see ``attnflow.kernels``.
+        kernel_params: the kernel's numeric parameters, a mapping over its defaults, e.g.
+            ``{"s": 2.0}`` for ``"ssmax"`` (the only kernel with a parameter so far).
+            Stored as array leaves of the working dtype: changing a value does not
+            recompile a jitted function of the model.
         propagator: how ``e^{tV}`` is computed: ``"auto"`` (default), ``"eigh"``,
             ``"eig"`` or ``"expm"``; see ``attnflow.propagator``.
         rectangular: allow ``(p, d)`` query and key matrices (see above).
@@ -96,12 +106,13 @@ class Attention(eqx.Module):
     V: Array
     beta: Array
     propagator: Propagator
+    kernel_params: dict
     kernel: str = eqx.field(static=True)
     block: int | None = eqx.field(static=True, default=None)
 
     def __init__(self, Q, K, V, *, beta=1.0, kernel: str = "softmax",
                  propagator: str = "auto", rectangular: bool = False,
-                 block: int | None = None):
+                 block: int | None = None, kernel_params=None):
         Qa = _as_matrix("Q", Q, square=not rectangular)
         Ka = _as_matrix("K", K, square=not rectangular)
         Va = _as_matrix("V", V)
@@ -121,6 +132,10 @@ class Attention(eqx.Module):
             )
         if not isinstance(kernel, str) or kernel not in _kernels.KERNELS:
             raise ValueError(f"kernel must be one of {_kernels.KERNELS}; got {kernel!r}.")
+        if kernel_params is not None and not hasattr(kernel_params, "items"):
+            raise ValueError(f"kernel_params must be a mapping such as {{'s': 2.0}}; "
+                             f"got {kernel_params!r}.")
+        kparams = _kernels.kernel_params(kernel, kernel_params)
         if _is_concrete(beta):
             try:
                 b = float(np.asarray(beta))
@@ -141,6 +156,7 @@ class Attention(eqx.Module):
             raise ValueError(f"block must be None (automatic) or an integer >= 0 (0: dense); "
                              f"got {block!r}.")
         self.kernel = kernel
+        self.kernel_params = {name: jnp.asarray(v, dtype=dtype) for name, v in kparams.items()}
         self.block = None if block is None else int(block)
         self.propagator = Propagator(self.V, method=propagator)
 
@@ -155,26 +171,30 @@ class Attention(eqx.Module):
 
     # -------------------------------------------------------- attention of a state
     def logits(self, x: Array) -> Array:
-        """``beta <Q x_i, K x_j>`` for tokens ``x`` ``(n, d)`` (original frame) -> ``(n, n)``."""
-        return _kernels.logits(x @ self.Q.T, x @ self.K.T, self.beta)
+        """The pre-kernel logits ``beta <Q x_i, K x_j>`` for tokens ``x`` ``(n, d)`` (original
+        frame) -> ``(n, n)``; for ``qknorm``, of the normalised queries and keys."""
+        q, k = _kernels.prepare(self.kernel, x @ self.Q.T, x @ self.K.T)
+        return _kernels.logits(q, k, self.beta)
 
     def attention(self, x: Array) -> Array:
         """The attention matrix ``P`` ``(n, n)`` of tokens ``x`` ``(n, d)`` (original frame)."""
-        return _kernels.weights(self.kernel, self.logits(x))
+        return _kernels.weights(self.kernel, self.logits(x), self.kernel_params)
 
     def log_logit_bound(self, x: Array) -> Array:
-        """``log(beta max_i |Q x_i| max_j |K x_j|)``, an upper bound of ``log max |logit|``.
+        """``log(beta max_i |Q x_i| max_j |K x_j|)``, an upper bound of ``log max |logit|``
+        (of what the kernel exponentiates: see ``attnflow.kernels.log_logit_bound``).
 
         Cheap (``O(n d^2)``, no ``n x n`` matrix) and safe: computed from norms, so it is
         ``+inf`` rather than NaN when ``x`` has overflowed.
         """
-        return log_logit_bound(x @ self.Q.T, x @ self.K.T, self.beta)
+        return log_logit_bound(x @ self.Q.T, x @ self.K.T, self.beta, kernel=self.kernel,
+                               kernel_params=self.kernel_params)
 
     # ---------------------------------------------------------------- vector fields
     def attend(self, x: Array, values: Array) -> Array:
         """``P(x) @ values`` for tokens ``x`` ``(n, d)``, tiled for large n (see ``block``)."""
         return _kernels.attend(self.kernel, x @ self.Q.T, x @ self.K.T, self.beta, values,
-                               block=self.block)
+                               block=self.block, params=self.kernel_params)
 
     def field_original(self, t, x: Array) -> Array:
         """``dx/dt = P X V^T`` for tokens ``x`` ``(n, d)``."""
@@ -244,13 +264,15 @@ class Dynamics(eqx.Module):
 
     def log_bound(self, t, y: Array) -> Array:
         q, k = self.queries_keys(t, y)
-        return log_logit_bound(q, k, self.model.beta)
+        m = self.model
+        return log_logit_bound(q, k, m.beta, kernel=m.kernel, kernel_params=m.kernel_params)
 
     # ------------------------------------------------------------------ field
     def __call__(self, t, y: Array) -> Array:
         m = self.model
         q, k = self.queries_keys(t, y)
-        Py = _kernels.attend(m.kernel, q, k, m.beta, y, block=m.block)
+        Py = _kernels.attend(m.kernel, q, k, m.beta, y, block=m.block,
+                             params=m.kernel_params)
         if self.frame == "original":
             return Py @ m.V.T
         if self.coords == "modal":

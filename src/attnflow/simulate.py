@@ -151,6 +151,10 @@ def _solve_adaptive(dyn, y0, ts, t1, rtol, atol, *, solver_name, max_steps, prog
         }
         return ys, ts_saved, t_stop, y_stop, code, stats
 
+    if y0.shape[0] == 1:
+        # One system: no vmap. Batching diffrax's loops costs ~40% more trace and
+        # compile time, which dominates a first small simulate.
+        return jax.tree_util.tree_map(lambda a: a[None], one(y0[0]))
     return jax.vmap(one)(y0)
 
 
@@ -215,8 +219,9 @@ def _euler_loop(dyn, y0, dt, save_layers, step_re, step_im, *, log_limit, progre
         else:
             x = y @ Rk.T
             q, kk = x @ model.Q.T, x @ model.K.T
-        ok = _log_bound_ok(q, kk, model.beta, log_limit)
-        Py = _kernels.attend(model.kernel, q, kk, model.beta, y, block=model.block)
+        ok = _log_bound_ok(q, kk, model.beta, log_limit, model.kernel, model.kernel_params)
+        Py = _kernels.attend(model.kernel, q, kk, model.beta, y, block=model.block,
+                             params=model.kernel_params)
         if dyn.frame == "original":
             y_new = y + dt * Py @ model.V.T
         elif dyn.coords == "modal":
@@ -257,10 +262,10 @@ def _euler_loop(dyn, y0, dt, save_layers, step_re, step_im, *, log_limit, progre
     return jnp.swapaxes(ys, 0, 1), Rks, jnp.swapaxes(reached, 0, 1), y_end, k_stop, stopped
 
 
-def _log_bound_ok(q, k, beta, log_limit):
+def _log_bound_ok(q, k, beta, log_limit, kernel="softmax", kernel_params=None):
     from .model import log_logit_bound
 
-    return log_logit_bound(q, k, beta) <= log_limit
+    return log_logit_bound(q, k, beta, kernel=kernel, kernel_params=kernel_params) <= log_limit
 
 
 # ------------------------------------------------------------------------- public
@@ -306,6 +311,12 @@ def simulate(
         raise ValueError(f"model must be an attnflow.Attention; got {type(model).__name__}.")
     if frame not in FRAMES:
         raise ValueError(f"frame must be one of {FRAMES}; got {frame!r}.")
+    if frame == "rescaled" and not _kernels.row_stochastic(model.kernel):
+        raise ValueError(
+            f"kernel {model.kernel!r} is not row-stochastic (its rows need not sum to 1), "
+            f"and the rescaled frame dz_i/dt = sum_j P_ij V (z_j - z_i) assumes they do; "
+            f"use frame='original' with kernel {model.kernel!r}."
+        )
     if method not in SOLVERS and method not in _FIXED:
         raise ValueError(
             f"method must be 'adaptive', 'euler' or a solver name in {tuple(SOLVERS)}; "
