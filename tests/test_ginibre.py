@@ -294,3 +294,35 @@ def test_d128_reproduces_about_fourteen_percent():
     assert est.borderline == 0
     assert abs(est.fraction - 0.14) < 0.01
     assert est.good_ginibre.low < est.fraction / 2 < est.good_ginibre.high
+
+
+@pytest.mark.slow
+def test_cli_sweep_killed_and_rerun_equals_uninterrupted(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "attnflow", "ginibre", "--d", "64", "--samples", "16000",
+           "--seed", "4", "--out", str(out), "--workers", "1", "--json"]
+    assert G.default_shard_size(64) == 4096  # so 4 shards
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 300
+        while not list((out / "d00064").glob("shard-*.npz")):
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.time() < deadline
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+    done = {p.name: p.stat().st_mtime_ns for p in (out / "d00064").glob("shard-*.npz")}
+    assert 1 <= len(done) < 4
+    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    study = json.loads(res.stdout)
+    assert study["complete"]
+    run = study["runs"][0]
+    assert len(run["skipped"]) == len(done) and len(run["computed"]) == 4 - len(done)
+    assert all((out / "d00064" / n).stat().st_mtime_ns == t for n, t in done.items())
+    ref = G.ginibre_fraction(64, 16000, seed=4, workers=1)
+    assert study["results"][0] == json.loads(json.dumps(ref.to_dict()))
