@@ -6,6 +6,7 @@ Tokens are particles, layers are time. The public names are re-exported here.
 __version__ = "0.1.0"
 
 from . import matrices
+from .dispersion import DispersionReport, dispersion, dispersion_scan
 from .ginibre import GinibreEstimate, ginibre_fraction
 from .kernels import KERNELS
 from .model import Attention
@@ -16,6 +17,7 @@ from .simulate import SOLVERS, simulate
 from .trajectory import SimulationError, Trajectory
 
 __all__ = [
+    "DispersionReport", "dispersion", "dispersion_scan",
     "GinibreEstimate", "ginibre_fraction",
     "Attention",
     "KERNELS",

@@ -1,0 +1,363 @@
+"""Softmax dispersion: the largest attention coefficient against the bound, entropy, sinks.
+
+Velickovic et al. (2024, Lemma 2.1): for ``n`` logits with spread ``delta = max - min``
+(the temperature already inside the logits), no softmax coefficient exceeds
+
+    bound_tight = 1 / (1 + (n - 1) e^{-delta})  <=  bound_loose = e^{delta} / n,
+
+and the tight form is attained by one logit at the maximum and ``n - 1`` at the minimum.
+So with bounded logits every coefficient tends to 0 as ``n`` grows: a head that looks
+sharp at training length flattens at long context. Normalising queries and keys
+(``kernel="qknorm"``) bounds ``delta`` by ``2 beta p`` whatever the tokens.
+
+``dispersion`` measures, per query row: the largest coefficient, the logit spread and
+both bounds, the entropy (nats, and divided by ``log n``), and the sink mass (attention
+on the first ``sink`` tokens). It reads an attention matrix (with its logits), a
+trajectory at a saved time, or a model and tokens (then only the requested query rows
+are computed, in tiles: never the ``(n, n)`` matrix). ``dispersion_scan`` tabulates the
+largest coefficient and the bounds against ``n`` for several kernels (``attnflow
+dispersion`` on the command line, figure 1 of ``experiments/fig_dispersion.py``).
+
+A bound is not a rate: the bound says how large a coefficient may be, not how fast
+real attention flattens; and it is a statement about a full softmax over ``n`` keys, so
+local (windowed) attention is outside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping, Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import kernels as _kernels
+
+__all__ = ["DispersionReport", "dispersion", "dispersion_scan", "bound_tight", "bound_loose",
+           "qknorm_delta_bound"]
+
+
+# -------------------------------------------------------------------------- bounds
+def bound_tight(delta, n):
+    """``1 / (1 + (n - 1) e^{-delta})``: the largest softmax coefficient possible for
+    ``n`` logits of spread ``delta`` (temperature inside the logits). Arrays broadcast."""
+    delta = np.asarray(delta, np.float64)
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + (np.asarray(n, np.float64) - 1.0) * np.exp(-delta))
+
+
+def bound_loose(delta, n):
+    """``e^{delta} / n`` (``>= bound_tight``); ``inf`` past the float range."""
+    with np.errstate(over="ignore"):
+        return np.exp(np.asarray(delta, np.float64)) / np.asarray(n, np.float64)
+
+
+def qknorm_delta_bound(beta, p):
+    """``2 beta p``: the largest logit spread of ``qknorm`` (``|q^| = |k^| = sqrt(p)``)."""
+    return 2.0 * float(beta) * int(p)
+
+
+# -------------------------------------------------------------------------- report
+@dataclasses.dataclass(frozen=True)
+class DispersionReport:
+    """Per-row dispersion statistics; every array has the shape of ``P`` without its last
+    axis: ``(rows,)`` for one matrix, ``(b, rows)`` for a batch of trajectories.
+
+    Attributes:
+        max: the largest coefficient of each row, ``max_j P_ij``.
+        argmax: the token it falls on.
+        delta: the logit spread ``max_j L_ij - min_j L_ij`` (NaN without logits).
+        bound_tight: ``1 / (1 + (n - 1) e^{-delta})``, the largest possible softmax
+            coefficient for that spread.
+        bound_loose: ``e^{delta} / n``.
+        entropy: ``-sum_j a_ij log a_ij`` in nats, of the row normalised to sum 1
+            (``a = P`` for row-stochastic kernels; for ``sigmoid``, ``P / row_sum``).
+        entropy_normalized: ``entropy / log n`` (1 for a uniform row).
+        sink_mass: ``sum_{j < sink} P_ij``, the attention on the first ``sink`` tokens
+            (Bertsch et al. average it over queries: ``mean_sink_mass``).
+        row_sum: ``sum_j P_ij`` (1 for every kernel but ``sigmoid``).
+        share_max: ``max / row_sum``: the fraction of the row's attention on its top token.
+        n: number of keys; sink: the number of sink tokens; kernel: the kernel, when known.
+    """
+
+    max: np.ndarray
+    argmax: np.ndarray
+    delta: np.ndarray
+    bound_tight: np.ndarray
+    bound_loose: np.ndarray
+    entropy: np.ndarray
+    entropy_normalized: np.ndarray
+    sink_mass: np.ndarray
+    row_sum: np.ndarray
+    share_max: np.ndarray
+    n: int
+    sink: int
+    kernel: str | None = None
+
+    @property
+    def mean_sink_mass(self) -> np.ndarray:
+        """Sink mass averaged over query rows (a number, or ``(b,)`` for a batch)."""
+        return np.mean(self.sink_mass, axis=-1)
+
+    @property
+    def bound_holds(self) -> np.ndarray:
+        """Whether ``max <= bound_tight`` in each row (to rounding); only meaningful for
+        softmax-type kernels on the logits given (``ssmax``, ``adaptive`` and ``sigmoid``
+        may exceed the softmax bound of their pre-kernel logits: that is their point)."""
+        return self.max <= self.bound_tight * (1 + 1e-9) + 1e-300
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["mean_sink_mass"] = self.mean_sink_mass
+        return out
+
+    def summary(self) -> str:
+        mx = np.nanmax(self.max)
+        bt = np.nanmax(self.bound_tight) if np.any(np.isfinite(self.bound_tight)) else np.nan
+        return (f"n = {self.n}{'' if self.kernel is None else f', kernel {self.kernel}'}: "
+                f"largest coefficient {mx:.4g} (tight bound {bt:.4g}, max delta "
+                f"{np.nanmax(self.delta) if np.any(np.isfinite(self.delta)) else np.nan:.4g}), "
+                f"mean normalised entropy {np.nanmean(self.entropy_normalized):.4g}, "
+                f"mean sink mass {np.nanmean(self.sink_mass):.4g} (first {self.sink})")
+
+
+# ---------------------------------------------------------------------- row stats
+def _row_stats(P, L, sink: int):
+    """Per-row statistics of weights ``P`` ``(..., n)`` and logits ``L`` (or None)."""
+    rs = jnp.sum(P, axis=-1)
+    mx = jnp.max(P, axis=-1)
+    a = P / rs[..., None]
+    ent = -jnp.sum(jnp.where(a > 0, a * jnp.log(jnp.where(a > 0, a, 1.0)), 0.0), axis=-1)
+    out = dict(max=mx, argmax=jnp.argmax(P, axis=-1), entropy=ent,
+               sink_mass=jnp.sum(P[..., :sink], axis=-1), row_sum=rs, share_max=mx / rs)
+    if L is not None:
+        out["delta"] = jnp.max(L, axis=-1) - jnp.min(L, axis=-1)
+    return out
+
+
+@eqx.filter_jit
+def _qk_stats(kernel: str, q, k, beta, params, rows, sink: int, block: int):
+    """Statistics of query rows ``rows`` (indices) against all keys, in tiles of ``block``."""
+    q, k = _kernels.prepare(kernel, q, k)
+    q = q[rows]
+
+    def tile(qi):
+        L = _kernels.logits(qi, k, beta)
+        return _row_stats(_kernels.weights(kernel, L, params), L, sink)
+
+    r = q.shape[0]
+    if block <= 0 or block >= r:
+        return tile(q)
+    nb = -(-r // block)
+    qb = jnp.pad(q, ((0, nb * block - r), (0, 0))).reshape(nb, block, q.shape[-1])
+    out = jax.lax.map(tile, qb)
+    return {key: v.reshape((nb * block,) + v.shape[2:])[:r] for key, v in out.items()}
+
+
+def _report(st: dict, n: int, sink: int, kernel) -> DispersionReport:
+    st = {key: np.asarray(v) for key, v in st.items()}
+    mx = st["max"]
+    delta = st.get("delta")
+    if delta is None:
+        delta = np.full(mx.shape, np.nan)
+    delta = np.asarray(delta, np.float64)
+    ent = st["entropy"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ent_n = ent / math.log(n) if n > 1 else np.full(ent.shape, np.nan)
+    return DispersionReport(
+        max=mx, argmax=st["argmax"], delta=delta, bound_tight=bound_tight(delta, n),
+        bound_loose=bound_loose(delta, n), entropy=ent, entropy_normalized=ent_n,
+        sink_mass=st["sink_mass"], row_sum=st["row_sum"], share_max=st["share_max"],
+        n=int(n), sink=int(sink), kernel=kernel)
+
+
+def _check_sink(sink, n: int) -> int:
+    if isinstance(sink, bool) or not isinstance(sink, (int, np.integer)) or not 0 <= sink <= n:
+        raise ValueError(f"sink must be an integer number of leading tokens in [0, n = {n}]; "
+                         f"got {sink!r}.")
+    return int(sink)
+
+
+def _auto_rows_block(n: int) -> int:
+    return max(1, _kernels.BLOCK_ENTRIES // max(1, n))
+
+
+def _model_report(model, x, rows, sink, block) -> DispersionReport:
+    x = jnp.asarray(x, model.dtype)
+    if x.ndim not in (2, 3) or x.shape[-1] != model.d:
+        raise ValueError(f"x must be tokens (n, {model.d}) or a batch (b, n, {model.d}); "
+                         f"got shape {tuple(x.shape)}.")
+    n = x.shape[-2]
+    sink = _check_sink(sink, n)
+    if rows is None:
+        idx = np.arange(n)
+    else:
+        idx = np.arange(n)[rows] if isinstance(rows, slice) else np.asarray(rows, np.int64)
+        if idx.ndim != 1 or idx.size < 1 or np.any((idx < -n) | (idx >= n)):
+            raise ValueError(f"rows must be a slice or a 1-d array of query indices in "
+                             f"[0, {n}); got {rows!r}.")
+    block = _auto_rows_block(n) if block is None else int(block)
+    idx = jnp.asarray(idx % n)
+
+    def one(xi):
+        return _qk_stats(model.kernel, xi @ model.Q.T, xi @ model.K.T, model.beta,
+                         model.kernel_params, idx, sink, block)
+
+    st = one(x) if x.ndim == 2 else jax.vmap(one)(x)
+    return _report(st, n, sink, model.kernel)
+
+
+# ---------------------------------------------------------------------- public
+def dispersion(P, *, logits=None, sink: int = 1, k: int = -1, x=None, rows=None,
+               block: int | None = None) -> DispersionReport:
+    """Dispersion statistics of attention rows: largest coefficient, bounds, entropy, sink.
+
+    Args:
+        P: one of
+            - an attention matrix ``(rows, n)`` or ``(n, n)`` (any leading batch axes;
+              a single row ``(n,)`` gives 0-d fields), with ``logits`` the matching
+              pre-kernel logits (same shape; the inverse temperature already inside).
+              Without logits, ``delta`` and the bounds are NaN.
+            - an ``attnflow.Trajectory``: the attention at saved index ``k`` (of one
+              system or of each system of a batch), logits from the model (for
+              ``qknorm``, those of the normalised queries and keys).
+            - an ``attnflow.Attention`` with tokens ``x`` ``(n, d)`` or ``(b, n, d)``.
+        logits: pre-kernel logits matching ``P`` (matrix input only).
+        sink: the number of leading tokens counted as the sink (default 1).
+        k: saved-time index (trajectory input).
+        x: tokens (model input).
+        rows: query rows to compute (model and trajectory input): a slice or indices;
+            default all. With large ``n`` a few hundred rows against all keys are cheap
+            where the ``(n, n)`` matrix is not.
+        block: query rows per tile (model and trajectory input); default about
+            ``4M / n``.
+
+    Returns:
+        A ``DispersionReport``. The bounds are those of softmax on the given logits; for
+        ``ssmax``, ``adaptive`` and ``sigmoid`` the coefficients may exceed them (those
+        kernels rescale the logits inside, which is how they escape dispersion).
+    """
+    from .model import Attention
+    from .trajectory import Trajectory
+
+    if isinstance(P, Trajectory):
+        if logits is not None or x is not None:
+            raise ValueError("with a trajectory, pass k (the saved index), not logits or x.")
+        m = P.x.shape[-3]
+        if not -m <= k < m:
+            raise IndexError(f"k = {k} is out of range for {m} saved times.")
+        xk = P.x[..., k, :, :]
+        return _model_report(P.model, xk, rows, sink, block)
+    if isinstance(P, Attention):
+        if x is None:
+            raise ValueError("dispersion(model, x=tokens): the tokens x are required.")
+        if logits is not None:
+            raise ValueError("with a model, the logits are computed: pass x, not logits.")
+        return _model_report(P, x, rows, sink, block)
+    if x is not None or rows is not None:
+        raise ValueError("x and rows apply to a model or trajectory, not to a matrix P.")
+    try:
+        Pa = np.asarray(P)
+    except Exception as exc:
+        raise ValueError(f"P must be an attention matrix (rows, n); {exc}") from None
+    if Pa.ndim < 1 or Pa.shape[-1] < 1 or not np.issubdtype(Pa.dtype, np.number) \
+            or np.iscomplexobj(Pa):
+        raise ValueError(f"P must be a real (rows, n) attention matrix; got shape "
+                         f"{Pa.shape}, dtype {Pa.dtype}.")
+    if np.any(Pa < 0):
+        raise ValueError("P has negative entries; attention weights are >= 0.")
+    La = None
+    if logits is not None:
+        La = np.asarray(logits)
+        if La.shape != Pa.shape:
+            raise ValueError(f"logits must have the shape of P {Pa.shape}; got {La.shape}.")
+        if np.iscomplexobj(La):
+            raise ValueError("logits must be real.")
+    n = Pa.shape[-1]
+    sink = _check_sink(sink, n)
+    Pf = Pa.astype(np.float64) if not np.issubdtype(Pa.dtype, np.floating) else Pa
+    st = _row_stats_np(Pf, La, sink)
+    return _report(st, n, sink, None)
+
+
+def _row_stats_np(P, L, sink):
+    rs = P.sum(-1)
+    mx = P.max(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = P / rs[..., None]
+        ent = -np.sum(np.where(a > 0, a * np.log(np.where(a > 0, a, 1.0)), 0.0), axis=-1)
+        share = mx / rs
+    out = dict(max=mx, argmax=P.argmax(-1), entropy=ent, sink_mass=P[..., :sink].sum(-1),
+               row_sum=rs, share_max=share)
+    if L is not None:
+        out["delta"] = L.max(-1).astype(np.float64) - L.min(-1).astype(np.float64)
+    return out
+
+
+def dispersion_scan(Q, K, x, ns: Sequence[int], *, kernels: Sequence[str] | None = None,
+                    beta=1.0, kernel_params: Mapping[str, Mapping] | None = None,
+                    queries: int | None = 256, sink: int = 1,
+                    rectangular: bool = False) -> dict:
+    """The largest coefficient and the bounds against ``n``, for several kernels.
+
+    For each ``n`` in ``ns`` the keys are the first ``n`` tokens of ``x`` (so the token
+    stream is fixed and only grows) and the queries the first ``min(n, queries)`` of them
+    (all ``n`` with ``queries=None``); nothing of size ``n x n`` is held.
+
+    Args:
+        Q, K: query and key maps ``(d, d)`` (or ``(p, d)`` with ``rectangular=True``).
+        x: tokens ``(N, d)`` with ``N >= max(ns)``.
+        ns: numbers of tokens.
+        kernels: kernel names (default all).
+        beta: inverse temperature.
+        kernel_params: per kernel, its parameters, e.g. ``{"ssmax": {"s": 1.0}}``.
+        queries: query rows per ``n``.
+        sink: sink tokens for the sink mass.
+
+    Returns:
+        ``{"n": [...], "kernels": [...], "queries": ..., "results": {kernel: {"max",
+        "mean_max", "bound_tight", "bound_loose", "delta", "entropy_normalized",
+        "sink_mass", "share_max": list over n}}, "rows": [one dict per (kernel, n)]}``:
+        ``max`` is the largest coefficient over the query rows, ``bound_tight`` and
+        ``bound_loose`` the largest per-row bounds (each row's coefficient is below its
+        own bound, so ``max <= bound_tight`` for softmax and qknorm), ``delta`` the
+        largest per-row spread, and the rest means over the query rows.
+    """
+    from .model import Attention
+
+    x = np.asarray(x)
+    ns = [int(v) for v in ns]
+    if not ns or min(ns) < 1 or max(ns) > x.shape[0]:
+        raise ValueError(f"ns must be positive and at most the {x.shape[0]} tokens given; "
+                         f"got {ns}.")
+    kernels = list(_kernels.KERNELS if kernels is None else kernels)
+    kernel_params = dict(kernel_params or {})
+    d = x.shape[-1]
+    results, rows_out = {}, []
+    for kern in kernels:
+        model = Attention(Q, K, np.eye(d), beta=beta, kernel=kern, rectangular=rectangular,
+                          kernel_params=kernel_params.get(kern), propagator="eigh")
+        res = {key: [] for key in ("max", "mean_max", "bound_tight", "bound_loose", "delta",
+                                   "entropy_normalized", "sink_mass", "share_max")}
+        for n in ns:
+            r = n if queries is None else min(n, int(queries))
+            rep = dispersion(model, x=x[:n], rows=slice(0, r), sink=min(sink, n))
+            row = dict(kernel=kern, n=n, queries=r,
+                       max=float(np.max(rep.max)), mean_max=float(np.mean(rep.max)),
+                       bound_tight=float(np.max(rep.bound_tight)),
+                       bound_loose=float(np.max(rep.bound_loose)),
+                       delta=float(np.max(rep.delta)),
+                       entropy_normalized=float(np.mean(rep.entropy_normalized))
+                       if n > 1 else float("nan"),
+                       sink_mass=float(np.mean(rep.sink_mass)),
+                       share_max=float(np.max(rep.share_max)))
+            for key in res:
+                res[key].append(row[key])
+            rows_out.append(row)
+        results[kern] = res
+    return {"n": ns, "kernels": kernels, "queries": queries, "beta": float(beta),
+            "kernel_params": {k: dict(v) for k, v in kernel_params.items()},
+            "results": results, "rows": rows_out}

@@ -1,0 +1,263 @@
+"""Attention kernels: numpy references, tiling, simulate in both frames, overflow bounds."""
+
+import math
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attnflow as af
+from attnflow import kernels as K
+
+STOCHASTIC = ("softmax", "qknorm", "ssmax", "adaptive")
+
+
+# ------------------------------------------------------- numpy references (independent)
+def np_softmax(L):
+    L = np.asarray(L, np.float64)
+    E = np.exp(L - L.max(axis=-1, keepdims=True))
+    return E / E.sum(axis=-1, keepdims=True)
+
+
+def np_rms(u):
+    return u / np.sqrt(np.mean(u * u, axis=-1, keepdims=True))
+
+
+def np_kernel(name, q, k, beta, s=1.0):
+    """The attention matrix of raw queries ``q`` and keys ``k`` under kernel ``name``."""
+    n = k.shape[0]
+    if name == "qknorm":
+        q, k = np_rms(q), np_rms(k)
+    L = beta * q @ k.T
+    if name in ("softmax", "qknorm"):
+        return np_softmax(L)
+    if name == "ssmax":
+        return np_softmax(s * np.log(n) * L)
+    if name == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-(L - np.log(n))))
+    if name == "adaptive":
+        p = np_softmax(L)
+        H = -np.sum(p * np.log(p + 1e-9), axis=-1)
+        inv = np.where(H > 0.5, np.maximum(np.polyval([-0.037, 0.481, -2.3, 4.917, -1.791],
+                                                      H), 1.0), 1.0)
+        return np_softmax(L * inv[:, None])
+    raise ValueError(name)
+
+
+def np_euler(name, x0, Q, Kk, V, beta, dt, layers, s=1.0):
+    """Forward Euler in the original frame: x <- x + dt P(x) x V^T."""
+    x = np.array(x0, np.float64)
+    for _ in range(layers):
+        P = np_kernel(name, x @ Q.T, x @ Kk.T, beta, s)
+        x = x + dt * P @ x @ V.T
+    return x
+
+
+def np_rk4(name, x0, Q, Kk, V, beta, t1, steps, s=1.0):
+    x = np.array(x0, np.float64)
+    h = t1 / steps
+
+    def f(y):
+        return np_kernel(name, y @ Q.T, y @ Kk.T, beta, s) @ y @ V.T
+
+    for _ in range(steps):
+        a = f(x)
+        b = f(x + h / 2 * a)
+        c = f(x + h / 2 * b)
+        d = f(x + h * c)
+        x = x + h / 6 * (a + 2 * b + 2 * c + d)
+    return x
+
+
+def _params(name, s=1.7):
+    return {"s": s} if name == "ssmax" else None
+
+
+# --------------------------------------------------------------------------- tests
+def test_registry_lists_the_kernels():
+    assert K.KERNELS == ("softmax", "qknorm", "ssmax", "sigmoid", "adaptive")
+    assert [K.row_stochastic(k) for k in K.KERNELS] == [True, True, True, False, True]
+    assert af.KERNELS == K.KERNELS
+    # the old (fn, row_stochastic) tuple form still indexes
+    assert K._REGISTRY["softmax"][0] is K.softmax and K._REGISTRY["sigmoid"][1] is False
+    assert math.isclose(K.ADAPTIVE_MAX_INVERSE_TEMPERATURE, 2.4213877, rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("name", K.KERNELS)
+def test_weights_match_numpy(name):
+    rng = np.random.default_rng(1)
+    q, k = rng.normal(size=(23, 3)), rng.normal(size=(31, 3))
+    s = 1.7
+    want = np_kernel(name, q, k, 0.9, s)
+    qq, kk = K.prepare(name, jnp.asarray(q), jnp.asarray(k))
+    got = K.weights(name, K.logits(qq, kk, 0.9), _params(name, s))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-15)
+    if K.row_stochastic(name):
+        np.testing.assert_allclose(np.asarray(got).sum(-1), 1.0, rtol=1e-13)
+
+
+@pytest.mark.parametrize("name", K.KERNELS)
+def test_attend_tiled_equals_dense_and_numpy(name):
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.normal(size=(157, 4)) for _ in range(3))
+    want = np_kernel(name, q, k, 0.8) @ v
+    args = (jnp.asarray(q), jnp.asarray(k), 0.8, jnp.asarray(v))
+    dense = np.asarray(K.attend(name, *args, block=0))
+    np.testing.assert_allclose(dense, want, rtol=1e-11, atol=1e-13)
+    for block in (1, 16, 50, 156, 157, 400):  # padding, exact fit, one tile
+        tiled = np.asarray(K.attend(name, *args, block=block))
+        np.testing.assert_allclose(tiled, dense, rtol=1e-12, atol=1e-14)
+
+
+def test_ssmax_parameter_reaches_attend_tiles():
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.normal(size=(40, 2)) for _ in range(3))
+    for s in (0.3, 2.5):
+        want = np_kernel("ssmax", q, k, 1.0, s) @ v
+        for block in (0, 7):
+            got = K.attend("ssmax", jnp.asarray(q), jnp.asarray(k), 1.0, jnp.asarray(v),
+                           block=block, params={"s": s})
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12)
+
+
+def test_rms_normalize_is_scale_invariant_and_safe():
+    u = np.array([[3.0, -4.0, 0.0], [0.0, 0.0, 0.0], [1e-200, 2e-200, 0.0],
+                  [1e200, -1e200, 3e200]])
+    r = np.asarray(K.rms_normalize(jnp.asarray(u)))
+    np.testing.assert_allclose(r[0], np_rms(u[:1])[0], rtol=1e-15)
+    assert np.all(r[1] == 0)
+    np.testing.assert_allclose(r[2], np_rms(np.array([[1.0, 2.0, 0.0]]))[0], rtol=1e-15)
+    np.testing.assert_allclose(np.sum(r[[0, 2, 3]] ** 2, -1), 3.0, rtol=1e-14)
+    assert np.all(np.isnan(np.asarray(K.rms_normalize(jnp.array([[np.inf, 1.0]])))))
+
+
+@pytest.mark.parametrize("name", K.KERNELS)
+def test_simulate_euler_original_frame_matches_numpy(name):
+    rng = np.random.default_rng(4)
+    d, n = 2, 9
+    Q = np.eye(d) + 0.3 * rng.normal(size=(d, d))
+    Kk = np.eye(d) + 0.3 * rng.normal(size=(d, d))
+    V = np.array([[0.5, 0.2], [-0.1, 0.3]])
+    x0 = rng.uniform(-1.5, 1.5, (n, d))
+    model = af.Attention(Q, Kk, V, beta=0.7, kernel=name, kernel_params=_params(name))
+    traj = af.simulate(model, x0, 1.5, frame="original", method="euler", dt=0.1)
+    assert traj.ok
+    want = np_euler(name, x0, Q, Kk, V, 0.7, 0.1, 15, s=1.7)
+    np.testing.assert_allclose(np.asarray(traj.x[-1]), want, rtol=1e-11, atol=1e-12)
+    # the attention matrix of the trajectory is the kernel's
+    P = np.asarray(traj.attention(-1))
+    xl = np.asarray(traj.x[-1])
+    np.testing.assert_allclose(P, np_kernel(name, xl @ Q.T, xl @ Kk.T, 0.7, 1.7),
+                               rtol=1e-11, atol=1e-14)
+
+
+@pytest.mark.parametrize("name", K.KERNELS)
+def test_simulate_adaptive_original_frame_matches_numpy_rk4(name):
+    rng = np.random.default_rng(5)
+    d, n = 2, 7
+    Q = np.eye(d) + 0.3 * rng.normal(size=(d, d))
+    V = np.array([[0.4, 0.1], [0.0, -0.2]])
+    x0 = rng.uniform(-1, 1, (n, d))
+    model = af.Attention(Q, np.eye(d), V, kernel=name, kernel_params=_params(name))
+    traj = af.simulate(model, x0, 1.0, frame="original", rtol=1e-10, atol=1e-12)
+    assert traj.ok
+    want = np_rk4(name, x0, Q, np.eye(d), V, 1.0, 1.0, 400, s=1.7)
+    np.testing.assert_allclose(np.asarray(traj.x[-1]), want, rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", STOCHASTIC)
+def test_rescaled_frame_agrees_with_original_frame(name):
+    # discrete transformer: x^k = (I + dt V)^k z^k exactly, so the frames agree to rounding
+    rng = np.random.default_rng(6)
+    V = np.array([[0.6, 0.3], [-0.2, 0.4]])
+    x0 = rng.uniform(-1, 1, (11, 2))
+    model = af.Attention(np.eye(2), np.eye(2), V, kernel=name, kernel_params=_params(name))
+    a = af.simulate(model, x0, 2.0, frame="original", method="euler", dt=0.1)
+    b = af.simulate(model, x0, 2.0, frame="rescaled", method="euler", dt=0.1)
+    np.testing.assert_allclose(np.asarray(b.x[-1]), np.asarray(a.x[-1]), rtol=1e-10,
+                               atol=1e-12)
+
+
+def test_sigmoid_refuses_the_rescaled_frame():
+    model = af.Attention(np.eye(2), np.eye(2), np.eye(2), kernel="sigmoid")
+    x0 = np.random.default_rng(0).normal(size=(5, 2))
+    with pytest.raises(ValueError, match=r"sigmoid.*frame='original'"):
+        af.simulate(model, x0, 1.0)
+    with pytest.raises(ValueError, match="sigmoid"):
+        af.simulate(model, x0, 1.0, frame="rescaled", method="euler", dt=0.1)
+    assert af.simulate(model, x0, 1.0, frame="original").ok
+
+
+@pytest.mark.parametrize("kwargs,word", [
+    (dict(kernel="ssmax", kernel_params={"t": 1.0}), "t"),
+    (dict(kernel="softmax", kernel_params={"s": 1.0}), "s"),
+    (dict(kernel="ssmax", kernel_params={"s": 0.0}), "s"),
+    (dict(kernel="ssmax", kernel_params={"s": float("nan")}), "s"),
+    (dict(kernel="ssmax", kernel_params={"s": [1.0, 2.0]}), "s"),
+    (dict(kernel="ssmax", kernel_params=2.0), "kernel_params"),
+    (dict(kernel="flash"), "kernel"),
+])
+def test_bad_kernel_arguments(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        af.Attention(np.eye(2), np.eye(2), np.eye(2), **kwargs)
+
+
+def test_kernel_parameter_is_a_leaf_no_recompile():
+    traces = []
+
+    @eqx.filter_jit
+    def attn(m, x):
+        traces.append(1)
+        return m.attention(x)
+
+    x = jnp.asarray(np.random.default_rng(7).normal(size=(6, 2)))
+    outs = [attn(af.Attention(np.eye(2), np.eye(2), np.eye(2), kernel="ssmax",
+                              kernel_params={"s": s}), x) for s in (0.5, 1.0, 3.0)]
+    assert len(traces) == 1
+    assert not np.allclose(np.asarray(outs[0]), np.asarray(outs[2]))
+    m = af.Attention(np.eye(2), np.eye(2), np.eye(2), kernel="ssmax")
+    assert float(m.kernel_params["s"]) == 1.0 and m.kernel_params["s"].dtype == m.dtype
+
+
+@pytest.mark.parametrize("name", K.KERNELS)
+def test_log_logit_bound_bounds_what_the_kernel_exponentiates(name):
+    rng = np.random.default_rng(8)
+    for scale in (0.1, 1.0, 30.0):
+        q, k = scale * rng.normal(size=(50, 3)), scale * rng.normal(size=(64, 3))
+        qq, kk = K.prepare(name, jnp.asarray(q), jnp.asarray(k))
+        L = np.asarray(K.logits(qq, kk, 1.3))
+        n = k.shape[0]
+        if name == "ssmax":
+            eff = 2.0 * math.log(n) * L
+        elif name == "sigmoid":
+            eff = L - math.log(n)
+        elif name == "adaptive":
+            eff = L * np.asarray(K.adaptive_inverse_temperature(jnp.asarray(L)))[:, None]
+        else:
+            eff = L
+        bound = float(K.log_logit_bound(jnp.asarray(q), jnp.asarray(k), 1.3, kernel=name,
+                                        params={"s": 2.0} if name == "ssmax" else None))
+        assert np.log(np.max(np.abs(eff))) <= bound + 1e-12
+
+
+def test_qknorm_bound_is_beta_p_whatever_the_tokens():
+    q = 1e150 * np.random.default_rng(9).normal(size=(8, 5))
+    b = float(K.log_logit_bound(jnp.asarray(q), jnp.asarray(q), 0.5, kernel="qknorm"))
+    assert math.isclose(b, math.log(0.5 * 5), rel_tol=1e-12)
+    b_soft = float(K.log_logit_bound(jnp.asarray(q), jnp.asarray(q), 0.5))
+    assert b_soft > 600
+
+
+def test_qknorm_never_overflows_where_softmax_does():
+    # float32, V = 2 I, rescaled frame: softmax logits grow like e^{4t} and pass e^84 near
+    # t = 21; qknorm logits stay within beta p.
+    f32 = np.float32
+    Q = np.eye(2, dtype=f32)
+    V = 2 * np.eye(2, dtype=f32)
+    x0 = np.random.default_rng(10).uniform(-1, 1, (6, 2)).astype(f32)
+    soft = af.simulate(af.Attention(Q, Q, V), x0, 30.0, method="euler", dt=0.25)
+    assert soft.status == "overflow"
+    qk = af.simulate(af.Attention(Q, Q, V, kernel="qknorm"), x0, 30.0, method="euler",
+                     dt=0.25)
+    assert qk.ok and np.all(np.isfinite(np.asarray(qk.z)))
