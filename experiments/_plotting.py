@@ -1,0 +1,141 @@
+"""Shared helpers of the figure scripts: style, saving, sidecar JSON, command line.
+
+Thin on purpose: simulation is ``attnflow.plotting.simulate_tokens`` (over
+``attnflow.simulate``), analyses are the package's (``spectral_structure``,
+``observe_limit``, ``predict_regime``), drawing helpers are ``attnflow.plotting``. What is
+here is bookkeeping: every figure writes PNG + PDF and a sidecar JSON holding every
+parameter (seed, n, d, t1, Q, K, V, solver, tolerances, x64, versions, runtime).
+
+Not a figure script (the runner only runs ``fig_*.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+# Keys every sidecar of these scripts has (tests check them).
+REQUIRED_KEYS = ("script", "quick", "seed", "n", "d", "t1", "Q", "K", "V", "solver",
+                 "tolerances", "x64", "versions", "runtime_seconds", "figures", "runs")
+
+DPI_FULL, DPI_QUICK = 200, 110
+
+
+def setup(quick: bool = False):
+    """x64 on (scripts may flip it, the library never does), Agg backend, house style.
+
+    Returns ``matplotlib.pyplot``."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from attnflow.plotting import use_style
+
+    use_style()
+    return plt
+
+
+def save(fig, out_dir: Path, stem: str, quick: bool = False) -> list[Path]:
+    """Write ``stem.png`` and ``stem.pdf`` into ``out_dir``; close the figure."""
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for ext in ("png", "pdf"):
+        p = out_dir / f"{stem}.{ext}"
+        fig.savefig(p, dpi=(DPI_QUICK if quick else DPI_FULL) if ext == "png" else None)
+        paths.append(p)
+    plt.close(fig)
+    return paths
+
+
+def jsonable(obj):
+    """numpy / jax values (and containers of them) as plain JSON types."""
+    from attnflow.cli import to_jsonable
+
+    return to_jsonable(obj)
+
+
+def _collapse(runs: list[dict], key: str):
+    """One value if every run has the same ``key``, else ``{run name: value}``."""
+    vals = [r.get(key) for r in runs]
+    first = json.dumps(jsonable(vals[0]), sort_keys=True)
+    if all(json.dumps(jsonable(v), sort_keys=True) == first for v in vals):
+        return vals[0]
+    return {r.get("name", str(i)): r.get(key) for i, r in enumerate(runs)}
+
+
+def write_sidecar(out_dir: Path, stem: str, *, script: str, quick: bool, runs: list[dict],
+                  figures: list, t_start: float, **extra) -> Path:
+    """Write ``stem.json``: every parameter of every run, versions, runtime.
+
+    ``runs``: one dict per simulation (``simulate_tokens``'s params plus a ``name`` and
+    whatever was measured). The top-level keys ``seed, n, d, t1, Q, K, V, solver,
+    tolerances`` hold the common value, or ``{run name: value}`` where runs differ.
+    """
+    from attnflow.trajectory import run_metadata
+
+    versions = run_metadata()
+    side = {"script": script, "quick": bool(quick)}
+    for key in ("seed", "n", "d", "t1", "Q", "K", "V", "solver", "tolerances"):
+        side[key] = _collapse(runs, key) if runs else None
+    side.update(x64=versions["x64"], versions=versions,
+                runtime_seconds=round(time.perf_counter() - t_start, 2),
+                figures=[str(p) for p in figures], runs=runs)
+    side.update(extra)
+    path = Path(out_dir) / f"{stem}.json"
+    path.write_text(json.dumps(jsonable(side), indent=1))
+    return path
+
+
+def observation(traj, **kw) -> dict:
+    """``observe_limit`` as a small JSON-ready dict (label, clusters, reason)."""
+    import attnflow as af
+
+    obs = af.observe_limit(traj, **kw)
+    return {"label": obs.label, "n_clusters": obs.n_clusters, "reason": obs.reason}
+
+
+def prediction(V, Q=None, K=None) -> dict:
+    """``predict_regime`` as a small JSON-ready dict (label, theorem, reason, spectrum)."""
+    import attnflow as af
+
+    V = np.asarray(V, dtype=np.float64)
+    d = V.shape[0]
+    reg = af.predict_regime(np.eye(d) if Q is None else Q, np.eye(d) if K is None else K, V)
+    return {"label": reg.label, "theorem": reg.theorem, "reason": reg.reason,
+            "eigenvalues": reg.eigenvalues}
+
+
+def panel_label(ax, letter: str, *, x: float = -0.02, y: float = 1.02, **kw) -> None:
+    """A bold ``(a)``-style label at the top left of an axes (2-d or 3-d)."""
+    if hasattr(ax, "text2D"):
+        ax.text2D(x, y, f"({letter})", transform=ax.transAxes, fontweight="bold",
+                  ha="right", va="bottom", **kw)
+    else:
+        ax.text(x, y, f"({letter})", transform=ax.transAxes, fontweight="bold",
+                ha="right", va="bottom", **kw)
+
+
+def main(make, doc: str, argv=None) -> dict:
+    """Standalone use: ``python experiments/fig_NAME.py [--quick] [--out figures]``."""
+    ap = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small version, seconds")
+    ap.add_argument("--out", type=Path, default=Path("figures"), help="output folder")
+    args = ap.parse_args(argv)
+    setup(args.quick)
+    res = make(args.out, quick=args.quick)
+    for p in res["figures"]:
+        print(p)
+    if "json" in res:
+        print(res["json"])
+    return res

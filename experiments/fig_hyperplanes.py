@@ -1,0 +1,156 @@
+"""Figure 2 -- hyperplanes: the authors' 2x2 and 3x3 value matrices.
+
+Theorem ([E]): if V's eigenvalue of largest modulus lambda_1 is real, positive and simple
+and <Q phi_1, K phi_1> > 0, every z_i (rescaled frame) approaches one of at most three
+parallel hyperplanes {phi_1^*(z) = c}, c in {a, 0, b}, where phi_1^* is the left
+eigenvector and a = lim min_j phi_1^*(z_j), b = lim max_j phi_1^*(z_j); max_j phi_1^*(z_j)
+never increases and min_j never decreases.
+
+Value matrices (attnflow.matrices.PAPER): "paper-2d" (eigenvalues 1.348, -0.068),
+"paper-3d-re-pos" (1.078, 0.099 +- 0.082i), "paper-3d-re-neg" (0.991, -0.055 +- 0.254i).
+Set-up: n = 20 tokens uniform in [-5, 5]^d, Q = K = I, the discrete transformer (Euler,
+dt = 0.1) to T = 12, float64. phi_1^* is spectral_structure(V).phi1_left.
+
+Top row: tokens with the lines / planes {phi_1^* = a}, {= 0} (dotted), {= b}, a and b
+the min and max at T. Bottom row: phi_1^*(z_i(t)) for every token, a, 0, b dashed.
+Also writes the movies movies/hyperplanes.gif and movies/hyperplanes-3d.gif.
+
+Run:  python experiments/fig_hyperplanes.py [--quick] [--out figures]
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _plotting as H  # noqa: E402
+
+NAME = "fig_hyperplanes"
+SEED, N, T, DT = 0, 20, 12.0, 0.1
+CASES = [
+    ("paper-2d", r"$2\times2$ $V$: $\lambda=1.348,\ -0.068$"),
+    ("paper-3d-re-pos", r"$3\times3$ $V$: $\lambda=1.078,\ 0.099\pm0.082i$"),
+    ("paper-3d-re-neg", r"$3\times3$ $V$: $\lambda=0.991,\ -0.055\pm0.254i$"),
+]
+
+
+def make(out_dir: Path, quick: bool = False) -> dict:
+    """Simulate the three matrices, draw the figure, write PNG/PDF/JSON and two GIFs."""
+    plt = H.setup(quick)
+    import attnflow as af
+    import attnflow.plotting as AP
+    from attnflow.matrices import PAPER
+
+    t_start = time.perf_counter()
+    out_dir = Path(out_dir)
+    runs, res = [], []
+    for name, label in CASES:
+        V = PAPER[name]
+        traj, params = AP.simulate_tokens(V, n=N, seed=SEED, t1=T, dt=DT)
+        traj.raise_for_status()
+        st = af.spectral_structure(V)
+        phi = st.phi1_left
+        z = np.asarray(traj.z)
+        p = z @ phi  # (m, n) levels phi_1^*(z_i(t))
+        a, b = float(p[-1].min()), float(p[-1].max())
+        obs = H.observation(traj)
+        params.update(name=name, predicted=H.prediction(V), observed=obs,
+                      phi1_left=phi, a=a, b=b,
+                      final_levels=np.sort(p[-1]),
+                      max_phi_increase=float(np.max(np.diff(p.max(axis=1)))),
+                      min_phi_decrease=float(np.max(-np.diff(p.min(axis=1)))))
+        runs.append(params)
+        res.append(dict(name=name, label=label, traj=traj, z=z, p=p, a=a, b=b, phi=phi,
+                        ts=np.asarray(traj.ts), obs=obs))
+
+    fig = plt.figure(figsize=(6.5, 4.7))
+    xs = [0.06, 0.385, 0.71]
+    for j, r in enumerate(res):
+        z, phi, a, b = r["z"], r["phi"], r["a"], r["b"]
+        d = z.shape[-1]
+        lo, hi = AP.data_box(z, pad=0.04)
+        if d == 2:
+            ax = fig.add_axes([xs[j], 0.49, 0.26, 0.38])
+            for c, ls in ((a, "-"), (0.0, ":"), (b, "-")):
+                AP.draw_level(ax, phi, c, lo, hi, color="C3", lw=0.9, ls=ls, zorder=1)
+            AP.draw_trajectories(ax, z, color="0.6", lw=0.5)
+            ax.set_xlim(lo[0], hi[0])
+            ax.set_ylim(lo[1], hi[1])
+            ax.set_aspect("equal", adjustable="box")
+            ax.set_xlabel("$z_1$", labelpad=1)
+            ax.set_ylabel("$z_2$", labelpad=0)
+        else:
+            ax = fig.add_axes([xs[j] - 0.035, 0.44, 0.33, 0.47], projection="3d")
+            for c in (a, 0.0, b):
+                AP.draw_level(ax, phi, c, lo, hi, facecolor="C3", edgecolor="C3",
+                              alpha=0.13 if c else 0.06, lw=0.4)
+            AP.draw_trajectories(ax, z, color="0.55", lw=0.5, ms=2.5)
+            ax.set_xlim(lo[0], hi[0])
+            ax.set_ylim(lo[1], hi[1])
+            ax.set_zlim(lo[2], hi[2])
+            elev, azim = AP.edge_on_view(phi, lo, hi)
+            ax.view_init(elev=14, azim=azim + 28)
+            from matplotlib.ticker import MaxNLocator
+
+            for axis in (ax.xaxis, ax.yaxis, ax.zaxis):
+                axis.set_major_locator(MaxNLocator(3))
+            ax.tick_params(pad=-3, labelsize=6)
+            ax.set_xlabel("$z_1$", labelpad=-9)
+            ax.set_ylabel("$z_2$", labelpad=-9)
+            ax.set_zlabel("$z_3$", labelpad=-9)
+        fig.text(xs[j] + 0.13, 0.9, r["label"], ha="center", va="bottom", fontsize=7)
+        fig.text(xs[j] - 0.045, 0.9, f"({'abc'[j]})", ha="left", va="bottom",
+                 fontweight="bold")
+        # bottom row: levels against t
+        ax = fig.add_axes([xs[j], 0.075, 0.26, 0.29])
+        p, ts = r["p"], r["ts"]
+        ax.plot(ts, p, color="0.55", lw=0.5)
+        ax.plot(ts, p.max(axis=1), color="C0", lw=1.1, label=r"$\max_j$ (never increases)")
+        ax.plot(ts, p.min(axis=1), color="C1", lw=1.1, label=r"$\min_j$ (never decreases)")
+        for c, nm in ((a, "a"), (0.0, "0"), (b, "b")):
+            ax.axhline(c, color="C3", lw=0.7, ls="--" if c else ":")
+            ax.text(ts[-1] * 1.015, c, f"${nm}$", color="C3", va="center", fontsize=7)
+        ax.set_xlim(ts[0], ts[-1] * 1.07)
+        ax.set_xlabel("$t$", labelpad=1)
+        if j == 0:
+            ax.set_ylabel(r"$\varphi_1^*(z_i(t))$")
+            ax.legend(loc="center right", bbox_to_anchor=(0.93, 0.58), fontsize=5.5,
+                      frameon=False, borderaxespad=0.1, handlelength=1.2)
+        counts = {nm: int(np.sum(np.abs(p[-1] - c) <= 1e-3 * max(abs(a), abs(b))))
+                  for c, nm in ((a, "a"), (0.0, "0"), (b, "b"))}
+        ax.set_title(f"tokens at $a$, 0, $b$: {counts['a']}, {counts['0']}, {counts['b']}",
+                     fontsize=7, pad=2)
+        ax.text(0.9, 0.3, f"observed: {r['obs']['label']}", transform=ax.transAxes,
+                ha="right", va="center", fontsize=6, color="0.25")
+        H.panel_label(ax, "def"[j])
+        runs[j]["tokens_at_a_0_b"] = counts
+    fig.text(0.5, 0.995, r"Hyperplanes: $\lambda_1$ real, positive, simple $\Rightarrow$ "
+             r"every $z_i$ approaches $\{\varphi_1^*=a\}$, $\{\varphi_1^*=0\}$ or "
+             r"$\{\varphi_1^*=b\}$", ha="center", va="top", fontsize=9)
+    fig.text(0.5, 0.955, r"the authors' value matrices; $\varphi_1^*$ the left eigenvector; "
+             r"$a,b$ = min, max of $\varphi_1^*(z_i(T))$; $n=20$, $[-5,5]^d$, $Q=K=I$, "
+             r"Euler $dt=0.1$, $T=12$", ha="center", va="top", fontsize=7, color="0.3")
+    figures = H.save(fig, out_dir, NAME, quick)
+
+    frames = 6 if quick else 48
+    movies = []
+    for r, case in ((res[0], "hyperplanes"), (res[1], "hyperplanes-3d")):
+        info = AP.animate(r["traj"], out_dir / "movies" / f"{case}.gif", frames=frames,
+                          dpi=70 if quick else 90, draw="levels",
+                          title=AP.MOVIE_CASES[case]["title"])
+        movies.append(info["path"])
+    jpath = H.write_sidecar(
+        out_dir, NAME, script="experiments/fig_hyperplanes.py", quick=quick, runs=runs,
+        figures=figures + movies, t_start=t_start, movies=movies,
+        theorem="[E] lambda_1 real, > 0, simple, <Q phi_1, K phi_1> > 0: at most three "
+                "parallel hyperplanes {phi_1^*(z) = c}, c in {a, 0, b}.")
+    return {"figures": figures + [Path(m) for m in movies], "json": jpath,
+            "observed": {r["name"]: r["observed"]["label"] for r in runs}}
+
+
+if __name__ == "__main__":
+    H.main(make, __doc__)
