@@ -1,0 +1,205 @@
+"""Figure 7 -- the authors' 128-token, 128-dimension experiment (T = 15).
+
+V = attnflow.matrices.paper_128(seed): symmetric, sparse random, every eigenvalue of
+modulus <= 1 pushed to +-U(1, 2); spectrum in [-2.81, -1.01] and [1.00, 2.69] plus one
+Perron eigenvalue 6.86 (seed 0). n = d = 128 tokens uniform in [-0.5, 0.5]^128, Q = K = I,
+the discrete transformer (Euler, dt = 0.1, 150 layers), rescaled frame, float64 (float32
+overflows). The coordinates plotted are those of z_i along V's orthonormal eigenvectors.
+
+What the simulation shows (and why). Along an eigenvector with eigenvalue mu the
+rescaled dynamics read dc_i/dt = mu (sum_j P_ij c_j - c_i) (per layer: c_i += dt mu /
+(1 + dt mu) (P c - c)_i). By t ~ 2 the attention is Boolean: every token attends to one
+of two leaders. Then
+  * mu < 0: c_i moves AWAY from its leader's value, |c_i - c_L| grows like
+    (1 + dt mu)^{-k} ~ e^{|mu| t}: the negative-eigenvalue coordinates DIVERGE (to ~1e20
+    at T = 15 here);
+  * mu > 0: c_i -> c_L: the positive-eigenvalue coordinates FREEZE at their leader's value;
+  * the leading coordinate (mu = 6.86) CONVERGES to the two leaders' values.
+So the signs are the other way round from the text of REFERENCES.md / the issue
+("positive diverge, negative freeze"). Panel (d) shows a way to get that wrong: projecting
+the standard-basis z (traj.z) onto the eigenvectors mixes the diverging coordinates'
+rounding (~1e20 * 1e-16) into the positive ones, which then look as if they diverged too.
+The coordinates here are read from the solver's own modal state (the rescaled frame is
+integrated in V's eigenbasis), which keeps every mode to its own precision.
+Also: past t ~ 7 float64 cannot tell a follower's logit from its leader's (they differ by
+a relative e^{-6.86 t}), and rows spread evenly over the tied group (see the sidecar).
+
+Panels: (a) mean +- std over tokens of representative coordinates (symlog), as the
+authors plotted; (b) speed max_i |c_i(t + dt) - c_i(t)| / dt of every coordinate (log),
+coloured by mu; (c) the leading coordinate of every token; (d) spread over tokens at T
+against mu: modal state vs projection of traj.z. The runtime is printed and stored.
+
+Run:  python experiments/fig_paper128.py [--quick] [--out figures]
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _plotting as H  # noqa: E402
+
+NAME = "fig_paper128"
+SEED, T, DT, SCALE = 0, 15.0, 0.1, 0.5
+
+
+def modal_coordinates(traj) -> tuple[np.ndarray, np.ndarray, str]:
+    """``(c, mu, source)``: token coordinates ``(m, n, d)`` along V's eigenvectors, the
+    eigenvalues ``mu`` (column order) and where they came from.
+
+    The solver integrates the rescaled frame in V's real modal basis (``traj.coords ==
+    "modal"``); that state is read directly (there is no public accessor yet: this uses
+    ``traj._y``). Otherwise the coordinates are projected from ``traj.z``.
+    """
+    prop = traj.model.propagator
+    mu = np.asarray(prop.mu_re, np.float64)
+    if traj.coords == "modal" and traj.frame == "rescaled" and prop.method == "eigh":
+        return np.asarray(traj._y[0], np.float64), mu, "solver modal state (traj._y)"
+    T = np.asarray(prop.T, np.float64)
+    return np.asarray(traj.z, np.float64) @ np.linalg.inv(T).T, mu, "projection of traj.z"
+
+
+def make(out_dir: Path, quick: bool = False) -> dict:
+    """Run the experiment (printing its runtime), draw, write PNG/PDF/JSON."""
+    plt = H.setup(quick)
+    import attnflow.plotting as AP
+    from attnflow.matrices import paper_128
+
+    t_start = time.perf_counter()
+    out_dir = Path(out_dir)
+    d = 48 if quick else 128
+    V = paper_128(SEED, d=d)
+    traj, params = AP.simulate_tokens(V, n=d, seed=SEED, t1=T, dt=DT, scale=SCALE)
+    traj.raise_for_status()
+    first = params["seconds"]
+    # again, compiled: the run alone
+    t0 = time.perf_counter()
+    _again, _ = AP.simulate_tokens(V, n=d, seed=SEED, t1=T, dt=DT, scale=SCALE)
+    np.asarray(_again.z)
+    run_only = time.perf_counter() - t0
+    del _again
+    print(f"paper 128: n = d = {d}, {int(round(T / DT))} Euler layers, float64: "
+          f"{first:.2f} s including JIT compilation, {run_only:.2f} s compiled run",
+          flush=True)
+
+    c, mu, source = modal_coordinates(traj)
+    ts = np.asarray(traj.ts)
+    order = np.argsort(mu)
+    c, mu = c[:, :, order], mu[order]
+    lead = d - 1
+    # (d) the same coordinates projected from the standard-basis z
+    prop = traj.model.propagator
+    Tm = np.asarray(prop.T, np.float64)[:, order]
+    c_proj = np.asarray(traj.z, np.float64) @ Tm   # T orthogonal (V symmetric)
+    std_T = c[-1].std(axis=0)
+    std_T_proj = c_proj[-1].std(axis=0)
+    speed = np.abs(np.diff(c, axis=0)).max(axis=1) / np.diff(ts)[:, None]  # (m-1, d)
+    # attention: Boolean to leaders, then float64 ties
+    picks = np.unique(np.rint(np.linspace(0, len(ts) - 1, 16)).astype(int))
+    rowmax_min, n_leaders = [], []
+    for k in picks:
+        P = np.asarray(traj.attention(int(k)))
+        rowmax_min.append(float(P.max(axis=1).min()))
+        n_leaders.append(int(len(np.unique(P.argmax(axis=1)))))
+    boolean_at = [float(ts[k]) for k, r in zip(picks, rowmax_min) if r > 1 - 1e-12]
+    leaders_final = np.unique(np.round(c[-1, :, lead], 9))
+    neg = mu < 0
+    pos = (mu > 0) & (np.arange(d) != lead)
+    params.update(
+        name="paper-128", V="attnflow.matrices.paper_128(seed=0" + (", d=48)" if quick else ")"),
+        V_eigenvalues=mu, seconds_first_call_with_compile=round(first, 3),
+        seconds_compiled_run=round(run_only, 3), coordinates_from=source,
+        std_over_tokens_at_T=std_T, std_over_tokens_at_T_projected_from_z=std_T_proj,
+        negative_modes_std_at_T_range=[float(std_T[neg].min()), float(std_T[neg].max())],
+        positive_modes_std_at_T_range=[float(std_T[pos].min()), float(std_T[pos].max())],
+        positive_modes_final_speed_max=float(speed[-1, pos].max()),
+        negative_modes_final_speed_min=float(speed[-1, neg].min()),
+        leading_coordinate_final_values=leaders_final,
+        attention_check={"t": ts[picks], "min_row_max": rowmax_min,
+                         "distinct_argmax": n_leaders, "boolean_at_t": boolean_at},
+        finding=("negative-eigenvalue coordinates diverge, positive ones freeze at their "
+                 "leader's value, the leading one converges to the two leaders' values; "
+                 "the opposite of the sign stated in REFERENCES.md / the issue. "
+                 "Projecting traj.z (standard basis) onto the eigenvectors swamps the "
+                 "positive coordinates with the rounding of the diverging ones."),
+    )
+
+    fig = plt.figure(figsize=(6.5, 4.9))
+    cmap = plt.get_cmap("coolwarm")
+    norm = plt.Normalize(-mu[:-1].max(), mu[:-1].max())
+    # (a) bands
+    ax = fig.add_axes([0.08, 0.55, 0.38, 0.33])
+    reps = [0, int(np.flatnonzero(neg)[-1]), int(np.flatnonzero(pos)[0]), lead - 1, lead]
+    for j in reps:
+        m, s = c[:, :, j].mean(axis=1), c[:, :, j].std(axis=1)
+        col = "k" if j == lead else cmap(norm(mu[j]))
+        ax.plot(ts, m, color=col, lw=1.0, label=rf"$\mu={mu[j]:.2f}$")
+        ax.fill_between(ts, m - s, m + s, color=col, alpha=0.15, lw=0)
+    ax.set_yscale("symlog", linthresh=1.0, linscale=2.0)
+    ax.set_yticks([-1e20, -1e10, 0, 1e10, 1e20])
+    ax.set_xlabel("$t$", labelpad=1)
+    ax.set_ylabel("coordinate along eigenvector\n(mean $\\pm$ std over tokens)")
+    ax.legend(fontsize=5.5, ncol=2, loc="upper left", frameon=False, borderaxespad=0.1,
+              handlelength=1.2, columnspacing=0.8)
+    ax.set_title("negative $\\mu$ diverge, positive freeze, leading converges", pad=3,
+                 fontsize=7)
+    H.panel_label(ax, "a", x=-0.14)
+    # (b) speed of every coordinate
+    ax = fig.add_axes([0.58, 0.55, 0.34, 0.33])
+    for j in range(d):
+        col = "k" if j == lead else cmap(norm(mu[j]))
+        ax.semilogy(ts[1:], speed[:, j], color=col, lw=0.5 if j != lead else 1.2,
+                    alpha=0.8)
+    ax.set_ylim(max(speed[speed > 0].min(), 1e-18), speed.max() * 5)
+    ax.set_xlabel("$t$", labelpad=1)
+    ax.set_ylabel(r"speed $\max_i|\Delta c_i|/\Delta t$")
+    ax.set_title("every coordinate (black: leading)", pad=3, fontsize=7)
+    sm = plt.cm.ScalarMappable(norm=norm, cmap=cmap)
+    cax = fig.add_axes([0.93, 0.55, 0.012, 0.33])
+    cb = fig.colorbar(sm, cax=cax)
+    cb.ax.set_title(r"$\mu$", fontsize=7, pad=2)
+    cb.ax.tick_params(labelsize=6)
+    H.panel_label(ax, "b", x=-0.16)
+    # (c) leading coordinate of every token
+    ax = fig.add_axes([0.08, 0.08, 0.38, 0.33])
+    ax.plot(ts, c[:, :, lead], color="0.3", lw=0.4, alpha=0.7)
+    ax.set_xlabel("$t$", labelpad=1)
+    ax.set_ylabel(rf"leading coordinate ($\mu={mu[lead]:.2f}$)")
+    ax.set_title(f"converges to {len(leaders_final)} values (the two leaders')" if
+                 len(leaders_final) == 2 else f"converges to {len(leaders_final)} values",
+                 pad=3, fontsize=7)
+    H.panel_label(ax, "c", x=-0.14)
+    # (d) spread at T against mu
+    ax = fig.add_axes([0.58, 0.08, 0.4, 0.33])
+    ax.semilogy(mu, std_T_proj, "x", color="0.6", ms=3.5, mew=0.7,
+                label="projecting traj.z (rounding artefact)")
+    ax.semilogy(mu, std_T, "o", color="C3", ms=2.5,
+                label="solver's modal state (correct)")
+    ax.set_xlabel(r"eigenvalue $\mu$", labelpad=1)
+    ax.set_ylabel(f"std over tokens at $T={T:g}$")
+    ax.legend(fontsize=5.5, loc="center right", frameon=False)
+    ax.set_title("all coordinates at $T$", pad=3, fontsize=7)
+    H.panel_label(ax, "d", x=-0.14)
+    fig.text(0.5, 0.995, rf"The authors' $n=d={d}$ experiment ($T=15$): negative-$\mu$ "
+             r"coordinates diverge, positive freeze, the leading one converges",
+             ha="center", va="top", fontsize=9)
+    fig.text(0.5, 0.953, rf"$V$ = paper_128(seed 0), $x_0$ uniform in $[-0.5,0.5]^{{{d}}}$, "
+             rf"$Q=K=I$, Euler $dt=0.1$ (150 layers), float64; runtime {first:.1f} s "
+             rf"({run_only:.2f} s once compiled)",
+             ha="center", va="top", fontsize=7, color="0.3")
+    figures = H.save(fig, out_dir, NAME, quick)
+    params["V"] = V.tolist()
+    jpath = H.write_sidecar(out_dir, NAME, script="experiments/fig_paper128.py",
+                            quick=quick, runs=[params], figures=figures, t_start=t_start,
+                            runtime_simulation_seconds={"first_call_with_compile": first,
+                                                        "compiled_run": run_only})
+    return {"figures": figures, "json": jpath, "runtime_seconds": first,
+            "compiled_run_seconds": run_only}
+
+
+if __name__ == "__main__":
+    H.main(make, __doc__)
