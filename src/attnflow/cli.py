@@ -417,6 +417,53 @@ def classify(
             typer.echo(f"agree:     {'yes' if agree else 'no'}")
 
 
+# ------------------------------------------------------------ animate (issue 6)
+@app.command()
+def animate(
+    case: str = typer.Option("polytope", "--case", help="polytope | polytope-3d | "
+                             "hyperplanes | hyperplanes-3d | origin"),
+    out: Optional[Path] = typer.Option(None, "--out", help="the .gif to write (default "
+                                       "figures/movies/CASE.gif)"),
+    n: int = typer.Option(20, "--n", help="number of tokens"),
+    t1: Optional[float] = typer.Option(None, "--t1", help="final time (default: the "
+                                       "case's, 12 or 30; a multiple of --dt)"),
+    dt: float = typer.Option(0.1, "--dt", help="layer step (forward Euler, the discrete "
+                             "transformer, as in the authors' movies)"),
+    seed: int = typer.Option(0, "--seed", help="seed of the tokens, uniform in [-5, 5]^d"),
+    frames: int = typer.Option(48, "--frames", help="number of frames (denser early)"),
+    fps: int = typer.Option(12, "--fps", help="frames per second"),
+    dpi: int = typer.Option(90, "--dpi", help="resolution (4 x 4 inches)"),
+    x64: bool = typer.Option(True, "--x64/--no-x64", help="compute in float64"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+):
+    """Write a GIF movie of the tokens moving (matplotlib + Pillow; no ffmpeg needed):
+    the rescaled frame with the current convex hull (polytope) or the lines/planes
+    {phi_1^*(z) in {min, 0, max}} (hyperplanes); the original frame for origin.
+    Example: attnflow animate --case hyperplanes --out figures/movies/hyperplanes.gif
+    """
+    setup_jax(x64)
+    from .plotting import MOVIE_CASES, movie
+
+    if case not in MOVIE_CASES:
+        raise CLIError(f"--case must be one of {', '.join(MOVIE_CASES)}; got {case!r}.")
+    if n < 1:
+        raise CLIError(f"--n must be at least 1; got {n}.")
+    if frames < 2:
+        raise CLIError(f"--frames must be at least 2; got {frames}.")
+    if fps < 1 or dpi < 10:
+        raise CLIError("--fps must be >= 1 and --dpi >= 10.")
+    path = out if out is not None else Path("figures") / "movies" / f"{case}.gif"
+    if path.suffix.lower() != ".gif":
+        raise CLIError(f"--out must be a .gif file; got {str(path)!r}.")
+    info = movie(case, path, n=n, seed=seed, t1=t1, dt=dt, frames=frames, fps=fps, dpi=dpi)
+    if as_json:
+        emit_json(info)
+        return
+    typer.echo(f"{info['path']}: {info['frames']} frames at {info['fps']} fps, "
+               f"{info['bytes'] / 1e3:.0f} kB ({info['seconds']} s to draw); "
+               f"status {info['params']['status']}")
+
+
 @app.command()
 def figures(
     out: Path = typer.Option(Path("figures"), "--out", help="output folder"),
