@@ -8,6 +8,7 @@ __version__ = "0.1.0"
 from . import matrices
 from .dispersion import DispersionReport, dispersion, dispersion_scan
 from .ginibre import GinibreEstimate, ginibre_fraction
+from .heads import HeadsAnalysis, analyze_heads  # safetensors/tokenizers load lazily
 from .kernels import KERNELS
 from .model import Attention
 from .propagator import Propagator
@@ -19,6 +20,7 @@ from .trajectory import SimulationError, Trajectory
 __all__ = [
     "DispersionReport", "dispersion", "dispersion_scan",
     "GinibreEstimate", "ginibre_fraction",
+    "HeadsAnalysis", "analyze_heads",
     "Attention",
     "KERNELS",
     "Observation",

