@@ -519,6 +519,106 @@ def heads(
                        f"{r.t1:6.3g}  observed: {obs}")
 
 
+# ---------------------------------------------------------- dispersion (issue 8)
+def dispersion_tokens(kind: str, n: int, d: int, rng) -> np.ndarray:
+    """``n`` tokens for ``attnflow dispersion``: on the unit sphere, in the cube, normal,
+    or a .npy/.txt file (its first ``n`` rows)."""
+    if kind == "sphere":
+        x = rng.normal(size=(n, d))
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+    if kind == "uniform":
+        return rng.uniform(-1.0, 1.0, size=(n, d))
+    if kind == "normal":
+        return rng.normal(size=(n, d))
+    x = initial_tokens(kind, n, d, 0, 1.0)
+    if x.ndim != 2 or x.shape[0] < n or x.shape[1] != d:
+        raise CLIError(f"--tokens file holds shape {x.shape}; need at least ({n}, {d}).")
+    return x[:n]
+
+
+@app.command()
+def dispersion(
+    kernels: str = typer.Option(",".join(("softmax", "qknorm", "ssmax", "sigmoid",
+                                          "adaptive")), "--kernels",
+                                help="comma list of attention kernels"),
+    n: str = typer.Option("16,64,256,...,16384", "--n", help="numbers of tokens: a comma "
+                          "list; '16,64,256,...,16384' continues a progression"),
+    d: int = typer.Option(8, "--d", help="token dimension"),
+    beta: float = typer.Option(2.5, "--beta", help="inverse temperature"),
+    qknorm_beta: Optional[float] = typer.Option(None, "--qknorm-beta",
+                                                help="beta for qknorm (default --beta)"),
+    s: float = typer.Option(1.0, "--s", help="ssmax parameter: softmax(s log(n) L)"),
+    queries: int = typer.Option(16, "--queries", help="query rows (the first tokens) "
+                                "against all n keys"),
+    sink: int = typer.Option(1, "--sink", help="sink tokens (the first ones) for the "
+                             "sink mass"),
+    Q: str = typer.Option("random", "--Q", help="'random' (iid N(0, 1/d) from --seed) or "
+                          "a matrix name/file"),
+    K: str = typer.Option("random", "--K", help="'random' or a matrix name/file"),
+    tokens: str = typer.Option("sphere", "--tokens", help="sphere | uniform | normal | a "
+                               ".npy/.txt file"),
+    seed: int = typer.Option(1, "--seed", help="seed (Q, K, then tokens from one stream)"),
+    x64: bool = typer.Option(False, "--x64", help="compute in float64"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+):
+    """Softmax dispersion against n: for each kernel and n, the largest attention
+    coefficient of the query rows and the bounds 1/(1 + (n-1) e^{-delta}) <= e^{delta}/n
+    of Velickovic et al. (delta = the largest per-row logit spread; the bounds hold for
+    softmax and qknorm, and ssmax, adaptive and sigmoid may exceed them), the mean
+    normalised entropy and the mean sink mass. Keys are the first n of one fixed token
+    stream. Example (figure 1 of experiments/fig_dispersion.py, softmax column):
+    attnflow dispersion --n 16,32,64,...,16384 --s 0.3607 --x64"""
+    setup_jax(x64)
+    import attnflow as af
+    from .ginibre import parse_dims
+    from .matrices import load
+
+    names = [k.strip() for k in kernels.split(",") if k.strip()]
+    bad = [k for k in names if k not in af.KERNELS]
+    if not names or bad:
+        raise CLIError(f"--kernels must be a comma list of {', '.join(af.KERNELS)}; "
+                       f"got {kernels!r}.")
+    try:
+        ns = parse_dims(n)
+    except ValueError as exc:
+        raise CLIError(str(exc).replace("--d", "--n")) from None
+    if d < 1:
+        raise CLIError(f"--d must be >= 1; got {d}.")
+    if queries < 1:
+        raise CLIError(f"--queries must be >= 1; got {queries}.")
+    if not 0 <= sink <= min(ns):
+        raise CLIError(f"--sink must be in [0, smallest n = {min(ns)}]; got {sink}.")
+    rng = np.random.default_rng(seed)
+    Qm = rng.normal(size=(d, d)) / np.sqrt(d) if Q == "random" else load(Q, d, seed + 1)
+    Km = rng.normal(size=(d, d)) / np.sqrt(d) if K == "random" else load(K, d, seed + 2)
+    x = dispersion_tokens(tokens, max(ns), d, rng)
+    params = {"ssmax": {"s": s}}
+    out_rows, results = [], {}
+    for kern in names:
+        b = qknorm_beta if (kern == "qknorm" and qknorm_beta is not None) else beta
+        scan = af.dispersion_scan(Qm, Km, x, ns, kernels=[kern], beta=b, queries=queries,
+                                  kernel_params=params, sink=sink)
+        results[kern] = dict(scan["results"][kern], beta=b)
+        out_rows += scan["rows"]
+    result = {"kernels": names, "n": ns, "queries": queries, "beta": beta,
+              "qknorm_beta": qknorm_beta if qknorm_beta is not None else beta,
+              "kernel_params": {"ssmax": {"s": s}}, "sink": sink, "results": results,
+              "rows": out_rows,
+              "parameters": {"d": d, "Q": Q, "K": K, "tokens": tokens, "seed": seed,
+                             "x64": x64}}
+    if as_json:
+        emit_json(result)
+        return
+    typer.echo(f"{'kernel':>9} {'n':>7} {'max':>10} {'bound_tight':>12} {'bound_loose':>12} "
+               f"{'delta':>8} {'H/log n':>8} {'sink mass':>10}")
+    for r in out_rows:
+        typer.echo(f"{r['kernel']:>9} {r['n']:7d} {r['max']:10.4g} {r['bound_tight']:12.4g} "
+                   f"{r['bound_loose']:12.4g} {r['delta']:8.4g} "
+                   f"{r['entropy_normalized']:8.4g} {r['sink_mass']:10.4g}")
+    typer.echo(f"max: largest coefficient over the first {queries} query rows; bounds: the "
+               f"largest per-row bound (softmax and qknorm stay below it).")
+
+
 @app.command()
 def figures(
     out: Path = typer.Option(Path("figures"), "--out", help="output folder"),
