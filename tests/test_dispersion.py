@@ -287,3 +287,69 @@ def test_dispersion_scan_table():
     assert res["results"]["qknorm"]["delta"][-1] <= 2 * 2.0 * 3
     with pytest.raises(ValueError, match="ns"):
         af.dispersion_scan(np.eye(3), np.eye(3), x, [1024])
+
+
+# --------------------------------------------------------------------------- CLI
+def _run(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "attnflow", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_dispersion_json_matches_the_library():
+    import json
+
+    p = _run("dispersion", "--n", "16,64", "--kernels", "softmax,ssmax", "--d", "3",
+             "--queries", "8", "--s", "0.5", "--x64", "--json")
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)  # exactly one JSON object on stdout
+    assert res["n"] == [16, 64] and res["kernels"] == ["softmax", "ssmax"]
+    assert len(res["rows"]) == 4
+    rng = np.random.default_rng(1)
+    Q = rng.normal(size=(3, 3)) / np.sqrt(3)
+    Kk = rng.normal(size=(3, 3)) / np.sqrt(3)
+    x = rng.normal(size=(64, 3))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    want = af.dispersion_scan(Q, Kk, x, [16, 64], kernels=["softmax", "ssmax"], beta=2.5,
+                              queries=8, kernel_params={"ssmax": {"s": 0.5}})
+    for kern in ("softmax", "ssmax"):
+        for f in ("max", "bound_tight", "bound_loose", "delta", "sink_mass"):
+            np.testing.assert_allclose(res["results"][kern][f], want["results"][kern][f],
+                                       rtol=1e-12)
+    r = res["results"]["softmax"]
+    assert all(m <= b for m, b in zip(r["max"], r["bound_tight"]))
+
+
+@pytest.mark.parametrize("args,word", [
+    (("--kernels", "flash"), "--kernels"),
+    (("--n", "16,32,...,100"), "--n"),
+    (("--sink", "40", "--n", "16,32"), "--sink"),
+    (("--s", "0"), "s"),
+])
+def test_cli_dispersion_errors_are_one_line(args, word):
+    p = _run("dispersion", *args)
+    assert p.returncode == 2
+    assert p.stdout == ""
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and word in lines[0]
+
+
+@pytest.mark.slow
+def test_fig_dispersion_quick(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "fig_dispersion.py"
+    spec = importlib.util.spec_from_file_location("fig_dispersion", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    res = mod.make(tmp_path, quick=True)
+    assert len(res["figures"]) == 6 and all(Path(p).stat().st_size > 0 for p in res["figures"])
+    side = json.loads(Path(res["json"]).read_text())
+    assert side["quick"] is True and "versions" in side and "parameters" in side
+    for kern in ("softmax", "qknorm"):
+        r = side["results"]["max"]["kernels"][kern]
+        assert all(m <= b * (1 + 1e-12) for m, b in zip(r["max"], r["bound_tight"]))
