@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 NAME = "fig_leaders"
+PNG_DPI = 200
 
 # Hyperplane-case value matrices of the clustering paper (also attnflow.matrices.PAPER).
 V_PAPER_2D = [[0.64709742, 0.81911926], [0.61210449, 0.63263484]]
@@ -68,7 +69,7 @@ def _cases(quick: bool) -> list[dict]:
 SOLVER = dict(method="adaptive", rtol=1e-9, atol=1e-10, frame="rescaled")
 # --quick (a smoke test, seconds): the discrete transformer, Euler layers of dt = 0.05,
 # which compiles much faster; its rates are log(1 + lambda dt)/dt, not lambda.
-SOLVER_QUICK = dict(method="euler", dt=0.05, frame="rescaled")
+SOLVER_QUICK = dict(method="euler", dt=0.1, frame="rescaled")
 # The deep window for the asymptotic slope: D <= 1e-30, logit-based values to the end.
 DEEP = dict(fit_max=1e-30, fit_min=0.0)
 
@@ -303,7 +304,7 @@ def _save(fig, out_dir: Path, stem: str, plt) -> list[Path]:
     paths = []
     for ext in ("png", "pdf"):
         p = out_dir / f"{stem}.{ext}"
-        fig.savefig(p, dpi=200 if ext == "png" else None)
+        fig.savefig(p, dpi=PNG_DPI if ext == "png" else None)
         paths.append(p)
     plt.close(fig)
     return paths
@@ -427,6 +428,8 @@ def make(out_dir: Path, quick: bool = False) -> dict:
 
     from attnflow.trajectory import run_metadata
 
+    global PNG_DPI
+    PNG_DPI = 100 if quick else 200
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
