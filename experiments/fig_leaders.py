@@ -67,7 +67,7 @@ def _cases(quick: bool) -> list[dict]:
 
 # Solver settings: tight tolerances so that follower-leader gaps stay resolved to the end.
 SOLVER = dict(method="adaptive", rtol=1e-9, atol=1e-10, frame="rescaled")
-# --quick (a smoke test, seconds): the discrete transformer, Euler layers of dt = 0.05,
+# --quick (a smoke test, seconds): the discrete transformer, Euler layers of dt = 0.1,
 # which compiles much faster; its rates are log(1 + lambda dt)/dt, not lambda.
 SOLVER_QUICK = dict(method="euler", dt=0.1, frame="rescaled")
 # The deep window for the asymptotic slope: D <= 1e-30, logit-based values to the end.
@@ -408,7 +408,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     Args:
         out_dir: directory for the PNG/PDF files and the JSON sidecar (created).
         quick: a small version for tests, in seconds: 3 cases, 2 seeds, 10 tokens, and
-            the discrete transformer (Euler layers, dt = 0.05) instead of the adaptive
+            the discrete transformer (Euler layers, dt = 0.1) instead of the adaptive
             solver (so its rates are log(1 + lambda dt)/dt).
 
     Returns:
