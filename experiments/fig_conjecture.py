@@ -140,7 +140,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         status_of_claim="CONJECTURE, not a theorem: codimension-k subspaces for k "
                         "eigenvalues of positive real part. Proved here: the hyperplane "
                         "theorem (codimension 1).")
-    return {"figures": figures, "json": jpath, "observed": obs.label}
+    return {"figures": figures, "json": str(jpath), "observed": obs.label}
 
 
 if __name__ == "__main__":

@@ -148,7 +148,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         figures=figures + movies, t_start=t_start, movies=movies,
         theorem="[E] lambda_1 real, > 0, simple, <Q phi_1, K phi_1> > 0: at most three "
                 "parallel hyperplanes {phi_1^*(z) = c}, c in {a, 0, b}.")
-    return {"figures": figures + [Path(m) for m in movies], "json": jpath,
+    return {"figures": figures + [Path(m) for m in movies], "json": str(jpath),
             "observed": {r["name"]: r["observed"]["label"] for r in runs}}
 
 

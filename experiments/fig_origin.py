@@ -141,7 +141,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         out_dir, NAME, script="experiments/fig_origin.py", quick=quick, runs=runs,
         figures=figures, t_start=t_start,
         theorem="[E] V = -I, Q^T K = I: every x_i (original frame) tends to 0.")
-    return {"figures": figures, "json": jpath,
+    return {"figures": figures, "json": str(jpath),
             "observed": {r["name"]: r["observed"]["label"] for r in runs}}
 
 

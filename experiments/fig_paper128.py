@@ -197,7 +197,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
                             quick=quick, runs=[params], figures=figures, t_start=t_start,
                             runtime_simulation_seconds={"first_call_with_compile": first,
                                                         "compiled_run": run_only})
-    return {"figures": figures, "json": jpath, "runtime_seconds": first,
+    return {"figures": figures, "json": str(jpath), "runtime_seconds": first,
             "compiled_run_seconds": run_only}
 
 

@@ -196,7 +196,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     jpath = H.write_sidecar(out_dir, NAME, script="experiments/fig_phase_diagram.py",
                             quick=quick, runs=runs, figures=figures, t_start=t_start,
                             summary=summary)
-    return {"figures": figures, "json": jpath, "summary": summary}
+    return {"figures": figures, "json": str(jpath), "summary": summary}
 
 
 if __name__ == "__main__":

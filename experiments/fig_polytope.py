@@ -121,7 +121,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         movies=movies,
         theorem="[E] V = I, Q^T K positive definite: hull non-increasing, converges to a "
                 "polytope K; every z_i tends to 0 or to the boundary of K.")
-    return {"figures": figures + [Path(m) for m in movies], "json": jpath,
+    return {"figures": figures + [Path(m) for m in movies], "json": str(jpath),
             "observed": {r["name"]: r["observed"]["label"] for r in runs}}
 
 

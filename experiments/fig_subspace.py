@@ -123,7 +123,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         figures=figures, t_start=t_start,
         theorem="[E] paranormal V, Q^T K positive definite: z_i -> (boundary of a "
                 "polytope in F, or 0) x G.")
-    return {"figures": figures, "json": jpath, "observed": obs.label}
+    return {"figures": figures, "json": str(jpath), "observed": obs.label}
 
 
 if __name__ == "__main__":
