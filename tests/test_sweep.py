@@ -284,3 +284,22 @@ def test_map_devices_checks_batches():
         S.map_devices(_heavy, np.zeros((3, 2, 2)), np.zeros((4, 2)))
     with pytest.raises(ValueError, match="leading batch"):
         S.map_devices(_heavy, np.zeros((0, 2, 2)))
+
+
+def test_blas_threads_is_local_and_restored():
+    setters = S._openblas_thread_setters()
+    if not setters:
+        pytest.skip("no OpenBLAS with openblas_set_num_threads_local loaded")
+    fn = setters[0]
+
+    def current():
+        v = fn(3)
+        fn(v)
+        return v
+
+    before = current()
+    with S.blas_threads(1):
+        assert current() == 1
+    assert current() == before
+    with S.blas_threads(None):
+        assert current() == before

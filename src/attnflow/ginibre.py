@@ -45,7 +45,10 @@ The default backend is numpy: ``numpy.linalg.eigvals`` on stacked batches (one C
 ``geev`` calls, no Python per matrix), with generation and bookkeeping vectorised; its
 per-matrix time is within a few percent of a plain loop of ``numpy.linalg.eigvals`` at
 large d and far below it at small d (where the loop is Python overhead). Parallelism is
-a pool of worker processes (``workers``), one BLAS thread each: measured on this
+a pool of worker processes (``workers``), one BLAS thread each (and one in this process,
+``sweep.blas_threads(1)``: OpenBLAS's spinning threads made ``geev`` up to 40 times
+slower on a busy machine, and one thread everywhere keeps the rounding identical
+wherever a sample is computed): measured on this
 project's machine (JAX 0.10, 2 cores), forced host devices
 (``--xla_force_host_platform_device_count``) executed one after the other, so JAX
 sharding gave no speed-up for this study, while processes scale with the cores; and

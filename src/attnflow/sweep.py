@@ -27,14 +27,16 @@ concatenated; the chunking does not change the numbers.
 
 Parallelism. ``workers > 1`` runs shards (or chunks) concurrently in a pool of spawned
 worker processes, each with one BLAS/OpenMP thread (``OPENBLAS_NUM_THREADS=1`` etc.), so
-that ``workers`` processes use ``workers`` cores without oversubscription. This is the
+that ``workers`` processes use ``workers`` cores without oversubscription. Kernel calls
+in this process run with one OpenBLAS thread as well (``blas_threads(1)``), so the
+rounding is the same wherever a sample is computed. This is the
 right "device" for host LAPACK work (non-symmetric eigenvalues have no accelerator
 implementation in JAX). Kernels that compute with JAX should instead call
 ``map_devices``, which shards a batch over all local JAX devices (padded to the device
 count) and returns the unpadded result.
 
 Public names: ``Sweep``, ``SweepData``, ``RunReport``, ``compute``, ``run``, ``merge``,
-``read_manifest``, ``rng``, ``Substreams``, ``map_devices``, ``sample_key``, ``parse_shard``,
+``read_manifest``, ``rng``, ``Substreams``, ``map_devices``, ``blas_threads``, ``sample_key``, ``parse_shard``,
 ``shard_slice``.
 """
 
@@ -66,6 +68,7 @@ __all__ = [
     "rng",
     "Substreams",
     "map_devices",
+    "blas_threads",
     "sample_key",
     "parse_shard",
     "shard_slice",
@@ -306,6 +309,55 @@ class RunReport:
                 "missing": self.missing, "seconds": self.seconds}
 
 
+# ------------------------------------------------------------------ BLAS threads
+_BLAS_SETTERS: dict[str, Any] = {}
+
+
+def _openblas_thread_setters() -> list:
+    """``openblas_set_num_threads_local`` of every OpenBLAS loaded in this process
+    (numpy's, scipy's, ...), found through /proc/self/maps; [] where unavailable."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {ln.split()[-1] for ln in f if "openblas" in ln.lower()}
+    except OSError:  # not Linux
+        return []
+    for p in sorted(paths):
+        if p in _BLAS_SETTERS or not p.startswith("/"):
+            continue
+        fn = None
+        with contextlib.suppress(OSError, AttributeError):
+            fn = ctypes.CDLL(p).openblas_set_num_threads_local  # OpenBLAS >= 0.3.27
+            fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int]
+        _BLAS_SETTERS[p] = fn
+    return [fn for p, fn in _BLAS_SETTERS.items() if fn is not None and p in paths]
+
+
+@contextlib.contextmanager
+def blas_threads(n: int | None):
+    """Run this thread's BLAS calls on ``n`` threads inside the block (OpenBLAS's
+    thread-local setting, restored on exit; other threads and BLAS libraries are not
+    touched). ``None`` does nothing.
+
+    Sweeps use ``n = 1`` for every kernel call: worker processes are the parallelism,
+    one BLAS thread gives the same rounding in this process as in the workers, and it
+    avoids OpenBLAS's spinning threads, which on a busy machine made ``geev`` at d = 128
+    up to 40 times slower in our measurements.
+    """
+    if n is None:
+        yield
+        return
+    n = _nonneg_int("blas threads", n, minimum=1)
+    setters = _openblas_thread_setters()
+    prev = [fn(n) for fn in setters]
+    try:
+        yield
+    finally:
+        for fn, p in zip(setters, prev):
+            fn(p)
+
+
 # ------------------------------------------------------------------ kernel calls
 def _check_output(out, start: int, stop: int, name: str) -> dict[str, np.ndarray]:
     if not isinstance(out, Mapping) or not out:
@@ -349,7 +401,8 @@ def _run_one(task) -> tuple[int, int, Any, float]:
     """Compute one range; write it to ``path`` if given, else return the arrays."""
     kernel, config, start, stop, seed, name, path, digest = task
     t0 = time.perf_counter()
-    out = _check_output(kernel(config, start, stop, seed), start, stop, name)
+    with blas_threads(1):
+        out = _check_output(kernel(config, start, stop, seed), start, stop, name)
     if path is None:
         return start, stop, out, time.perf_counter() - t0
     meta = json.dumps({"start": start, "stop": stop, "seed": seed, "digest": digest})
