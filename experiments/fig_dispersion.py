@@ -401,7 +401,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
             a shorter simulation.
 
     Returns:
-        ``{"figures": [paths], "json": path, "summary": {...}}``.
+        ``{"figures": [paths as str], "json": path as str, "summary": {...}}``.
     """
     import jax
 
@@ -441,7 +441,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
                    seconds=dict(seconds, total=time.perf_counter() - t0))
     jpath = out_dir / f"{NAME}.json"
     jpath.write_text(json.dumps(sidecar, indent=1))
-    return {"figures": figures, "json": jpath, "summary": summary}
+    return {"figures": [str(p) for p in figures], "json": str(jpath), "summary": summary}
 
 
 def main(argv=None) -> None:
