@@ -402,3 +402,13 @@ def test_huge_logits_give_exact_rows_not_nan():
     assert np.all(np.isfinite(P))
     np.testing.assert_array_equal(P, np_softmax_rows(np.outer(x, x)))
     assert np.all(np.isfinite(np.asarray(st["log_off"])))
+
+
+def test_track_rank_uses_kernel_parameters():
+    """ssmax with s = 3: the tracked distance is the one of the model's own P."""
+    m = af.Attention(np.eye(1), np.eye(1), np.eye(1), kernel="ssmax", kernel_params={"s": 3.0})
+    traj = af.simulate(m, np.random.default_rng(0).uniform(-1, 1, (8, 1)), 1.0,
+                       method="euler", dt=0.1)
+    want = (1 - np.asarray(traj.attention(-1)).max(axis=1)).max()
+    assert float(af.track_rank(traj).boolean_distance[-1]) == pytest.approx(want, rel=1e-10)
+    assert traj.metadata()["kernel_params"] == {"s": 3.0}

@@ -436,7 +436,7 @@ def _traj_stats(model, x, stochastic: bool):
         if kernel == "softmax":
             P, k, hot, m, logS = _softmax_pinned(L)
         else:
-            P = _kernels.weights(kernel, L)
+            P = _kernels.weights(kernel, L, params=model.kernel_params)
             k = jnp.argmax(P, axis=-1)
             hot = jax.nn.one_hot(k, n, dtype=bool)
         off = jnp.where(hot, 0.0, P)

@@ -267,6 +267,8 @@ class Trajectory:
             "dtype": np.dtype(self._y.dtype).name,
             "beta": float(m.beta),
             "kernel": m.kernel,
+            "kernel_params": {k: np.asarray(v).tolist()
+                              for k, v in (getattr(m, "kernel_params", None) or {}).items()},
             "propagator": m.propagator.method,
             "Q": np.asarray(m.Q).tolist(),
             "K": np.asarray(m.K).tolist(),
