@@ -7,7 +7,8 @@ one; medians and CPU times are printed and saved too):
 1. per-matrix time of ``attnflow.ginibre_fraction(d, n, workers=1)`` -- everything:
    generating V, eigenvalues, decisions, eigenvectors and Q, K for the samples that pass,
    intervals -- against a plain Python loop ``for A in mats: numpy.linalg.eigvals(A)``
-   over pre-generated matrices (generation not timed), at several d;
+   over pre-generated matrices (generation not timed), at several d; with two of its
+   parts timed alone (``numpy.linalg.eigvals`` on the stacked batch, generating V);
 2. device scaling: the same study with ``workers=2`` against ``workers=1`` (warm pool);
 3. for reference, the JAX backend (``jnp.linalg.eigvals`` sharded by
    ``sweep.map_devices``) with 1 vs 2 forced host devices, each in its own subprocess
@@ -16,7 +17,10 @@ one; medians and CPU times are printed and saved too):
 One BLAS thread per process (``OPENBLAS_NUM_THREADS=1`` etc., set here before numpy is
 imported, and in every worker), so that one process = one core on both sides.
 
-Run:  python benchmarks/bench_ginibre.py [--quick] [--json out.json]
+Device scaling needs idle cores: with the machine busy, the scheduler gives this
+session a fixed share however many processes it runs (the "cores busy" column shows it).
+
+Run:  python benchmarks/bench_ginibre.py [--quick] [--only loop|workers|jax] [--json F]
 """
 
 from __future__ import annotations
@@ -58,6 +62,18 @@ def _samples(d: int, seconds: float) -> int:
     return int(min(200_000, max(16, seconds / _seconds_per_matrix(d))))
 
 
+def _timed(fn, *args) -> float:
+    t = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t
+
+
+def _generate_V(seed: int, d: int, start: int, stop: int):
+    from attnflow.ginibre import _generate_V as gen
+
+    return gen(seed, d, start, stop)
+
+
 def plain_loop(mats: np.ndarray) -> tuple[float, float]:
     """(wall, cpu) seconds of a plain loop of numpy.linalg.eigvals."""
     t, c = time.perf_counter(), time.process_time()
@@ -82,10 +98,12 @@ def bench_vs_loop(dims, rounds, seconds):
         mats = np.random.default_rng(12345).standard_normal((n, d, d))
         plain_loop(mats[: max(1, n // 10)])
         ours(d, max(1, n // 10), 999, 1)  # warm up both
-        ref, mine = [], []
+        ref, mine, stacked, gen = [], [], [], []
         for r in range(rounds):
             ref.append(plain_loop(mats))
             mine.append(ours(d, n, r, 1))
+            stacked.append(_timed(np.linalg.eigvals, mats))
+            gen.append(_timed(_generate_V, r, d, 0, n))
         ref, mine = np.array(ref), np.array(mine)
         row = {"d": d, "samples": n, "rounds": rounds,
                "loop_us": 1e6 * float(np.min(ref[:, 0])) / n,
@@ -93,15 +111,33 @@ def bench_vs_loop(dims, rounds, seconds):
                "ratio_min_wall": float(np.min(mine[:, 0]) / np.min(ref[:, 0])),
                "ratio_median_wall": float(np.median(mine[:, 0]) / np.median(ref[:, 0])),
                "ratio_min_cpu": float(np.min(mine[:, 1]) / np.min(ref[:, 1])),
+               "stacked_eigvals_us": 1e6 * min(stacked) / n,
+               "generate_V_us": 1e6 * min(gen) / n,
                "wall": {"loop": ref[:, 0].tolist(), "ours": mine[:, 0].tolist()},
                "cpu": {"loop": ref[:, 1].tolist(), "ours": mine[:, 1].tolist()}}
         rows.append(row)
         print(f"d={d:4d} n={n:7d}: loop {row['loop_us']:10.2f} us/matrix, "
               f"ginibre_fraction {row['ours_us']:10.2f} us/matrix (best of {rounds}); "
               f"ratio best/best {row['ratio_min_wall']:.3f}, median/median "
-              f"{row['ratio_median_wall']:.3f}, cpu best/best {row['ratio_min_cpu']:.3f}",
-              flush=True)
+              f"{row['ratio_median_wall']:.3f}, cpu best/best {row['ratio_min_cpu']:.3f}; "
+              f"parts: stacked eigvals {row['stacked_eigvals_us']:.2f}, generating V "
+              f"{row['generate_V_us']:.2f} us/matrix", flush=True)
     return rows
+
+
+def _proc_cpu(pid: int) -> float:
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _timed_cores(d: int, n: int, seed: int, workers: int) -> tuple[float, float]:
+    """(wall seconds, cores used = CPU seconds of this process and its workers / wall)."""
+    from attnflow import sweep as S
+
+    pids = [os.getpid()] + list(getattr(S._POOLS.get(2), "_processes", {}) or {})
+    c0 = sum(_proc_cpu(p) for p in pids)
+    wall, _ = ours(d, n, seed, workers)
+    return wall, (sum(_proc_cpu(p) for p in pids) - c0) / wall
 
 
 def bench_workers(dims, rounds, seconds):
@@ -113,18 +149,23 @@ def bench_workers(dims, rounds, seconds):
         one, two = [], []
         load = os.getloadavg()[0]
         for r in range(rounds):
-            one.append(ours(d, n, r, 1)[0])
-            two.append(ours(d, n, r, 2)[0])
-        row = {"d": d, "samples": n, "rounds": rounds, "one_s": min(one), "two_s": min(two),
-               "speedup_min": min(one) / min(two),
-               "speedup_median": statistics.median(one) / statistics.median(two),
+            one.append(_timed_cores(d, n, r, 1))
+            two.append(_timed_cores(d, n, r, 2))
+        k1 = int(np.argmin([w for w, _ in one]))
+        k2 = int(np.argmin([w for w, _ in two]))
+        row = {"d": d, "samples": n, "rounds": rounds, "one_s": one[k1][0],
+               "two_s": two[k2][0], "cores_one": one[k1][1], "cores_two": two[k2][1],
+               "speedup_min": one[k1][0] / two[k2][0],
+               "speedup_median": statistics.median(w for w, _ in one)
+               / statistics.median(w for w, _ in two),
                "load_before": load, "load_after": os.getloadavg()[0],
-               "wall": {"one": one, "two": two}}
+               "wall": {"one": [w for w, _ in one], "two": [w for w, _ in two]}}
         rows.append(row)
-        print(f"d={d:4d} n={n:6d}: 1 worker {row['one_s']:.2f} s, 2 workers "
-              f"{row['two_s']:.2f} s (best of {rounds}), speed-up {row['speedup_min']:.2f}x "
-              f"(medians {row['speedup_median']:.2f}x; load {load:.1f} -> "
-              f"{row['load_after']:.1f})", flush=True)
+        print(f"d={d:4d} n={n:6d}: 1 worker {row['one_s']:.2f} s ({row['cores_one']:.2f} "
+              f"cores busy), 2 workers {row['two_s']:.2f} s ({row['cores_two']:.2f} cores "
+              f"busy) (best of {rounds}); speed-up {row['speedup_min']:.2f}x (medians "
+              f"{row['speedup_median']:.2f}x; load {load:.1f} -> {row['load_after']:.1f})",
+              flush=True)
     return rows
 
 
@@ -151,16 +192,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", type=str, default=None, help="write the numbers here")
+    ap.add_argument("--only", choices=["loop", "workers", "jax"], default=None,
+                    help="run one section only")
     args = ap.parse_args()
     rounds, seconds = (3, 0.3) if args.quick else (5, 2.0)
     dims = [2, 8, 32, 128] if args.quick else [2, 8, 32, 64, 128, 256]
     load0 = os.getloadavg()
     print(f"cores {len(os.sched_getaffinity(0))}, load average {load0[0]:.2f}, "
           f"OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}", flush=True)
-    res = {"vs_loop": bench_vs_loop(dims, rounds, seconds)}
-    res["workers"] = bench_workers([d for d in dims if d >= 64] or dims[-1:], rounds,
-                                   2 * seconds)
-    res["jax_devices"] = bench_jax_devices(128 if not args.quick else 32, rounds, seconds)
+    res = {}
+    if args.only in (None, "loop"):
+        res["vs_loop"] = bench_vs_loop(dims, rounds, seconds)
+    if args.only in (None, "workers"):
+        res["workers"] = bench_workers([d for d in dims if d >= 64] or dims[-1:], rounds,
+                                       2 * seconds)
+    if args.only in (None, "jax"):
+        res["jax_devices"] = bench_jax_devices(128 if not args.quick else 32, rounds,
+                                               seconds)
     import jax
 
     res["meta"] = {"python": platform.python_version(), "numpy": np.__version__,

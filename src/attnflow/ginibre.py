@@ -295,7 +295,10 @@ def _generate_V(seed: int, d: int, start: int, stop: int) -> np.ndarray:
         lo = blk * B
         s, e = max(lo, start), min(lo + B, stop)
         g = _sweep.rng(seed, TAG, d, 0, blk)
-        out[s - start:e - start] = g.standard_normal((e - lo, d, d))[s - lo:]
+        if s == lo:  # the block starts inside the range: draw straight into it
+            g.standard_normal(out=out[s - start:e - start])
+        else:  # skip the first s - lo matrices of the block
+            out[s - start:e - start] = g.standard_normal((e - lo, d, d))[s - lo:]
     return out
 
 
@@ -328,6 +331,11 @@ def ginibre_sample(d: int, index: int, *, seed: int = 0) -> tuple[np.ndarray, np
 
 
 # --------------------------------------------------------------------- kernel
+def _fro(M: np.ndarray) -> np.ndarray:
+    """Frobenius norms of a stack (p, d, d) -> (p,), without temporaries."""
+    return np.sqrt(np.einsum("pij,pij->p", M, M))
+
+
 def _jax_eigvals(V):
     import jax.numpy as jnp
 
@@ -351,7 +359,7 @@ def _top_eigenvectors(V: np.ndarray, lam: np.ndarray) -> np.ndarray:
     p, d = V.shape[0], V.shape[1]
     if d == 1:
         return np.ones((p, 1))
-    fro = np.linalg.norm(V.reshape(p, -1), axis=1)
+    fro = _fro(V)
     A = V - (lam * (1.0 + math.sqrt(_EPS)))[:, None, None] * np.eye(d)
     x0 = np.full((p, d, 1), 1.0 / math.sqrt(d))
     with np.errstate(all="ignore"):
@@ -393,7 +401,7 @@ def _analyse(V: np.ndarray, start: int, seed: int, tol: float, backend: str) -> 
     m2 = ms[:, 1] if d > 1 else zeros
     m3 = ms[:, 2] if d > 2 else zeros
     lam = w[np.arange(b), order[:, 0]]
-    fro = np.linalg.norm(V.reshape(b, -1), axis=1)
+    fro = _fro(V)
     a = tol * fro
     wide = BORDERLINE_FACTOR * a
     real_top = np.abs(lam.imag) <= a
@@ -411,8 +419,7 @@ def _analyse(V: np.ndarray, start: int, seed: int, tol: float, backend: str) -> 
         qphi = np.einsum("pij,pj->pi", Q, phi)
         kphi = np.einsum("pij,pj->pi", K, phi)
         qk[idx] = np.einsum("pi,pi->p", qphi, kphi) / (
-            np.linalg.norm(Q.reshape(idx.size, -1), axis=1)
-            * np.linalg.norm(K.reshape(idx.size, -1), axis=1))
+            _fro(Q) * _fro(K))
     with np.errstate(invalid="ignore"):
         good_gin = spectral & (qk > tol)
         border_gin = spectral & (np.abs(qk) <= BORDERLINE_FACTOR * tol)
