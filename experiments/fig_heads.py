@@ -80,11 +80,12 @@ def kind_of(rep) -> str:
 
 
 def shown_heads(analysis, per_kind: int = 2) -> list[tuple[int, int]]:
-    """For the dynamics figure: per kind, the heads of largest |lambda_1|."""
+    """For the dynamics figure: per kind, the heads of largest |lambda_1| (for a complex
+    lambda_1: of largest Re lambda_1, where the rescaled frame is the natural one)."""
     out = []
     for kind in ("hyperplanes", "spectral-qk", "complex", "negative"):
-        reps = sorted((r for r in analysis.heads if kind_of(r) == kind),
-                      key=lambda r: -r.lambda1_abs)
+        key = (lambda r: -r.lambda1.real) if kind == "complex" else (lambda r: -r.lambda1_abs)
+        reps = sorted((r for r in analysis.heads if kind_of(r) == kind), key=key)
         out += [(r.layer, r.head) for r in reps[:per_kind]]
     return out
 
@@ -97,18 +98,21 @@ def _left_coordinate(V: np.ndarray, lam1: complex) -> np.ndarray:
 
 
 def _series(run, hw, rep, sentence: int = 0) -> dict:
-    """Time series of one kept trajectory: levels along psi_1 and the Boolean distance."""
+    """Time series of one kept trajectory: levels along psi_1 (rescaled frame when
+    Re lambda_1 > 0, where the theorems look; original frame otherwise, where the
+    rescaled coordinates only grow like e^{-Re lambda_1 t}) and the Boolean distance."""
     from attnflow.rank import boolean_distance
 
     tr, j = run.trajectories[sentence]
     keep = np.flatnonzero(np.asarray(tr.reached[j]))
     ts = np.asarray(tr.ts, np.float64)[keep]
-    z = np.asarray(tr.z[j], np.float64)[keep]
+    frame = "rescaled" if rep.lambda1.real > 0 else "original"
+    z = np.asarray(tr.z[j] if frame == "rescaled" else tr.x[j], np.float64)[keep]
     psi = _left_coordinate(hw.V, rep.lambda1)
     levels = np.real(z @ psi)
     P = np.stack([np.asarray(tr.attention(int(k)))[j] for k in keep])
     D = np.array([float(boolean_distance(p)) for p in P])
-    return {"ts": ts, "levels": levels, "boolean_distance": D}
+    return {"ts": ts, "levels": levels, "boolean_distance": D, "frame": frame}
 
 
 def _grid(ax, values, colours, text, title, n_layers, n_heads):
@@ -192,8 +196,10 @@ def _fig_dynamics(series: list[dict], tokens: list[str], out_dir: Path, plt) -> 
         for i in range(n):
             ax.plot(s["ts"], s["levels"][:, i], lw=0.7, color=cmap(i / max(n - 1, 1)),
                     label=tokens[i] if c == 0 else None)
+        var = "z" if s["frame"] == "rescaled" else "x"
         ax.set_title(f"L{s['layer']} H{s['head']}: {s['predicted']}\n"
-                     f"$\\lambda_1$ = {s['lambda1_text']}", fontsize=5.5)
+                     f"$\\lambda_1$ = {s['lambda1_text']}; Re $\\psi_1^*({var}_i(t))$",
+                     fontsize=5.5)
         ax.set_xlabel("$t$")
         ax2 = axes[1, c]
         D = np.maximum(s["boolean_distance"], 1e-300)
@@ -202,11 +208,12 @@ def _fig_dynamics(series: list[dict], tokens: list[str], out_dir: Path, plt) -> 
         ax2.set_xlabel("$t$")
         ax2.set_title(f"observed: {s['observed']}", fontsize=5.5)
         if c == 0:
-            ax.set_ylabel(r"Re $\psi_1^*(z_i(t))$")
+            ax.set_ylabel("token level")
             ax2.set_ylabel(r"Boolean distance of $P(t)$")
     axes[0, 0].legend(fontsize=4, loc="best", ncol=1, frameon=False)
     fig.suptitle("tokens of \u201c" + series[0]["sentence"] + "\u201d under single trained "
-                 "heads (rescaled frame; $\\psi_1^*$ the left eigenvector of $\\lambda_1$)",
+                 "heads: $\\psi_1^*$ is the left eigenvector of $\\lambda_1$; $z$ rescaled "
+                 "frame (Re $\\lambda_1 > 0$), $x$ original frame (Re $\\lambda_1 < 0$)",
                  fontsize=6.5)
     fig.tight_layout()
     paths = []
@@ -226,6 +233,8 @@ def summarize(analysis, runs, sentences) -> dict:
     if not runs:
         return out
     by_kind = collections.defaultdict(collections.Counter)
+    single_by_kind = collections.Counter()
+    spread = []
     levels = collections.Counter()
     in_range = 0
     statuses = collections.Counter()
@@ -246,6 +255,7 @@ def summarize(analysis, runs, sentences) -> dict:
                 boolean += 1
                 if len(ld) == 1:
                     single += 1
+                    single_by_kind[k] += 1
                     n = len(sentences[s]["tokens"])
                     leader_role["[CLS]" if ld[0] == 0 else "[SEP]" if ld[0] == n - 1
                                 else "word"] += 1
@@ -253,6 +263,7 @@ def summarize(analysis, runs, sentences) -> dict:
                 lv, lv0 = np.asarray(run.levels[s]), np.asarray(run.levels0[s])
                 scale = max(np.abs(lv0).max(), 1e-300)
                 levels[run.n_clusters[s]] += 1
+                spread.append(float(np.ptp(lv) / max(np.ptp(lv0), 1e-300)))
                 in_range += int(lv.min() >= lv0.min() - 1e-9 * scale
                                 and lv.max() <= lv0.max() + 1e-9 * scale)
     out["dynamics"] = {
@@ -264,6 +275,9 @@ def summarize(analysis, runs, sentences) -> dict:
         "hyperplane_levels_within_initial_range": in_range,
         "final_P_boolean": boolean,
         "final_P_single_leader": single,
+        "final_P_single_leader_by_kind": dict(single_by_kind),
+        "pairs_by_kind": {k: sum(v.values()) for k, v in by_kind.items()},
+        "hyperplane_final_over_initial_spread_max": max(spread) if spread else None,
         "single_leader_role": dict(leader_role),
         "boolean_tol": BOOLEAN_TOL,
     }

@@ -290,6 +290,49 @@ def test_analyze_random_heads_agree_with_predict_regime(ckpt):
         H.analyze_heads([1, 2])
 
 
+def test_reduced_triple_gives_the_full_answer(tmp_path):
+    """analyze_heads(reduce=True) decides each head on an orthogonally equivalent
+    (r + 1)-dimensional triple; it must agree with predict_regime on the d x d triple."""
+    t = bert_tensors(d=16, n_layers=2, seed=5)
+    heads = H.load_bert_heads(write_checkpoint(tmp_path / "m", t, num_heads=8))
+    Qr, Kr, Vr, m = H.reduced_triple(heads[0])
+    assert m == 9 and Vr.shape == (9, 9) and Qr.shape == (2, 9)  # r = 4 d_h = 8, plus one
+    np.testing.assert_allclose(np.sort(np.abs(np.linalg.eigvals(Vr)))[-2:],
+                               np.sort(np.abs(np.linalg.eigvals(heads[0].V)))[-2:], rtol=1e-10)
+    fast = H.analyze_heads(heads, reduce=True)
+    full = H.analyze_heads(heads, reduce=False)
+    assert fast.counts == full.counts and fast.hypotheses == full.hypotheses
+    for a, b in zip(fast.heads, full.heads):
+        assert (a.label, a.reason, a.theorem) == (b.label, b.reason, b.theorem)
+        assert (a.real, a.positive, a.simple, a.dominant, a.spectral, a.qk_pd) == \
+            (b.real, b.positive, b.simple, b.dominant, b.spectral, b.qk_pd)
+        assert abs(a.lambda1 - b.lambda1) < 1e-10 * max(1, abs(b.lambda1))
+        assert a.lambda2_abs == pytest.approx(b.lambda2_abs, rel=1e-9, abs=1e-9)
+        assert (a.qk_phi1 is None) == (b.qk_phi1 is None)
+        if a.qk_phi1 is not None:
+            # phi_1 is accurate to eps / gap: compare on the scale |Q| |K| (~10 here)
+            assert a.qk_phi1 == pytest.approx(b.qk_phi1, rel=1e-8, abs=1e-9)
+        assert (a.rank_V, a.n_positive) == (b.rank_V, b.n_positive)
+
+
+def test_reduced_triple_keeps_a_zero_direction():
+    """V_h = 2 (e1 e1^T + e2 e2^T), Q = K = [e1; e2] in d = 16: paranormal but sym(Q^T K)
+    is singular, so unclassified. Dropping every zero direction would make it V = 2 I_2
+    with Q^T K = I_2, a polytope: the one zero coordinate kept prevents that."""
+    d = 16
+    E = np.eye(d)[:2]
+    hw = H.HeadWeights(layer=0, head=0, Q=E.copy(), K=E.copy(), V=2 * E.T @ E,
+                       beta=1 / math.sqrt(2), W_O_h=2 * E.T, W_V_h=E.copy())
+    assert H.reduced_triple(hw)[3] == 3
+    for reduce in (True, False):
+        rep = H.analyze_heads([hw], reduce=reduce).heads[0]
+        assert rep.label == "unclassified" and "paranormal" in rep.reason and not rep.qk_pd
+    # a head whose V is not W_O_h @ W_V_h is decided on its own d x d triple
+    bad = H.HeadWeights(layer=0, head=0, Q=E, K=E, V=np.eye(d), beta=1.0, W_O_h=2 * E.T,
+                        W_V_h=E)
+    assert H.reduced_triple(bad)[3] == d
+
+
 # ------------------------------------------------------------------- embeddings
 def test_bert_embeddings_by_hand(ckpt):
     folder, t = ckpt
@@ -320,16 +363,16 @@ def test_head_dynamics_on_designed_head(tmp_path):
     folder = designed_checkpoint(tmp_path / "designed")
     head = H.load_bert_heads(folder)[0]
     rng = np.random.default_rng(0)
-    x0s = [rng.uniform(-1, 1, (6, 4)), rng.uniform(-1, 1, (6, 4)), rng.uniform(-1, 1, (5, 4))]
+    x0s = [rng.uniform(-1, 1, (6, 4)), rng.uniform(-1, 1, (6, 4))]  # one batch, one compile
     run = H.head_dynamics(head, x0s, horizon=16.0, saves=21)
     assert run.predicted == "hyperplanes" and run.t1 == pytest.approx(8.0)
-    assert run.statuses == ("ok",) * 3 and run.propagator in ("eig", "eigh")
-    assert run.observed == ("hyperplanes",) * 3
+    assert run.statuses == ("ok",) * 2 and run.propagator in ("eig", "eigh")
+    assert run.observed == ("hyperplanes",) * 2 and run.methods == ("adaptive",) * 2
     for x0, l0, l1 in zip(x0s, run.levels0, run.levels):
         np.testing.assert_allclose(l0, x0[:, 0], rtol=1e-12)
         assert l1.min() >= l0.min() - 1e-9 and l1.max() <= l0.max() + 1e-9
     d = run.to_dict()
-    assert d["agree"] == [True] * 3 and "trajectories" not in d
+    assert d["agree"] == [True] * 2 and "trajectories" not in d
     assert all(0 <= b <= 1 for b in run.boolean_distance)
     with pytest.raises(ValueError, match="x0s"):
         H.head_dynamics(head, [np.zeros((3, 5))])
@@ -339,26 +382,45 @@ def test_head_dynamics_on_designed_head(tmp_path):
     assert H.choose_t1(0.01, horizon=10, t1_max=40) == 40.0
 
 
+@pytest.mark.slow
+def test_head_dynamics_falls_back_to_euler(tmp_path):
+    """A system that exhausts the adaptive step budget is rerun as the discrete
+    transformer, and says so."""
+    head = H.load_bert_heads(designed_checkpoint(tmp_path / "designed"))[0]
+    x0 = np.random.default_rng(1).uniform(-1, 1, (6, 4))
+    run = H.head_dynamics(head, [x0], horizon=16.0, saves=21, max_steps=5, euler_dt=0.02)
+    assert run.statuses == ("ok",) and run.methods == ("euler dt=0.02",)
+    assert "max_steps = 5" in run.fallback and run.num_steps == (400,)
+    assert run.observed == ("hyperplanes",)
+
+
 # -------------------------------------------------------------------------- CLI
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "attnflow", *args], capture_output=True,
-                          text=True, timeout=300)
+def run_cli(capsys, *args):
+    """The command line in this process: (exit code, stdout, stderr)."""
+    from attnflow.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    cap = capsys.readouterr()
+    return exc.value.code, cap.out, cap.err
 
 
-def test_cli_heads_json_and_text(tmp_path):
+def test_cli_heads_json_and_text(tmp_path, capsys):
     folder = designed_checkpoint(tmp_path / "designed")
-    p = run_cli("heads", "--checkpoint", str(folder), "--json")
-    assert p.returncode == 0, p.stderr
-    res = json.loads(p.stdout)
+    code, out, err = run_cli(capsys, "heads", "--checkpoint", str(folder), "--json")
+    assert code == 0, err
+    res = json.loads(out)  # exactly one JSON object on stdout
     assert res["counts"]["hyperplanes"] == 1 and res["counts"]["unclassified"] == 1
     h0 = res["heads"][0]
     assert {"layer", "head", "lambda1", "label", "reason"} <= set(h0)
     assert h0["lambda1"] == {"real": 2.0, "imag": 0.0} and h0["label"] == "hyperplanes"
-    p = run_cli("heads", "--checkpoint", str(folder))
-    assert p.returncode == 0 and "hyperplanes 1" in p.stdout and "lambda_1" in p.stdout
-    p = run_cli("heads", "--checkpoint", str(tmp_path / "nowhere"))
-    assert p.returncode == 2 and p.stdout == ""
-    assert p.stderr.startswith("attnflow: error:") and len(p.stderr.splitlines()) == 1
+    code, out, err = run_cli(capsys, "heads", "--checkpoint", str(folder))
+    assert code == 0 and "hyperplanes 1" in out and "lambda_1" in out
+    code, out, err = run_cli(capsys, "heads", "--checkpoint", str(tmp_path / "nowhere"))
+    assert code == 2 and out == ""
+    assert err.startswith("attnflow: error:") and len(err.splitlines()) == 1
+    code, out, err = run_cli(capsys, "heads", "--checkpoint", str(folder), "--num-heads", "3")
+    assert code == 2 and "num_heads" in err
 
 
 def test_package_imports_without_optional_packages():
@@ -394,6 +456,9 @@ def test_minilm_heads():
     # layer 3 (numbers in experiments/README_heads_section.md): heads 1, 2, 9 hyperplanes
     assert [h.head for h in an.heads if h.label == "hyperplanes"] == [1, 2, 9]
     assert an.hypotheses["qk_pd"] == 0
+    full = H.analyze_heads(heads, reduce=False)  # predict_regime on the 384 x 384 triples
+    assert [(h.label, h.spectral, h.real) for h in full.heads] == \
+        [(h.label, h.spectral, h.real) for h in an.heads]
 
 
 @pytest.mark.slow
