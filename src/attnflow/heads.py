@@ -190,8 +190,8 @@ def read_safetensors(path: str | Path, names: Sequence[str] | None = None, *,
         names: the tensors to read (default: all).
         reader: ``"safetensors"`` (the package's ``safe_open``, framework numpy),
             ``"numpy"`` (the built-in reader: numpy only, memory-mapped), or ``"auto"``
-            (the package when installed, else the built-in reader). ``BF16`` tensors
-            become float32 with the built-in reader.
+            (the package when installed and no requested tensor is ``BF16``, else the
+            built-in reader). ``BF16`` tensors become float32 with the built-in reader.
 
     Returns:
         ``{name: array}`` with the stored shapes and dtypes.
@@ -199,14 +199,17 @@ def read_safetensors(path: str | Path, names: Sequence[str] | None = None, *,
     path = Path(path)
     if reader not in ("auto", "safetensors", "numpy"):
         raise ValueError(f"reader must be 'auto', 'safetensors' or 'numpy'; got {reader!r}.")
-    if reader == "auto":
-        reader = "safetensors" if importlib.util.find_spec("safetensors") else "numpy"
     header, base, size = _read_header(path)
     available = [k for k in header if k != "__metadata__"]
     wanted = available if names is None else list(names)
     missing = [k for k in wanted if k not in header or k == "__metadata__"]
     if missing:
         raise ValueError(f"checkpoint {str(path)!r} has no tensor(s) {missing[:5]}.")
+    if reader == "auto":
+        bf16 = any(isinstance(header[k], dict) and header[k].get("dtype") == "BF16"
+                   for k in wanted)  # numpy has no bfloat16: the package cannot return it
+        reader = ("safetensors" if importlib.util.find_spec("safetensors") and not bf16
+                  else "numpy")
     if reader == "safetensors":
         try:
             from safetensors import safe_open
@@ -570,6 +573,7 @@ class HeadsAnalysis:
             ``spectral_not_qk``, ``qk_pd`` (sym(Q^T K) positive definite),
             ``lambda1_complex``, ``lambda1_negative``, ``lambda1_real_positive``.
         checkpoint, num_layers, num_heads, d_model, d_head, beta, rtol: the setting.
+        reduced: whether each head was decided on its ``reduced_triple`` (same answer).
     """
 
     heads: tuple
@@ -582,13 +586,14 @@ class HeadsAnalysis:
     d_head: int
     beta: float
     rtol: float
+    reduced: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {"heads": [h.to_dict() for h in self.heads], "counts": dict(self.counts),
                 "hypotheses": dict(self.hypotheses), "checkpoint": self.checkpoint,
                 "num_layers": self.num_layers, "num_heads": self.num_heads,
                 "d_model": self.d_model, "d_head": self.d_head, "beta": self.beta,
-                "rtol": self.rtol}
+                "rtol": self.rtol, "reduced": self.reduced}
 
     def grid(self) -> np.ndarray:
         """``(num_layers, num_heads)`` array of labels (object dtype)."""
@@ -654,6 +659,8 @@ def analyze_heads(checkpoint: str | Path | Sequence[HeadWeights] = "minilm", *,
     """
     from .regimes import LABELS
 
+    if not (isinstance(rtol, (int, float)) and 0 < rtol < 1):
+        raise ValueError(f"rtol must be a number in (0, 1); got {rtol!r}.")
     if isinstance(checkpoint, (str, Path)):
         heads = load_bert_heads(checkpoint, num_heads=num_heads, reader=reader)
         source = str(resolve_checkpoint(checkpoint))
@@ -665,8 +672,6 @@ def analyze_heads(checkpoint: str | Path | Sequence[HeadWeights] = "minilm", *,
             raise ValueError("checkpoint must be 'minilm', a path, or a non-empty list of "
                              "HeadWeights.")
         name = heads[0].source or "<HeadWeights>"
-    if not (isinstance(rtol, (int, float)) and 0 < rtol < 1):
-        raise ValueError(f"rtol must be a number in (0, 1); got {rtol!r}.")
     reports = tuple(_report(h, rtol, reduce)[0] for h in heads)
     counts = {lab: sum(r.label == lab for r in reports) for lab in LABELS}
     hyp = {
@@ -683,7 +688,8 @@ def analyze_heads(checkpoint: str | Path | Sequence[HeadWeights] = "minilm", *,
         heads=reports, counts=counts, hypotheses=hyp, checkpoint=name,
         num_layers=len({h.layer for h in heads}),
         num_heads=len({h.head for h in heads}), d_model=heads[0].d,
-        d_head=heads[0].d_head, beta=float(heads[0].beta), rtol=float(rtol))
+        d_head=heads[0].d_head, beta=float(heads[0].beta), rtol=float(rtol),
+        reduced=bool(reduce))
 
 
 # ====================================================================== embeddings
