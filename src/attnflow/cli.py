@@ -484,10 +484,10 @@ def heads(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ):
     """Which heads of a trained transformer meet the clustering theorems: per head the
-    eigenvalue of largest modulus of V_h = W_O[:, h] W_V[h, :], whether it is real,
+    eigenvalue of largest modulus of V_h = W_O(:, h) W_V(h, :), whether it is real,
     positive, simple (and dominant), <Q phi_1, K phi_1>, the predicted regime and why;
-    then the counts. Q_h = W_Q[h], K_h = W_K[h] (d_h x d), beta = 1/sqrt(d_h), biases
-    ignored. Example: attnflow heads --checkpoint minilm"""
+    then the counts. Q_h = W_Q(h, :), K_h = W_K(h, :) (d_h x d: the rows of head h),
+    beta = 1/sqrt(d_h), biases ignored. Example: attnflow heads --checkpoint minilm"""
     from .heads import analyze_heads
 
     an = analyze_heads(checkpoint, num_heads=num_heads, rtol=rtol)
