@@ -391,7 +391,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     )
     jpath = out_dir / f"{NAME}{'_quick' if quick else ''}.json"
     jpath.write_text(json.dumps(to_jsonable(sidecar), indent=1))
-    return {"figures": figures, "json": jpath, "summary": summary}
+    return {"figures": [str(p) for p in figures], "json": str(jpath), "summary": summary}
 
 
 def main(argv=None) -> None:
