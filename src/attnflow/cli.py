@@ -47,6 +47,8 @@ def to_jsonable(obj):
     """Convert numpy/jax values (and containers of them) to plain JSON types."""
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, Path):
+        return str(obj)
     if isinstance(obj, (list, tuple)):
         return [to_jsonable(v) for v in obj]
     if hasattr(obj, "__array__") and not isinstance(obj, (str, bytes)):
