@@ -12,7 +12,9 @@ Not a figure script (the runner only runs ``fig_*.py``).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import re
 import time
 from pathlib import Path
 
@@ -26,9 +28,9 @@ DPI_FULL, DPI_QUICK = 200, 110
 
 
 def setup(quick: bool = False):
-    """x64 on (scripts may flip it, the library never does), Agg backend, house style.
+    """x64 on (scripts may flip it, the library never does) and the Agg backend.
 
-    Returns ``matplotlib.pyplot``."""
+    Returns ``matplotlib.pyplot``. The house style is applied by ``styled``."""
     import jax
 
     jax.config.update("jax_enable_x64", True)
@@ -37,10 +39,25 @@ def setup(quick: bool = False):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from attnflow.plotting import use_style
-
-    use_style()
     return plt
+
+
+def styled(make):
+    """Decorator for a script's ``make``: x64 and Agg (``setup``), and the house style
+    (``attnflow.plotting.STYLE``) for the duration of the call only, so that the scripts
+    that ``attnflow figures`` runs in one process never change each other's rcParams."""
+
+    @functools.wraps(make)
+    def wrapper(out_dir, quick: bool = False, **kw):
+        setup(quick)
+        import matplotlib
+
+        from attnflow.plotting import STYLE
+
+        with matplotlib.rc_context(STYLE):
+            return make(out_dir, quick=quick, **kw)
+
+    return wrapper
 
 
 def save(fig, out_dir: Path, stem: str, quick: bool = False) -> list[Path]:
@@ -92,9 +109,20 @@ def write_sidecar(out_dir: Path, stem: str, *, script: str, quick: bool, runs: l
                 runtime_seconds=round(time.perf_counter() - t_start, 2),
                 figures=[str(p) for p in figures], runs=runs)
     side.update(extra)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
     path = Path(out_dir) / f"{stem}.json"
-    path.write_text(json.dumps(jsonable(side), indent=1))
+    path.write_text(_compact_numbers(json.dumps(jsonable(side), indent=1)))
     return path
+
+
+_NUMBER_LIST = re.compile(r"\[(?:\s*-?[0-9][0-9.eE+-]*\s*,)*\s*-?[0-9][0-9.eE+-]*\s*\]")
+
+
+def _compact_numbers(text: str) -> str:
+    """Put every innermost list of numbers on one line (matrix rows, vectors)."""
+    return _NUMBER_LIST.sub(lambda m: "[" + ", ".join(v.strip() for v in
+                                                      m.group(0)[1:-1].split(",")) + "]",
+                            text)
 
 
 def observation(traj, **kw) -> dict:

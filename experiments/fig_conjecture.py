@@ -31,8 +31,10 @@ import _plotting as H  # noqa: E402
 
 NAME = "fig_conjecture"
 SEED, N, T, DT = 0, 20, 30.0, 0.1
+SAVES = 121  # every 2.5 layers (the same shapes as the other figures: one compile)
 
 
+@H.styled
 def make(out_dir: Path, quick: bool = False) -> dict:
     """Simulate, draw, write PNG/PDF/JSON."""
     plt = H.setup(quick)
@@ -43,7 +45,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     t_start = time.perf_counter()
     out_dir = Path(out_dir)
     V = PAPER["paper-codim"]
-    traj, params = AP.simulate_tokens(V, n=N, seed=SEED, t1=T, dt=DT)
+    traj, params = AP.simulate_tokens(V, n=N, seed=SEED, t1=T, dt=DT, saves=SAVES)
     traj.raise_for_status()
     z = np.asarray(traj.z)
     ts = np.asarray(traj.ts)

@@ -38,6 +38,7 @@ CASES = [
 ]
 
 
+@H.styled
 def make(out_dir: Path, quick: bool = False) -> dict:
     """Simulate the three matrices, draw the figure, write PNG/PDF/JSON and two GIFs."""
     plt = H.setup(quick)

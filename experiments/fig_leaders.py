@@ -41,7 +41,9 @@ V_PAPER_3D_RE_POS = [[0.18608476, 0.34391026, 0.13905949],
 
 
 def _cases(quick: bool) -> list[dict]:
-    n, batch = (10, 2) if quick else (20, 16)
+    # quick: one system of 20 tokens to t1 <= 12, every Euler layer saved: the shapes of
+    # the other figure scripts' runs, so `attnflow figures --quick` compiles them once
+    n, batch = (20, 1) if quick else (20, 16)
     saves = 141 if quick else 561
     cases = [
         dict(key="d1", title=r"$d=1$, $V=1$", d=1, V=[[1.0]], n=n, scale=1.0, t1=14.0),
@@ -57,7 +59,7 @@ def _cases(quick: bool) -> list[dict]:
     if quick:
         cases = cases[:3]
         for c in cases:
-            c["t1"] = min(c["t1"], 10.0)
+            c["t1"] = min(c["t1"], 12.0)
     for c in cases:
         c.update(batch=batch, saves=saves, seed=0, Q=np.eye(c["d"]).tolist(),
                  K=np.eye(c["d"]).tolist(), x0=f"uniform in [-{c['scale']:g}, "
@@ -407,7 +409,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
 
     Args:
         out_dir: directory for the PNG/PDF files and the JSON sidecar (created).
-        quick: a small version for tests, in seconds: 3 cases, 2 seeds, 10 tokens, and
+        quick: a small version for tests, in seconds: 3 cases, 1 seed, 20 tokens to t <= 12, and
             the discrete transformer (Euler layers, dt = 0.1) instead of the adaptive
             solver (so its rates are log(1 + lambda dt)/dt).
 

@@ -29,6 +29,7 @@ NAME = "fig_origin"
 SEED, N, DT = 0, 20, 0.1
 
 
+@H.styled
 def make(out_dir: Path, quick: bool = False) -> dict:
     """Simulate d = 2 and d = 3 in the original frame, draw, write PNG/PDF/JSON."""
     plt = H.setup(quick)
@@ -40,7 +41,10 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     runs, res = [], {}
     for d in (2, 3):
         V = -np.eye(d)
-        traj, params = AP.simulate_tokens(V, n=N, seed=SEED, t1=T, dt=DT, frame="original")
+        # full: every layer (the log-log panel needs the early times); quick: 121 saves,
+        # the shapes of the other figures (no extra compilation)
+        traj, params = AP.simulate_tokens(V, n=N, seed=SEED, t1=T, dt=DT, frame="original",
+                                          saves=121 if quick else None)
         traj.raise_for_status()
         x = np.asarray(traj.x)
         ts = np.asarray(traj.ts)

@@ -63,6 +63,7 @@ def modal_coordinates(traj) -> tuple[np.ndarray, np.ndarray, str]:
     return np.asarray(traj.z, np.float64) @ np.linalg.inv(T).T, mu, "projection of traj.z"
 
 
+@H.styled
 def make(out_dir: Path, quick: bool = False) -> dict:
     """Run the experiment (printing its runtime), draw, write PNG/PDF/JSON."""
     plt = H.setup(quick)
@@ -195,6 +196,8 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     params["V"] = V.tolist()
     jpath = H.write_sidecar(out_dir, NAME, script="experiments/fig_paper128.py",
                             quick=quick, runs=[params], figures=figures, t_start=t_start,
+                            V=f"attnflow.matrices.paper_128(seed={SEED}, d={d}); the "
+                              f"matrix is runs[0].V",
                             runtime_simulation_seconds={"first_call_with_compile": first,
                                                         "compiled_run": run_only})
     return {"figures": figures, "json": str(jpath), "runtime_seconds": first,

@@ -12,8 +12,8 @@ Two 2-parameter families of value matrices, Q = K = I:
     negative; rho = 1, theta = 0: V = I (polytope).
 
 Each cell is coloured by ``predict_regime(I, I, V).label`` (decided from V before any
-simulation). Then 3 systems of n = 20 tokens uniform in [-5, 5]^d (one batch, one
-compiled solve per cell shape) are simulated -- the discrete transformer, Euler dt = 0.1,
+simulation). Then 3 systems (1 with --quick) of n = 20 tokens uniform in [-5, 5]^d (one
+batch, one compiled solve per cell shape) are simulated -- the discrete transformer, Euler dt = 0.1,
 to t1 = min(60, max(15, 30 / |lambda_max|)) in the rescaled frame (the original frame,
 t1 = min(100, 60 / c), for V = -cI) -- and ``observe_limit`` labels each. Where the
 majority observed label differs from the prediction, an inner square shows it (white
@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _plotting as H  # noqa: E402
 
 NAME = "fig_phase_diagram"
-SEED, N, BATCH, DT, SAVES = 0, 20, 3, 0.1, 41
+SEED, N, BATCH, DT, SAVES = 0, 20, 3, 0.1, 121
+BATCH_QUICK = 1  # quick: the shapes of the other figures' runs (no extra compilation)
 S2 = np.array([[1.0, 0.6], [0.3, 1.0]])
 S3 = np.array([[1.0, 0.3, -0.2], [0.2, 1.0, 0.3], [-0.1, 0.25, 1.0]])
 ORDER = ["polytope", "hyperplanes", "subspace", "origin", "unclassified", "not-converged"]
@@ -63,7 +64,7 @@ def family_b(rho: float, theta: float) -> np.ndarray:
     return S3 @ B @ np.linalg.inv(S3)
 
 
-def run_cell(V: np.ndarray, seed: int) -> dict:
+def run_cell(V: np.ndarray, seed: int, batch: int = BATCH) -> dict:
     """Predict, simulate a batch, observe each system."""
     import attnflow as af
     import attnflow.plotting as AP
@@ -77,8 +78,8 @@ def run_cell(V: np.ndarray, seed: int) -> dict:
         frame, t1 = "rescaled", min(60.0, max(15.0, 30.0 / lmax)) if lmax > 0 else 15.0
     t1 = round(round(t1 / DT) * DT, 9)
     traj, params = AP.simulate_tokens(V, n=N, seed=seed, t1=t1, dt=DT, frame=frame,
-                                      saves=SAVES, batch=BATCH)
-    obs = [af.observe_limit(traj, system=i).label for i in range(BATCH)]
+                                      saves=SAVES, batch=batch)
+    obs = [af.observe_limit(traj, system=i).label for i in range(batch)]
     major = Counter(obs).most_common()
     top = max(major, key=lambda kv: (kv[1], kv[0] == reg.label))[0]
     return {"V": V.tolist(), "predicted": reg.label, "observed": obs, "majority": top,
@@ -86,6 +87,7 @@ def run_cell(V: np.ndarray, seed: int) -> dict:
             "eigenvalues": reg.eigenvalues}
 
 
+@H.styled
 def make(out_dir: Path, quick: bool = False) -> dict:
     """Sweep both families, draw the two phase diagrams, write PNG/PDF/JSON."""
     plt = H.setup(quick)
@@ -96,13 +98,14 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     t_start = time.perf_counter()
     out_dir = Path(out_dir)
     k = 5 if quick else 15
+    batch = BATCH_QUICK if quick else BATCH
     lam = np.linspace(-2.0, 2.0, k)
     rho = np.linspace(0.0, 2.0, k)
     theta = np.linspace(0.0, np.pi, k)
     grids = {}
     for key, xs, ys, build in (("a", lam, lam, lambda x, y: family_a(x, y)),
                                ("b", theta, rho, lambda x, y: family_b(y, x))):
-        cells = [[run_cell(build(float(x), float(y)), SEED) for x in xs] for y in ys]
+        cells = [[run_cell(build(float(x), float(y)), SEED, batch) for x in xs] for y in ys]
         grids[key] = dict(xs=xs, ys=ys, cells=cells)
 
     fig = plt.figure(figsize=(6.5, 3.55))
@@ -168,7 +171,8 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     fig.text(0.5, 0.995, "Phase diagram: cell colour = predicted regime (from V's "
              "spectrum); inner square = observed limit where it differs", ha="center",
              va="top", fontsize=8.5)
-    fig.text(0.5, 0.95, rf"$Q=K=I$; per cell {BATCH} systems of $n={N}$ tokens uniform in "
+    systems = f"{batch} systems" if batch > 1 else "1 system"
+    fig.text(0.5, 0.95, rf"$Q=K=I$; per cell {systems} of $n={N}$ tokens uniform in "
              r"$[-5,5]^d$, Euler $dt=0.1$ to $t_1=\min(60,\max(15,30/|\lambda|_{\max}))$, "
              r"majority of observe_limit",
              ha="center", va="top", fontsize=6.5, color="0.3")
@@ -176,7 +180,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     runs = []
     for key, g in grids.items():
         runs.append({
-            "name": f"family_{key}", "seed": SEED, "n": N, "batch": BATCH,
+            "name": f"family_{key}", "seed": SEED, "n": N, "batch": batch,
             "d": 2 if key == "a" else 3,
             "t1": "min(60, max(15, 30 / |lambda_max|)) (rescaled); min(100, 60 / c) for "
                   "V = -cI (original frame); per cell in 'cells'",
@@ -187,7 +191,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
             "solver": {"method": "euler", "dt": DT, "saves": SAVES},
             "tolerances": {"rtol": None, "atol": None,
                            "observe_limit": {"tol": 1e-2, "move_tol": 1e-3}},
-            "x0": f"numpy.random.default_rng({SEED}).uniform(-5, 5, ({BATCH}, {N}, d))",
+            "x0": f"numpy.random.default_rng({SEED}).uniform(-5, 5, ({batch}, {N}, d))",
             "grid_x": g["xs"], "grid_y": g["ys"],
             "grid_x_name": "lambda_1" if key == "a" else "theta",
             "grid_y_name": "lambda_2" if key == "a" else "rho",

@@ -32,6 +32,7 @@ SEED, N, T, DT = 0, 20, 12.0, 0.1
 HULL_TIMES = (0.0, 0.5, 1.0, 2.0, T)
 
 
+@H.styled
 def make(out_dir: Path, quick: bool = False) -> dict:
     """Simulate d = 2 and d = 3, draw the figure, write PNG/PDF/JSON and two GIFs."""
     plt = H.setup(quick)

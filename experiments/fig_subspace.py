@@ -32,6 +32,7 @@ SEED, N, T, DT = 0, 20, 12.0, 0.1
 V = np.diag([1.0, 1.0, -0.5])
 
 
+@H.styled
 def make(out_dir: Path, quick: bool = False) -> dict:
     """Simulate, draw, write PNG/PDF/JSON."""
     plt = H.setup(quick)

@@ -47,7 +47,6 @@ STYLE = {
     "mathtext.fontset": "dejavusans",
     "savefig.bbox": "tight",
     "savefig.pad_inches": 0.03,
-    "pdf.fonttype": 42,
 }
 
 # Colours of the regime labels (predict_regime / observe_limit vocabulary).
