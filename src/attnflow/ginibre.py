@@ -28,34 +28,36 @@ of ``eps ||V||_F``), so ``a`` is a scale-aware rounding threshold. A sample is
 *borderline* if a margin is within ``1000 a`` of its threshold (for a real top:
 ``|lambda_1|`` or the gap ``m_1 - m_2``; for a complex top: ``|Im lambda_1|`` or the gap
 ``m_1 - m_3`` to the next eigenvalue): the estimate reports how many there are, so you
-can see that the tolerance does not matter (it is 0 in every run so far). For good
-triples, ``phi_1`` (unit norm) comes from two steps of inverse iteration with the shift
-lambda_1 (checked by its residual; ``numpy.linalg.eig`` is the fallback), and the
-triple is good iff ``<Q phi, K phi> > tol * ||Q||_F ||K||_F``.
+can see that the tolerance does not matter (there were none in any of our runs, d = 1 to
+256, up to 100,000 samples per d). For good triples, ``phi_1`` (unit norm) comes from two steps
+of inverse iteration with the shift ``lambda_1 (1 + sqrt(eps))``, accepted if its
+residual is below ``1000 d eps ||V||_F`` (else ``numpy.linalg.eig``), and the triple is
+good iff ``<Q phi, K phi> > tol * ||Q||_F ||K||_F``.
 
 Random streams (split-independent): sample ``i``'s V is matrix ``i mod B`` of the block
 ``rng(seed, TAG, d, 0, i // B)`` (``B = block_size(d)``: 1024 matrices for small d, one
 matrix from d = 256; ``numpy.random.Generator.standard_normal``, filled row-major), and
 its Q, K are drawn (Q first) from substream ``i mod B`` of the block
-``Substreams(seed, TAG, d, 1, i // B)`` (the PCG64 stream advanced by ``(i mod B) 2**64``)
--- only for samples that satisfy the spectral hypothesis. ``ginibre_sample(d, i, seed=...)`` rebuilds any triple.
+``Substreams(seed, TAG, d, 1, i // B)`` (the PCG64 stream advanced by
+``(i mod B) 2**64``), only for samples that satisfy the spectral hypothesis.
+``ginibre_sample(d, i, seed=...)`` rebuilds any triple.
 
-Throughput, and the choice of "devices". The cost is LAPACK ``dgeev`` (eigenvalues only).
-The default backend is numpy: ``numpy.linalg.eigvals`` on stacked batches (one C loop of
-``geev`` calls, no Python per matrix), with generation and bookkeeping vectorised; its
-per-matrix time is within a few percent of a plain loop of ``numpy.linalg.eigvals`` at
-large d and far below it at small d (where the loop is Python overhead). Parallelism is
-a pool of worker processes (``workers``), one BLAS thread each (and one in this process,
-``sweep.blas_threads(1)``: OpenBLAS's spinning threads made ``geev`` up to 40 times
-slower on a busy machine, and one thread everywhere keeps the rounding identical
-wherever a sample is computed): measured on this
-project's machine (JAX 0.10, 2 cores), forced host devices
-(``--xla_force_host_platform_device_count``) executed one after the other, so JAX
-sharding gave no speed-up for this study, while processes scale with the cores; and
-``jnp.linalg.eigvals`` exists only on CPU anyway. ``backend="jax"`` (``jnp.linalg.eigvals``
-sharded over all local JAX devices by ``sweep.map_devices``, x64 required) is kept for
-machines where host devices do run concurrently; its decisions agree with numpy's. See
-BENCHMARKS.md for the measured ratios.
+Throughput, and the choice of "devices". The cost is LAPACK ``dgeev`` (eigenvalues
+only). The default backend is numpy: ``numpy.linalg.eigvals`` on stacked batches (one C
+loop of ``geev`` calls, no Python per matrix), with drawing and bookkeeping vectorised;
+per matrix it costs ``geev`` plus drawing the d^2 Gaussian entries (2-5% of ``geev``
+from d = 64 on) plus 1-2%, and far less than a plain loop of ``numpy.linalg.eigvals``
+at small d, where that loop is Python overhead. Every kernel call runs with one
+OpenBLAS thread (``sweep.blas_threads(1)``: OpenBLAS's spinning threads made ``geev``
+10-40 times slower on a busy machine, and one thread everywhere keeps the rounding
+identical wherever a sample is computed). Parallelism is a pool of worker processes
+(``workers``), one BLAS thread each. On this project's machine (JAX 0.10, 2 cores) the
+forced host devices (``--xla_force_host_platform_device_count``) executed one after the
+other, so JAX sharding gave no speed-up for this study, while processes use the cores;
+and ``jnp.linalg.eigvals`` exists only on CPU anyway. ``backend="jax"``
+(``jnp.linalg.eigvals`` sharded over all local JAX devices by ``sweep.map_devices``,
+x64 required) is kept for machines where host devices do run concurrently; its
+decisions agree with numpy's. BENCHMARKS.md has the measured ratios.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ __all__ = [
     "ginibre_sample",
     "ginibre_sweep",
     "parse_dims",
+    "summarize",
 ]
 
 TAG = 0x67696E69  # "gini": namespaces this study's random streams
@@ -436,7 +439,8 @@ def ginibre_kernel(config, start: int, stop: int, seed: int) -> dict:
     of largest modulus), ``mod2``, ``mod3`` (the next sorted moduli, 0 if d is too
     small), ``fro`` (||V||_F), ``spectral``, ``borderline`` (bool), ``qk``
     (<Q phi, K phi> / (||Q||_F ||K||_F), NaN where the spectral hypothesis fails),
-    ``good_identity``, ``good_ginibre``, ``borderline_ginibre`` (bool).
+    ``good_identity``, ``good_ginibre``, ``borderline_ginibre`` (bool). Runs with one
+    OpenBLAS thread (``sweep.blas_threads(1)``).
     """
     d, tol, backend = int(config["d"]), float(config["tol"]), str(config["backend"])
     if int(config.get("version", KERNEL_VERSION)) != KERNEL_VERSION:
@@ -446,10 +450,11 @@ def ginibre_kernel(config, start: int, stop: int, seed: int) -> dict:
     step = max(block_size(d), (_BATCH_ELEMS // (d * d)) // block_size(d) * block_size(d))
     parts = []
     s = start
-    while s < stop:
-        e = min(stop, (s // step + 1) * step)
-        parts.append(_analyse(_generate_V(seed, d, s, e), s, seed, tol, backend))
-        s = e
+    with _sweep.blas_threads(1):  # as in sweeps, also when called directly
+        while s < stop:
+            e = min(stop, (s // step + 1) * step)
+            parts.append(_analyse(_generate_V(seed, d, s, e), s, seed, tol, backend))
+            s = e
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
