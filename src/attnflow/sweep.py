@@ -27,17 +27,30 @@ concatenated; the chunking does not change the numbers.
 
 Parallelism. ``workers > 1`` runs shards (or chunks) concurrently in a pool of spawned
 worker processes, each with one BLAS/OpenMP thread (``OPENBLAS_NUM_THREADS=1`` etc.), so
-that ``workers`` processes use ``workers`` cores without oversubscription. Kernel calls
+that ``workers`` processes use ``workers`` cores without oversubscription; kernel calls
 in this process run with one OpenBLAS thread as well (``blas_threads(1)``), so the
-rounding is the same wherever a sample is computed. This is the
-right "device" for host LAPACK work (non-symmetric eigenvalues have no accelerator
-implementation in JAX). Kernels that compute with JAX should instead call
-``map_devices``, which shards a batch over all local JAX devices (padded to the device
-count) and returns the unpadded result.
+rounding is the same wherever a sample is computed. That is the right "device" for host
+LAPACK work (non-symmetric eigenvalues have no accelerator implementation in JAX).
+Kernels that compute with JAX call ``map_devices`` instead, which shards a batch over all
+local JAX devices (padded to the device count) and returns the unpadded result.
+
+Example (a later sweep)::
+
+    def kernel(config, start, stop, seed):            # module level: picklable
+        x0 = np.stack([rng(seed, 7, i).uniform(-1, 1, (config["n"], config["d"]))
+                       for i in range(start, stop)])
+        out = map_devices(batched_solve, x0)          # vmapped, throw=False inside
+        return {"label": out}
+
+    sw = Sweep("phase", kernel, {"n": 32, "d": 8, "beta": 1.0}, size=10_000, seed=0,
+               shard_size=256)
+    run(sw, "runs/phase", shard="3/16")               # job 3 of a 16-job array
+    data = merge("runs/phase")                        # once every job has finished
+    data["label"]                                     # (10_000,)
 
 Public names: ``Sweep``, ``SweepData``, ``RunReport``, ``compute``, ``run``, ``merge``,
-``read_manifest``, ``rng``, ``Substreams``, ``map_devices``, ``blas_threads``, ``sample_key``, ``parse_shard``,
-``shard_slice``.
+``read_manifest``, ``rng``, ``Substreams``, ``sample_key``, ``map_devices``,
+``blas_threads``, ``parse_shard``, ``shard_slice``.
 """
 
 from __future__ import annotations
