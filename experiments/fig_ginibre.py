@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -178,7 +179,9 @@ def make(out_dir: Path, quick: bool = False, results: Path | None = None,
             source = "computed"
         rows.append({"estimate": est, "source": source,
                      "seconds": time.perf_counter() - t0})
-        print(f"{est.summary()}  [{source}, {rows[-1]['seconds']:.1f} s]", flush=True)
+        # progress on stderr: `attnflow figures --json` keeps stdout for its JSON
+        print(f"{est.summary()}  [{source}, {rows[-1]['seconds']:.1f} s]", file=sys.stderr,
+              flush=True)
 
     ests = [r["estimate"] for r in rows]
     png, pdf = plot(ests, out_dir)
