@@ -104,14 +104,20 @@ def plot(ests, out_dir: Path) -> tuple[Path, Path]:
     import matplotlib.pyplot as plt
 
     dims = [e.d for e in ests]
+    # rc_context: `attnflow figures` runs every script in one process, so no rcParams
+    # may leak from one script to the next.
+    with matplotlib.rc_context({"font.size": 10, "axes.titlesize": 10.5,
+                                "legend.fontsize": 8.5}):
+        return _draw(plt, ests, dims, out_dir)
+
+
+def _draw(plt, ests, dims, out_dir: Path) -> tuple[Path, Path]:
     ds = np.array([e.d for e in ests])
     frac = np.array([e.fraction for e in ests])
     err = np.array([[e.fraction - e.low for e in ests], [e.high - e.fraction for e in ests]])
     gfrac = np.array([e.good_ginibre.fraction for e in ests])
     gerr = np.array([[e.good_ginibre.fraction - e.good_ginibre.low for e in ests],
                      [e.good_ginibre.high - e.good_ginibre.fraction for e in ests]])
-
-    plt.rcParams.update({"font.size": 10, "axes.titlesize": 10.5, "legend.fontsize": 8.5})
     fig, ax = plt.subplots(figsize=(6.4, 4.2), constrained_layout=True)
     ax.errorbar(ds, frac, yerr=err, fmt="o-", color="C0", ms=5, lw=1.3, capsize=3,
                 label=r"spectral hypothesis: $\lambda_1$ real, $>0$, simple"
