@@ -24,7 +24,7 @@ import numpy as np
 REQUIRED_KEYS = ("script", "quick", "seed", "n", "d", "t1", "Q", "K", "V", "solver",
                  "tolerances", "x64", "versions", "runtime_seconds", "figures", "runs")
 
-DPI_FULL, DPI_QUICK = 200, 110
+DPI_FULL, DPI_QUICK = 200, 90
 
 
 def setup(quick: bool = False):

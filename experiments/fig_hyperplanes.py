@@ -137,11 +137,11 @@ def make(out_dir: Path, quick: bool = False) -> dict:
              r"Euler $dt=0.1$, $T=12$", ha="center", va="top", fontsize=7, color="0.3")
     figures = H.save(fig, out_dir, NAME, quick)
 
-    frames = 6 if quick else 48
+    frames = 4 if quick else 48
     movies = []
     for r, case in ((res[0], "hyperplanes"), (res[1], "hyperplanes-3d")):
         info = AP.animate(r["traj"], out_dir / "movies" / f"{case}.gif", frames=frames,
-                          dpi=70 if quick else 90, draw="levels",
+                          dpi=60 if quick else 90, draw="levels",
                           title=AP.MOVIE_CASES[case]["title"])
         movies.append(info["path"])
     jpath = H.write_sidecar(

@@ -72,7 +72,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
 
     t_start = time.perf_counter()
     out_dir = Path(out_dir)
-    d = 48 if quick else 128
+    d = 32 if quick else 128
     V = paper_128(SEED, d=d)
     traj, params = AP.simulate_tokens(V, n=d, seed=SEED, t1=T, dt=DT, scale=SCALE)
     traj.raise_for_status()
@@ -100,7 +100,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     std_T_proj = c_proj[-1].std(axis=0)
     speed = np.abs(np.diff(c, axis=0)).max(axis=1) / np.diff(ts)[:, None]  # (m-1, d)
     # attention: Boolean to leaders, then float64 ties
-    picks = np.unique(np.rint(np.linspace(0, len(ts) - 1, 16)).astype(int))
+    picks = np.unique(np.rint(np.linspace(0, len(ts) - 1, 6 if quick else 16)).astype(int))
     rowmax_min, n_leaders = [], []
     for k in picks:
         P = np.asarray(traj.attention(int(k)))
@@ -111,7 +111,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     neg = mu < 0
     pos = (mu > 0) & (np.arange(d) != lead)
     params.update(
-        name="paper-128", V="attnflow.matrices.paper_128(seed=0" + (", d=48)" if quick else ")"),
+        name="paper-128",
         V_eigenvalues=mu, seconds_first_call_with_compile=round(first, 3),
         seconds_compiled_run=round(run_only, 3), coordinates_from=source,
         std_over_tokens_at_T=std_T, std_over_tokens_at_T_projected_from_z=std_T_proj,

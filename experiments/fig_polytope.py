@@ -108,12 +108,12 @@ def make(out_dir: Path, quick: bool = False) -> dict:
              ha="center", va="top", fontsize=7, color="0.3")
     figures = H.save(fig, out_dir, NAME, quick)
 
-    frames = 6 if quick else 48
+    frames = 4 if quick else 48
     movies = []
     for d, case in ((2, "polytope"), (3, "polytope-3d")):
         # the same runs as the figure (= attnflow animate --case CASE)
         info = AP.animate(trajs[f"traj{d}"], out_dir / "movies" / f"{case}.gif",
-                          frames=frames, dpi=70 if quick else 90, draw="hull",
+                          frames=frames, dpi=60 if quick else 90, draw="hull",
                           title=AP.MOVIE_CASES[case]["title"])
         movies.append(info["path"])
     jpath = H.write_sidecar(
