@@ -105,6 +105,25 @@ def initial_tokens(kind: str, n: int, d: int, seed: int, scale: float) -> np.nda
     raise CLIError(f"--x0 must be 'uniform', 'normal' or a .npy/.txt file; got {kind!r}.")
 
 
+def save_times(t1: float, saves: int, method: str, dt: Optional[float]) -> np.ndarray:
+    """``saves`` times in ``[0, t1]``, moved onto the layer grid for ``--method euler``."""
+    if saves < 2:
+        raise CLIError("--saves must be at least 2.")
+    ts = np.linspace(0.0, t1, saves)
+    if method == "euler":
+        if dt is None:
+            raise CLIError("--dt is required with --method euler.")
+        ts = np.unique(np.clip(np.rint(ts / dt) * dt, 0, t1))
+    return ts
+
+
+def default_dim(V: str, d: Optional[int], default: int) -> Optional[int]:
+    """``--d``, or ``default`` when V is a sized name (a file or paper matrix fixes d)."""
+    if d is None and Path(V).suffix not in (".npy", ".npz", ".txt") and V not in _fixed_size():
+        return default
+    return d
+
+
 # ---------------------------------------------------------------------- commands
 OptV = typer.Option("identity", "--V", help="value matrix: a name (identity, ginibre, "
                     "paper-2d, ...) or a .npy/.npz/.txt file")
@@ -140,20 +159,10 @@ def simulate(
     setup_jax(x64)
     import attnflow as af
 
-    if d is None and Path(V).suffix not in (".npy", ".npz", ".txt") and V not in _fixed_size():
-        d = 2
-    Qm, Km, Vm = load_weights(V, Q, K, d, seed)
-    dd = Vm.shape[0]
-    tokens = initial_tokens(x0, n, dd, seed, scale)
+    Qm, Km, Vm = load_weights(V, Q, K, default_dim(V, d, 2), seed)
+    tokens = initial_tokens(x0, n, Vm.shape[0], seed, scale)
     model = af.Attention(Qm, Km, Vm, beta=beta)
-    if saves < 2:
-        raise CLIError("--saves must be at least 2.")
-    ts = np.linspace(0.0, t1, saves)
-    if method == "euler":
-        if dt is None:
-            raise CLIError("--dt is required with --method euler.")
-        k = np.rint(ts / dt) * dt
-        ts = np.unique(np.clip(k, 0, t1))
+    ts = save_times(t1, saves, method, dt)
     traj = af.simulate(model, tokens, t1, ts=ts, frame=frame, method=method, dt=dt,
                        rtol=rtol, atol=atol, max_steps=max_steps, progress=progress)
     meta = traj.metadata(seed=seed, x0=x0, scale=scale, command="attnflow simulate")
@@ -245,19 +254,10 @@ def rank(
     import attnflow as af
     from .rank import track_rank
 
-    if d is None and Path(V).suffix not in (".npy", ".npz", ".txt") and V not in _fixed_size():
-        d = 1
-    Qm, Km, Vm = load_weights(V, Q, K, d, seed)
-    dd = Vm.shape[0]
-    tokens = initial_tokens(x0, n, dd, seed, scale)
+    Qm, Km, Vm = load_weights(V, Q, K, default_dim(V, d, 1), seed)
+    tokens = initial_tokens(x0, n, Vm.shape[0], seed, scale)
     model = af.Attention(Qm, Km, Vm, beta=beta)
-    if saves < 2:
-        raise CLIError("--saves must be at least 2.")
-    ts = np.linspace(0.0, t1, saves)
-    if method == "euler":
-        if dt is None:
-            raise CLIError("--dt is required with --method euler.")
-        ts = np.unique(np.clip(np.rint(ts / dt) * dt, 0, t1))
+    ts = save_times(t1, saves, method, dt)
     # Check the analysis settings before the (possibly long) simulation.
     if not 0.0 < tol < 1.0:
         raise CLIError(f"--tol must be in (0, 1); got {tol}.")
@@ -376,9 +376,7 @@ def classify(
     setup_jax(x64)
     from .regimes import observe_limit, predict_regime
 
-    if d is None and Path(V).suffix not in (".npy", ".npz", ".txt") and V not in _fixed_size():
-        d = 2
-    Qm, Km, Vm = load_weights(V, Q, K, d, seed)
+    Qm, Km, Vm = load_weights(V, Q, K, default_dim(V, d, 2), seed)
     reg = predict_regime(Qm, Km, Vm, rtol=rtol)
     result = {"prediction": reg.to_dict(), **{k: v for k, v in reg.to_dict().items()
                                                if k in ("label", "theorem", "eigenvalues",
@@ -386,16 +384,9 @@ def classify(
     if do_simulate:
         import attnflow as af
 
-        if saves < 2:
-            raise CLIError("--saves must be at least 2.")
-        dd = Vm.shape[0]
-        tokens = initial_tokens("uniform", n, dd, seed, scale)
+        ts = save_times(t1, saves, method, dt)
+        tokens = initial_tokens("uniform", n, Vm.shape[0], seed, scale)
         frame = "original" if reg.label == "origin" else "rescaled"
-        ts = np.linspace(0.0, t1, saves)
-        if method == "euler":
-            if dt is None:
-                raise CLIError("--dt is required with --method euler.")
-            ts = np.unique(np.clip(np.rint(ts / dt) * dt, 0, t1))
         traj = af.simulate(af.Attention(Qm, Km, Vm), tokens, t1, ts=ts, frame=frame,
                            method=method, dt=dt, max_steps=max_steps)
         obs = observe_limit(traj, tol=tol)
