@@ -41,11 +41,14 @@ PAPER_D, PAPER_FRACTION = 128, 0.14
 
 
 def samples_for(d: int, quick: bool) -> int:
-    """Samples per dimension: 20,000 up to d = 64, 12,000 at d = 128 (+-0.6% around
-    14%), 3,000 at d = 256; about 200 s of one core, so 2-3 minutes on two cores."""
+    """Samples per dimension: 20,000 up to d = 64 (+-0.7% or better), 6,000 at d = 128
+    (+-0.9% around 14%), 1,500 at d = 256 (+-1.6%); about 110 s of one idle core
+    (``geev`` costs ~6 ms at d = 128 and ~35 ms at d = 256), about one minute with a
+    worker per core. Tighter intervals: ``attnflow ginibre --samples N --out DIR``, then
+    ``--results DIR`` here."""
     if quick:
         return 1000
-    return 20_000 if d <= 64 else (12_000 if d <= 128 else 3000)
+    return 20_000 if d <= 64 else (6000 if d <= 128 else 1500)
 
 
 def _sample_groups(ests) -> str:

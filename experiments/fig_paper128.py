@@ -52,13 +52,13 @@ def modal_coordinates(traj) -> tuple[np.ndarray, np.ndarray, str]:
     eigenvalues ``mu`` (column order) and where they came from.
 
     The solver integrates the rescaled frame in V's real modal basis (``traj.coords ==
-    "modal"``); that state is read directly (there is no public accessor yet: this uses
-    ``traj._y``). Otherwise the coordinates are projected from ``traj.z``.
+    "modal"``); that state is read directly (``traj.state``). Otherwise the
+    coordinates are projected from ``traj.z``.
     """
     prop = traj.model.propagator
     mu = np.asarray(prop.mu_re, np.float64)
     if traj.coords == "modal" and traj.frame == "rescaled" and prop.method == "eigh":
-        return np.asarray(traj._y[0], np.float64), mu, "solver modal state (traj._y)"
+        return np.asarray(traj.state, np.float64), mu, "solver modal state (traj.state)"
     T = np.asarray(prop.T, np.float64)
     return np.asarray(traj.z, np.float64) @ np.linalg.inv(T).T, mu, "projection of traj.z"
 

@@ -117,6 +117,20 @@ def test_softmax_matches_reference_and_its_gradient():
     np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), rtol=1e-12, atol=1e-14)
 
 
+def test_softmax_ties_and_huge_rows_keep_value_and_gradient():
+    """Exact ties (symmetric tokens give them) get the softmax gradient, not zero, and a
+    row at 1e300 keeps its maximum at exactly 1."""
+    L = jnp.asarray([[2.0, 2.0, 0.5, -1.0], [3.0, 1.0, 3.0, 3.0], [1e300, 1e300, -1e300, 0.0]])
+    P = np.asarray(af.kernels.softmax(L))
+    np.testing.assert_allclose(P[:2], ref.softmax_rows(np.asarray(L[:2])), rtol=1e-15)
+    np.testing.assert_array_equal(P[2], [0.5, 0.5, 0.0, 0.0])
+    w = jnp.arange(1.0, 5.0)
+    f = lambda s: lambda L: jnp.sum(s(L) ** 2 * w)  # noqa: E731
+    g = jax.grad(f(af.kernels.softmax))(L[:2])
+    g_ref = jax.grad(f(lambda L: jax.nn.softmax(L, axis=-1)))(L[:2])
+    np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), rtol=1e-12, atol=1e-15)
+
+
 def test_rectangular_head_equals_bilinear_form():
     """A (p, d) head: logits depend on Q^T K only, so (I, Q^T K) gives the same flow."""
     rng = np.random.default_rng(5)

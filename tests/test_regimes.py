@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import attnflow as af
+import reference
 from attnflow.regimes import observe_limit, predict_regime, spectral_structure
 
 PAPER = af.matrices.PAPER
@@ -141,6 +142,45 @@ def test_observe_subspace_and_origin_and_not_converged():
     assert obs.label == "not-converged"
     obs = observe_limit(_run(I2, I2, I2, 0.5))  # far too short
     assert obs.label == "not-converged"
+
+
+def test_observe_levels_in_solver_coordinates_when_negative_modes_diverge():
+    """V = S diag(2, -1.7) S^-1: in the rescaled frame the -1.7 mode grows like
+    (1 - 0.17)^-k (~1e16 after 200 layers), so phi_1*(z) read off the standard-basis z
+    is swamped by that product's rounding and looks as if it still moved. Measured in
+    the solver's modal state the levels are exact: they match a numpy Euler transformer
+    in the original frame, where phi_1*(z^k) = phi_1*(x^k) / (1 + 2 dt)^k."""
+    S = np.array([[1.0, 0.6], [0.3, 1.0]])
+    V = S @ np.diag([2.0, -1.7]) @ np.linalg.inv(S)
+    x0 = np.random.default_rng(3).uniform(-1, 1, (20, 2))
+    dt, layers = 0.1, 200
+    traj = af.simulate(af.Attention(I2, I2, V), x0, dt * layers, method="euler", dt=dt,
+                       ts=np.linspace(0, dt * layers, 11))
+    assert traj.coords == "modal"
+    assert np.abs(np.asarray(traj.state[-1])).max() > 1e14  # the diverging mode
+    left = np.linalg.inv(S)[0]  # left eigenvector of lambda_1 = 2
+    xs = reference.euler_original(x0, I2, I2, V, dt, layers)
+    k = np.arange(0, layers + 1, 20)
+    ref = (xs[k] @ left) / (1 + 2 * dt) ** k[:, None]
+    got = np.asarray(traj.project(left[None]))[..., 0]
+    assert np.abs(got - ref).max() < 1e-9 * np.abs(ref).max()
+    obs = observe_limit(traj)
+    assert obs.label == "hyperplanes", obs.reason
+    assert obs.details["moving"] < 1e-6
+    # the same functional through the standard-basis z is off by far more
+    naive = np.asarray(traj.z[-1]) @ left
+    assert np.abs(naive - ref[-1]).max() > 1e3 * np.abs(got[-1] - ref[-1]).max()
+
+
+def test_project_matches_z_without_divergence():
+    traj = _run(I3, I3, PAPER["paper-3d-re-neg"], 3.0)
+    P = np.random.default_rng(0).standard_normal((2, 3))
+    want = np.asarray(traj.z) @ P.T
+    got = np.asarray(traj.project(P))
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-8 * np.abs(want).max())
+    with pytest.raises(ValueError, match="P must have 3 columns"):
+        traj.project(np.ones((2, 2)))
 
 
 def test_classify_cli(capsys):

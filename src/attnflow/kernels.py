@@ -61,20 +61,27 @@ BLOCK_ENTRIES = 1 << 22
 def softmax(L: Array) -> Array:
     """Row softmax of logits ``L`` ``(..., n)``, exact to the accuracy of the logits.
 
-    ``exp(L_j - max_k L_k)`` with the shifted exponents clamped at 0 and the argmax entry
-    pinned to ``e^0 = 1``. Inside ``jit`` on CPU, XLA may recompute a low-rank logit
-    product inside the fused subtraction and contract it into one fused multiply-add;
-    the shifted logit of the maximum then comes out as the product's rounding error
-    (``+-ulp/2``) instead of 0, which past ``|logit| ~ 1e18`` (float64) exceeds
-    ``log(finfo.max)``, and ``jax.nn.softmax`` returns ``inf / inf = NaN``. The max
-    shift is not stop-gradiented: with the argmax pinned, this is the exact
-    reparametrisation ``softmax(L)_j = e^{L_j - L_max} / sum_k e^{L_k - L_max}`` and its
-    gradient is the softmax gradient.
+    ``exp(s_j)`` with ``s_j = L_j - max_k L_k``, where every shifted logit within
+    ``8 eps |max_k L_k|`` of 0 (or above it) is taken as exactly 0. The reason: inside
+    ``jit`` on CPU, XLA may recompute a low-rank logit product inside the fused
+    subtraction and contract it into one fused multiply-add, so the shifted logit of
+    the maximum comes out as the product's rounding error (up to ``eps |max| / 2``
+    for one product) instead of 0. Past ``|logit| ~ 1e18`` (float64) that error
+    exceeds ``log(finfo.max)`` and ``jax.nn.softmax`` returns ``inf / inf = NaN`` (or
+    drops the maximum). Entries within the band are ties at the precision of the
+    logits, so giving them weight ``e^0`` changes nothing beyond that precision, and
+    every row keeps its maximum at exactly 1.
+
+    The band is applied to values only (``s - stop_gradient(s)`` inside it), and the
+    max shift is not stop-gradiented: the gradient is the softmax gradient, ties
+    included. An earlier version pinned the argmax entry instead; the extra
+    ``argmax`` reduction cost ~15% of a vector-field evaluation at n = 1024.
     """
-    n = L.shape[-1]
     m = jnp.max(L, axis=-1, keepdims=True)
-    top = jnp.arange(n) == jnp.argmax(L, axis=-1)[..., None]
-    e = jnp.where(top, 1.0, jnp.exp(jnp.minimum(L - m, 0.0))).astype(L.dtype)
+    s = L - m
+    band = s >= -8 * jnp.finfo(L.dtype).eps * jnp.abs(m)
+    s = s - jax.lax.stop_gradient(jnp.where(band, s, 0.0))
+    e = jnp.exp(s)
     return e / jnp.sum(e, axis=-1, keepdims=True)
 
 

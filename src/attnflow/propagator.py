@@ -228,7 +228,11 @@ class Propagator(eqx.Module):
 
         Column ``k`` becomes ``re_k u_k + sign_k im_k u_{partner(k)}``: a scaling for a
         real eigenvalue, a scaled rotation within the two columns of a complex pair.
+        A symmetric V (``"eigh"``, a static fact of the propagator) has no pairs: the
+        rotation part, a gather over the columns, is skipped.
         """
+        if self.method == "eigh":
+            return re * u
         return re * u + (self.sign * im) * jnp.take(u, self.partner, axis=-1)
 
     def exp_multipliers(self, t) -> tuple[Array, Array]:

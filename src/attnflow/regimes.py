@@ -516,6 +516,13 @@ def observe_limit(traj, *, tol: float | None = None, move_tol: float = 1e-3,
         ts = np.asarray(traj.ts, np.float64)
     if z.shape[0] < 2:
         raise ValueError("observe_limit needs at least two saved times (pass ts=...).")
+
+    def functionals(P):
+        """``z @ P.T`` from the solver's own coordinates (``Trajectory.project``): in
+        modal coordinates a diverging mode that P annihilates adds no rounding."""
+        q = np.asarray(traj.project(P), np.float64)
+        return q[system][keep] if traj.batched else q
+
     rel = 1e-2 if tol is None else float(tol)
     if not rel > 0:
         raise ValueError(f"tol must be positive; got {tol!r}.")
@@ -546,7 +553,7 @@ def observe_limit(traj, *, tol: float | None = None, move_tol: float = 1e-3,
                            f"V = -cI but the radius is still {radius[-1] / radius[0]:.3g} of "
                            f"its start (the spread decays only like t^(-1/2)).")
     if st.kind in ("scalar-positive", "paranormal"):
-        q = z if st.kind == "scalar-positive" else z @ st.F_coords.T
+        q = z if st.kind == "scalar-positive" else functionals(st.F_coords)
         label = "polytope" if st.kind == "scalar-positive" else "subspace"
         mv = moving(q)
         pts = q[-1]
@@ -575,7 +582,7 @@ def observe_limit(traj, *, tol: float | None = None, move_tol: float = 1e-3,
                            f"{int((~ok_pts).sum())} of {len(centers)} limit points lie inside "
                            f"their hull, away from 0.")
     if st.kind == "simple":
-        phi = z @ st.phi1_left
+        phi = functionals(st.phi1_left[None, :])[..., 0]
         mv = moving(phi[:, :, None])
         lv = phi[-1]
         a, b = float(lv.min()), float(lv.max())

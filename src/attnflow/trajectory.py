@@ -234,6 +234,40 @@ class Trajectory:
         return self._x if self.batched else self._x[0]
 
     @property
+    def state(self) -> Array:
+        """The integrated state exactly as the solver holds it, ``(m, n, d)`` or
+        ``(b, m, n, d)``: the tokens ``x`` (original frame), ``z`` (rescaled frame,
+        ``coords == "standard"``) or ``w = T^{-1} z`` (``coords == "modal"``: the real
+        modal basis of V, ``T = traj.model.propagator.T``).
+
+        In modal coordinates each column is one mode of V and carries no rounding from
+        the others; ``z = w T^T`` mixes them. When coordinates along negative
+        eigenvalues diverge (to ~1e20, say), the rounding of that product swamps the
+        bounded ones, so a measurement of a bounded mode (a level ``phi_1*(z)``, a
+        frozen coordinate) is exact here and not in ``z``."""
+        return self._y if self.batched else self._y[0]
+
+    def project(self, P) -> Array:
+        """``z @ P.T`` for a ``(k, d)`` matrix ``P`` of linear functionals of the
+        rescaled-frame tokens, ``(m, n, k)`` (or ``(b, m, n, k)``), computed from the
+        solver's state without mixing modes.
+
+        In modal coordinates ``z @ P.T = w @ (P T).T``; the entries of ``P T`` below
+        ``sqrt(eps)`` of the largest in their row are rounding (for instance a left eigenvector
+        against the other modes' right eigenvectors, zero in exact arithmetic) and are
+        dropped, so a diverging mode that ``P`` annihilates contributes nothing."""
+        P = np.atleast_2d(np.asarray(P, np.float64))
+        if P.shape[-1] != self.d:
+            raise ValueError(f"P must have {self.d} columns (one per coordinate); "
+                             f"got shape {P.shape}.")
+        if self.coords != "modal":
+            return jnp.einsum("...nd,kd->...nk", self.z, jnp.asarray(P, self._y.dtype))
+        C = P @ np.asarray(self.model.propagator.T, np.float64)
+        big = np.abs(C).max(axis=-1, keepdims=True, initial=0.0)
+        C = np.where(np.abs(C) > np.sqrt(np.finfo(np.float64).eps) * big, C, 0.0)
+        return jnp.einsum("...nd,kd->...nk", self.state, jnp.asarray(C, self._y.dtype))
+
+    @property
     def n(self) -> int:
         return self._y.shape[-2]
 
