@@ -60,8 +60,12 @@ def styled(make):
     return wrapper
 
 
-def save(fig, out_dir: Path, stem: str, quick: bool = False) -> list[Path]:
-    """Write ``stem.png`` and ``stem.pdf`` into ``out_dir``; close the figure."""
+def save(fig, out_dir: Path, stem: str, quick: bool = False,
+         tight: bool = False) -> list[Path]:
+    """Write ``stem.png`` and ``stem.pdf`` into ``out_dir``; close the figure.
+
+    ``quick``: the low-resolution PNG of quick runs. ``tight``: crop to the drawn
+    content (``bbox_inches="tight"``)."""
     import matplotlib.pyplot as plt
 
     out_dir = Path(out_dir)
@@ -69,7 +73,8 @@ def save(fig, out_dir: Path, stem: str, quick: bool = False) -> list[Path]:
     paths = []
     for ext in ("png", "pdf"):
         p = out_dir / f"{stem}.{ext}"
-        fig.savefig(p, dpi=(DPI_QUICK if quick else DPI_FULL) if ext == "png" else None)
+        fig.savefig(p, dpi=(DPI_QUICK if quick else DPI_FULL) if ext == "png" else None,
+                    bbox_inches="tight" if tight else None)
         paths.append(p)
     plt.close(fig)
     return paths

@@ -30,10 +30,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _plotting as H  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 NAME = "fig_dispersion"
 KERNEL_ORDER = ("softmax", "qknorm", "ssmax", "adaptive", "sigmoid")
@@ -219,16 +223,6 @@ def _sink(cfg: dict) -> dict:
 
 
 # ------------------------------------------------------------------ plotting
-def _save(fig, out_dir: Path, stem: str, plt) -> list[Path]:
-    paths = []
-    for ext in ("png", "pdf"):
-        p = out_dir / f"{stem}.{ext}"
-        fig.savefig(p, dpi=200 if ext == "png" else None, bbox_inches="tight")
-        paths.append(p)
-    plt.close(fig)
-    return paths
-
-
 def _plot_max(data: dict, out_dir: Path, plt) -> list[Path]:
     ns = np.asarray(data["ns"], float)
     fig, axes = plt.subplots(2, 3, figsize=(7.0, 4.6), sharex=True, sharey=True)
@@ -271,7 +265,7 @@ def _plot_max(data: dict, out_dir: Path, plt) -> list[Path]:
                  rf"$S^{{7}}$, $\beta$={data['beta']:g}); bounds from each row's logit "
                  r"spread $\delta$, max over rows", fontsize=7)
     fig.tight_layout()
-    return _save(fig, out_dir, f"{NAME}_max", plt)
+    return H.save(fig, out_dir, f"{NAME}_max", tight=True)
 
 
 def _plot_leaders(data: dict, out_dir: Path, plt, t1: float,
@@ -331,7 +325,7 @@ def _plot_leaders(data: dict, out_dir: Path, plt, t1: float,
                  r"tokens uniform in $[-1,1]^2$, original frame, Euler $dt=0.05$)",
                  fontsize=7)
     fig.tight_layout()
-    return _save(fig, out_dir, f"{NAME}_leaders", plt)
+    return H.save(fig, out_dir, f"{NAME}_leaders", tight=True)
 
 
 def _plot_sink(data: dict, out_dir: Path, plt) -> list[Path]:
@@ -370,7 +364,7 @@ def _plot_sink(data: dict, out_dir: Path, plt) -> list[Path]:
                  rf"$Q=K=I$, $\beta=1/\sqrt{{8}}$): qknorm removes the sink's norm",
                  fontsize=7)
     fig.tight_layout()
-    return _save(fig, out_dir, f"{NAME}_sink", plt)
+    return H.save(fig, out_dir, f"{NAME}_sink", tight=True)
 
 
 # ------------------------------------------------------------------ summary

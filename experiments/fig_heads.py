@@ -36,10 +36,14 @@ if __name__ == "__main__":
 import argparse
 import collections
 import json
+import sys
 import time
 from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _plotting as H  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 NAME = "heads"
 CHECKPOINT = "minilm"
@@ -177,13 +181,7 @@ def _fig_regimes(analysis, runs, out_dir: Path, plt) -> list[Path]:
                  f"$d$ = {analysis.d_model}, head size {analysis.d_head}, "
                  f"$\\beta = 1/\\sqrt{{{analysis.d_head}}}$", fontsize=7)
     fig.tight_layout()
-    paths = []
-    for ext in ("png", "pdf"):
-        p = out_dir / f"heads_regimes.{ext}"
-        fig.savefig(p, dpi=200 if ext == "png" else None, bbox_inches="tight")
-        paths.append(p)
-    plt.close(fig)
-    return paths
+    return H.save(fig, out_dir, "heads_regimes", tight=True)
 
 
 def _fig_dynamics(series: list[dict], tokens: list[str], out_dir: Path, plt) -> list[Path]:
@@ -216,13 +214,7 @@ def _fig_dynamics(series: list[dict], tokens: list[str], out_dir: Path, plt) -> 
                  "frame (Re $\\lambda_1 > 0$), $x$ original frame (Re $\\lambda_1 < 0$)",
                  fontsize=6.5)
     fig.tight_layout()
-    paths = []
-    for ext in ("png", "pdf"):
-        p = out_dir / f"heads_dynamics.{ext}"
-        fig.savefig(p, dpi=200 if ext == "png" else None, bbox_inches="tight")
-        paths.append(p)
-    plt.close(fig)
-    return paths
+    return H.save(fig, out_dir, "heads_dynamics", tight=True)
 
 
 def summarize(analysis, runs, sentences) -> dict:

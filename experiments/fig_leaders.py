@@ -25,13 +25,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _plotting as H  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 NAME = "fig_leaders"
-PNG_DPI = 200
 
 # Hyperplane-case value matrices of the clustering paper (also attnflow.matrices.PAPER).
 V_PAPER_2D = [[0.64709742, 0.81911926], [0.61210449, 0.63263484]]
@@ -144,7 +147,7 @@ def _fmt_sci(v: float) -> str:
     return rf"{mant:.1f}\times10^{{{e}}}"
 
 
-def _fig_heatmaps(results, out_dir: Path, plt) -> list[Path]:
+def _fig_heatmaps(results, out_dir: Path, plt, quick: bool) -> list[Path]:
     show = [r for r in results if r["case"]["key"] in ("d1", "d2_identity", "d2_hyperplane")]
     fig, axes = plt.subplots(len(show), 5, figsize=(7.2, 1.62 * len(show) + 0.5),
                              constrained_layout=True)
@@ -173,10 +176,10 @@ def _fig_heatmaps(results, out_dir: Path, plt) -> list[Path]:
     cb.ax.tick_params(labelsize=6)
     fig.suptitle("Attention matrix $P(t)$ (rows: queries, columns: keys, tokens grouped by "
                  "leader); leaders' columns labelled in red", fontsize=8)
-    return _save(fig, out_dir, f"{NAME}_heatmaps", plt)
+    return H.save(fig, out_dir, f"{NAME}_heatmaps", quick=quick)
 
 
-def _fig_rank(results, out_dir: Path, plt) -> list[Path]:
+def _fig_rank(results, out_dir: Path, plt, quick: bool) -> list[Path]:
     k = len(results)
     fig, axes = plt.subplots(k, 3, figsize=(7.2, 1.45 * k + 0.7), constrained_layout=True,
                              squeeze=False)
@@ -240,10 +243,10 @@ def _fig_rank(results, out_dir: Path, plt) -> list[Path]:
                  r"orange: fit over the default window $10^{-305}\leq D\leq10^{-10}$; "
                  r"red: deep window $D\leq10^{-30}$ (from the logits, to the end)",
                  fontsize=7)
-    return _save(fig, out_dir, f"{NAME}_rank", plt)
+    return H.save(fig, out_dir, f"{NAME}_rank", quick=quick)
 
 
-def _fig_tokens(results, out_dir: Path, plt) -> list[Path]:
+def _fig_tokens(results, out_dir: Path, plt, quick: bool) -> list[Path]:
     show = [r for r in results if r["case"]["key"] in ("d1", "d2_identity", "d2_hyperplane")]
     fig, axes = plt.subplots(1, len(show), figsize=(7.2, 2.6), constrained_layout=True)
     axes = np.atleast_1d(axes)
@@ -299,17 +302,7 @@ def _fig_tokens(results, out_dir: Path, plt) -> list[Path]:
     fig.suptitle("Token trajectories (rescaled frame), coloured by the leader they attend "
                  "at the end; dashed: the hyperplanes "
                  r"$\{\varphi_1^*(z)=\varphi_1^*(z_{\mathrm{leader}})\}$", fontsize=7)
-    return _save(fig, out_dir, f"{NAME}_tokens", plt)
-
-
-def _save(fig, out_dir: Path, stem: str, plt) -> list[Path]:
-    paths = []
-    for ext in ("png", "pdf"):
-        p = out_dir / f"{stem}.{ext}"
-        fig.savefig(p, dpi=PNG_DPI if ext == "png" else None)
-        paths.append(p)
-    plt.close(fig)
-    return paths
+    return H.save(fig, out_dir, f"{NAME}_tokens", quick=quick)
 
 
 def _checks(res: dict, i: int) -> dict:
@@ -425,13 +418,16 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"font.size": 7, "axes.titlesize": 7, "text.usetex": False,
-                         "mathtext.fontset": "dejavusans"})
+    # rc_context: `attnflow figures` runs every script in one process, so no rcParams
+    # may leak from one script to the next.
+    with matplotlib.rc_context({"font.size": 7, "axes.titlesize": 7, "text.usetex": False,
+                                "mathtext.fontset": "dejavusans"}):
+        return _make(out_dir, quick, plt)
 
+
+def _make(out_dir: Path, quick: bool, plt) -> dict:
     from attnflow.trajectory import run_metadata
 
-    global PNG_DPI
-    PNG_DPI = 100 if quick else 200
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -439,9 +435,9 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     solver = SOLVER_QUICK if quick else SOLVER
     results = [_run_case(c, solver) for c in cases]
     figures = []
-    figures += _fig_heatmaps(results, out_dir, plt)
-    figures += _fig_rank(results, out_dir, plt)
-    figures += _fig_tokens(results, out_dir, plt)
+    figures += _fig_heatmaps(results, out_dir, plt, quick)
+    figures += _fig_rank(results, out_dir, plt, quick)
+    figures += _fig_tokens(results, out_dir, plt, quick)
     summary = {r["case"]["key"]: _summary(r) for r in results}
     sidecar = dict(
         script="experiments/fig_leaders.py",
