@@ -223,7 +223,7 @@ def _sink(cfg: dict) -> dict:
 
 
 # ------------------------------------------------------------------ plotting
-def _plot_max(data: dict, out_dir: Path, plt) -> list[Path]:
+def _plot_max(data: dict, out_dir: Path, plt, quick: bool = False) -> list[Path]:
     ns = np.asarray(data["ns"], float)
     fig, axes = plt.subplots(2, 3, figsize=(7.0, 4.6), sharex=True, sharey=True)
     axes = axes.ravel()
@@ -265,11 +265,11 @@ def _plot_max(data: dict, out_dir: Path, plt) -> list[Path]:
                  rf"$S^{{7}}$, $\beta$={data['beta']:g}); bounds from each row's logit "
                  r"spread $\delta$, max over rows", fontsize=7)
     fig.tight_layout()
-    return H.save(fig, out_dir, f"{NAME}_max", tight=True)
+    return H.save(fig, out_dir, f"{NAME}_max", quick=quick, tight=True)
 
 
 def _plot_leaders(data: dict, out_dir: Path, plt, t1: float,
-                  qk_limit: float | None = None) -> list[Path]:
+                  qk_limit: float | None = None, quick: bool = False) -> list[Path]:
     ns = np.asarray(data["ns"], float)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(7.0, 2.8))
     for i, kern in enumerate(KERNEL_ORDER):
@@ -325,10 +325,10 @@ def _plot_leaders(data: dict, out_dir: Path, plt, t1: float,
                  r"tokens uniform in $[-1,1]^2$, original frame, Euler $dt=0.05$)",
                  fontsize=7)
     fig.tight_layout()
-    return H.save(fig, out_dir, f"{NAME}_leaders", tight=True)
+    return H.save(fig, out_dir, f"{NAME}_leaders", quick=quick, tight=True)
 
 
-def _plot_sink(data: dict, out_dir: Path, plt) -> list[Path]:
+def _plot_sink(data: dict, out_dir: Path, plt, quick: bool = False) -> list[Path]:
     ns = np.asarray(data["ns"], float)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(7.0, 2.8))
     scales = sorted({c["sink_scale"] for c in data["cases"]})
@@ -364,7 +364,7 @@ def _plot_sink(data: dict, out_dir: Path, plt) -> list[Path]:
                  rf"$Q=K=I$, $\beta=1/\sqrt{{8}}$): qknorm removes the sink's norm",
                  fontsize=7)
     fig.tight_layout()
-    return H.save(fig, out_dir, f"{NAME}_sink", tight=True)
+    return H.save(fig, out_dir, f"{NAME}_sink", quick=quick, tight=True)
 
 
 # ------------------------------------------------------------------ summary
@@ -405,8 +405,14 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"font.size": 7, "axes.titlesize": 7, "text.usetex": False,
-                         "mathtext.fontset": "dejavusans"})
+    # rc_context: `attnflow figures` runs every script in one process, so no rcParams
+    # may leak from one script to the next.
+    with matplotlib.rc_context({"font.size": 7, "axes.titlesize": 7, "text.usetex": False,
+                                "mathtext.fontset": "dejavusans"}):
+        return _make(out_dir, quick, plt)
+
+
+def _make(out_dir: Path, quick: bool, plt) -> dict:
     from attnflow.trajectory import run_metadata
 
     out_dir = Path(out_dir)
@@ -421,12 +427,13 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     f3 = _sink(cfg["sink"])
     seconds["sink"] = time.perf_counter() - t0 - seconds["max"] - seconds["leaders"]
     figures = []
-    figures += _plot_max(f1, out_dir, plt)
+    figures += _plot_max(f1, out_dir, plt, quick)
     lc = cfg["leaders"]
     # share > 1/2 needs 1/(1 + (n-1) e^{-delta}) > 1/2 with delta <= 2 beta p (p = d here)
     f2["qknorm_no_leader_above_n"] = 1 + math.exp(2 * lc["beta"] * lc["d"])
-    figures += _plot_leaders(f2, out_dir, plt, lc["t1"], f2["qknorm_no_leader_above_n"])
-    figures += _plot_sink(f3, out_dir, plt)
+    figures += _plot_leaders(f2, out_dir, plt, lc["t1"], f2["qknorm_no_leader_above_n"],
+                             quick=quick)
+    figures += _plot_sink(f3, out_dir, plt, quick)
     summary = _summary(f1, f2, f3)
     sidecar = dict(script="experiments/fig_dispersion.py", quick=bool(quick), x64=True,
                    parameters=cfg, versions=run_metadata(), summary=summary,

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _plotting as H  # noqa: E402
+import _plotting  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -133,7 +133,7 @@ def _grid(ax, values, colours, text, title, n_layers, n_heads):
     ax.set_title(title)
 
 
-def _fig_regimes(analysis, runs, out_dir: Path, plt) -> list[Path]:
+def _fig_regimes(analysis, runs, out_dir: Path, plt, quick: bool = False) -> list[Path]:
     from matplotlib.patches import Patch
 
     L, Hn = analysis.num_layers, analysis.num_heads
@@ -181,10 +181,11 @@ def _fig_regimes(analysis, runs, out_dir: Path, plt) -> list[Path]:
                  f"$d$ = {analysis.d_model}, head size {analysis.d_head}, "
                  f"$\\beta = 1/\\sqrt{{{analysis.d_head}}}$", fontsize=7)
     fig.tight_layout()
-    return H.save(fig, out_dir, "heads_regimes", tight=True)
+    return _plotting.save(fig, out_dir, "heads_regimes", quick=quick, tight=True)
 
 
-def _fig_dynamics(series: list[dict], tokens: list[str], out_dir: Path, plt) -> list[Path]:
+def _fig_dynamics(series: list[dict], tokens: list[str], out_dir: Path, plt,
+                  quick: bool = False) -> list[Path]:
     k = len(series)
     fig, axes = plt.subplots(2, k, figsize=(1.55 * k, 3.3), squeeze=False)
     cmap = plt.get_cmap("viridis")
@@ -214,7 +215,7 @@ def _fig_dynamics(series: list[dict], tokens: list[str], out_dir: Path, plt) -> 
                  "frame (Re $\\lambda_1 > 0$), $x$ original frame (Re $\\lambda_1 < 0$)",
                  fontsize=6.5)
     fig.tight_layout()
-    return H.save(fig, out_dir, "heads_dynamics", tight=True)
+    return _plotting.save(fig, out_dir, "heads_dynamics", quick=quick, tight=True)
 
 
 def summarize(analysis, runs, sentences) -> dict:
@@ -303,8 +304,15 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"font.size": 6, "axes.titlesize": 6, "text.usetex": False,
-                         "mathtext.fontset": "dejavusans"})
+    # rc_context: `attnflow figures` runs every script in one process, so no rcParams
+    # may leak from one script to the next.
+    with matplotlib.rc_context({"font.size": 6, "axes.titlesize": 6, "text.usetex": False,
+                                "mathtext.fontset": "dejavusans"}):
+        return _make(out_dir, quick, plt)
+
+
+def _make(out_dir: Path, quick: bool, plt) -> dict:
+    from attnflow import heads as H
     from attnflow.cli import to_jsonable
     from attnflow.trajectory import run_metadata
 
@@ -315,7 +323,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     analysis = H.analyze_heads(heads)
     t_analysis = time.perf_counter() - t_start
     shown = shown_heads(analysis)
-    figures = _fig_regimes(analysis, None, out_dir, plt) if quick else []
+    figures = _fig_regimes(analysis, None, out_dir, plt, quick) if quick else []
     sentences, runs, series, note = [], [], [], None
     try:
         sentences = H.input_embeddings(CHECKPOINT, H.DEFAULT_SENTENCES[:1] if quick
@@ -347,7 +355,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         if not quick:
             figures += _fig_regimes(analysis, runs, out_dir, plt)
         series.sort(key=lambda s: shown.index((s["layer"], s["head"])))
-        figures += _fig_dynamics(series, sentences[0]["tokens"], out_dir, plt)
+        figures += _fig_dynamics(series, sentences[0]["tokens"], out_dir, plt, quick)
     elif not quick:
         figures += _fig_regimes(analysis, None, out_dir, plt)
     summary = summarize(analysis, runs, sentences)

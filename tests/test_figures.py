@@ -82,6 +82,35 @@ def test_figures_quick_subset(tmp_path):
     assert (tmp_path / "index_quick.json").exists()
 
 
+def untimed(obj):
+    """``obj`` without its wall-clock entries (keys containing "seconds"), recursively."""
+    if isinstance(obj, dict):
+        return {k: untimed(v) for k, v in obj.items() if "seconds" not in k}
+    if isinstance(obj, list):
+        return [untimed(v) for v in obj]
+    return obj
+
+
+def test_figures_in_process_matches_workers(tmp_path):
+    """--jobs 1 runs the scripts in this process; the files and numbers are those of the
+    worker processes (default), and --jobs 0 is refused naming the option."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for out, jobs in ((a, "1"), (b, "2")):
+        p = run("figures", "--quick", "--out", str(out), "--only", "subspace",
+                "--only", "phase_diagram", "--jobs", jobs, "--json")
+        assert p.returncode == 0, p.stderr[-3000:]
+        index = json.loads(p.stdout)
+        assert index["jobs"] == int(jobs) and not index["failed"]
+    for name in ("fig_subspace.json", "fig_phase_diagram.json"):
+        sa, sb = (json.loads((d / name).read_text()) for d in (a, b))
+        assert untimed(sa["runs"]) == untimed(sb["runs"])
+    from attnflow.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["figures", "--quick", "--jobs", "0", "--out", str(tmp_path / "c")])
+    assert exc.value.code == 2
+
+
 def test_animate_writes_gif(tmp_path):
     out = tmp_path / "m" / "h.gif"
     p = run("animate", "--case", "hyperplanes", "--n", "6", "--t1", "2", "--frames", "5",

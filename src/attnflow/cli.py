@@ -622,6 +622,9 @@ def figures(
                                                help="folder of fig_*.py scripts"),
     list_only: bool = typer.Option(False, "--list", help="list the figures and exit"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", help="scripts run at once, each in "
+                                       "a worker process (default: one per core; 1: "
+                                       "all in this process)"),
 ):
     """Regenerate the figures (PNG + PDF + JSON sidecars) from experiments/fig_*.py."""
     from .figures import find_experiments, list_figures, run_figures
@@ -633,8 +636,10 @@ def figures(
         else:
             typer.echo("\n".join(names))
         return
+    if jobs is not None and jobs < 1:
+        raise CLIError(f"--jobs must be >= 1; got {jobs}.")
     index = run_figures(out, only=only, quick=quick, experiments=experiments,
-                        progress=not as_json)
+                        progress=not as_json, jobs=jobs)
     if as_json:
         emit_json(index)
     else:
@@ -642,6 +647,8 @@ def figures(
             typer.echo(f"{name}: {len(res['figures'])} files in {res['seconds']} s")
         for name, why in index["failed"].items():
             typer.echo(f"{name}: FAILED: {why}", err=True)
+        typer.echo(f"{len(index['figures'])} script(s) in {index['seconds']} s "
+                   f"({index['jobs']} job(s))")
     if index["failed"]:
         raise CLIError(f"{len(index['failed'])} figure script(s) failed: "
                        f"{', '.join(index['failed'])}")

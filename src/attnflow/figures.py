@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import multiprocessing
+import os
+import sys
 import time
 import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-__all__ = ["find_experiments", "list_figures", "run_figures"]
+__all__ = ["find_experiments", "list_figures", "run_figures", "default_jobs"]
 
 
 def find_experiments(path: str | Path | None = None) -> Path:
@@ -51,9 +55,45 @@ def _load(exp_dir: Path, name: str):
     return mod
 
 
+def _run_one(exp_dir: str, name: str, out: str, quick: bool) -> tuple:
+    """Run one script's ``make``; ``(name, result, None)`` or ``(name, None, error)``.
+
+    Module level so that a worker process can run it. Results go through JSON (as
+    ``index.json`` stores them), so what a worker returns is plain data."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    t0 = time.perf_counter()
+    try:
+        res = _load(Path(exp_dir), name).make(Path(out), quick=quick)
+        res = dict(res or {})
+        res["seconds"] = round(time.perf_counter() - t0, 2)
+        res["figures"] = [str(p) for p in res.get("figures", [])]
+        return name, json.loads(json.dumps(res, default=str)), None
+    except Exception as exc:  # keep going: one broken script must not hide the rest
+        return name, None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+
+
+def _previous_seconds(out: Path, quick: bool) -> dict:
+    """Seconds per script from an earlier index in ``out`` (to start the longest first)."""
+    try:
+        index = json.loads((out / ("index_quick.json" if quick else "index.json")).read_text())
+        return {k: float(v.get("seconds", 0.0)) for k, v in index["figures"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def default_jobs() -> int:
+    """Worker processes for ``run_figures``: one per core."""
+    return max(1, os.cpu_count() or 1)
+
+
 def run_figures(out_dir: str | Path = "figures", *, only: list[str] | None = None,
                 quick: bool = False, experiments: str | Path | None = None,
-                progress: bool = True) -> dict:
+                progress: bool = True, jobs: int | None = None) -> dict:
     """Run the figure scripts; return ``{"figures": {name: result}, "failed": {...}}``.
 
     Args:
@@ -62,6 +102,11 @@ def run_figures(out_dir: str | Path = "figures", *, only: list[str] | None = Non
         quick: small versions (seconds each), as the tests use.
         experiments: the folder of scripts (see ``find_experiments``).
         progress: show a progress bar over the scripts.
+        jobs: scripts run at once, each in its own worker process (spawned; a worker
+            runs several scripts one after the other). Default: one per core. With 1,
+            everything runs in this process. Much of a quick run is single-threaded
+            XLA compilation, so two workers on two cores nearly halve it. The longest
+            scripts of an earlier run (its ``index.json``) start first.
     """
     import jax
 
@@ -81,24 +126,40 @@ def run_figures(out_dir: str | Path = "figures", *, only: list[str] | None = Non
         if unknown:
             raise ValueError(f"unknown figure(s) {unknown}; known: {names}.")
         names = [n for n in names if n in wanted]
+    jobs = default_jobs() if jobs is None else int(jobs)
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1; got {jobs}.")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    before = _previous_seconds(out, quick)
+    order = sorted(names, key=lambda n: -before.get(n, 0.0))
     results, failed = {}, {}
-    bar = tqdm(names, desc="attnflow figures", unit="fig", disable=not progress)
-    for name in bar:
-        bar.set_postfix_str(name)
-        t0 = time.perf_counter()
-        try:
-            res = _load(exp_dir, name).make(out, quick=quick)
-            res = dict(res or {})
-            res["seconds"] = round(time.perf_counter() - t0, 2)
-            res["figures"] = [str(p) for p in res.get("figures", [])]
+    bar = tqdm(total=len(names), desc="attnflow figures", unit="fig", disable=not progress)
+    t_all = time.perf_counter()
+
+    def record(name, res, err):
+        if err is None:
             results[name] = res
-        except Exception as exc:  # keep going: one broken script must not hide the rest
-            failed[name] = f"{type(exc).__name__}: {exc}"
-            traceback.print_exc()
-    index = {"quick": quick, "figures": results, "failed": failed,
-             "versions": run_metadata()}
+        else:
+            failed[name] = err.splitlines()[0]
+            print(err, file=sys.stderr)
+        bar.set_postfix_str(name)
+        bar.update(1)
+
+    if jobs == 1 or len(names) == 1:
+        for name in order:
+            bar.set_postfix_str(name)
+            record(*_run_one(str(exp_dir), name, str(out), quick))
+    else:
+        ctx = multiprocessing.get_context("spawn")  # never fork a process running JAX
+        with ProcessPoolExecutor(max_workers=min(jobs, len(names)), mp_context=ctx) as pool:
+            futures = [pool.submit(_run_one, str(exp_dir), n, str(out), quick) for n in order]
+            for fut in as_completed(futures):
+                record(*fut.result())
+    bar.close()
+    results = {n: results[n] for n in names if n in results}
+    index = {"quick": quick, "jobs": jobs, "seconds": round(time.perf_counter() - t_all, 2),
+             "figures": results, "failed": failed, "versions": run_metadata()}
     (out / ("index_quick.json" if quick else "index.json")).write_text(
         json.dumps(index, indent=2, default=str))
     return index

@@ -8,6 +8,7 @@ import platform
 from functools import cached_property
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,6 +45,13 @@ def _advice(code: str, dtype, solver: dict, t_stop: float, t1: float) -> str:
     if code == "failed":
         return f"the solver failed {where}; try x64, other tolerances or method='euler'."
     return "ok"
+
+
+@eqx.filter_jit
+def _attention_rows(model, xs):
+    """``model.attention`` of each system's tokens ``xs`` ``(b, n, d)``, compiled once per
+    shape (eagerly, every primitive of the kernel would compile on its own)."""
+    return jax.vmap(model.attention)(xs)
 
 
 def run_metadata() -> dict:
@@ -280,8 +288,7 @@ class Trajectory:
         m = self._y.shape[1]
         if not -m <= k < m:
             raise IndexError(f"k = {k} is out of range for {m} saved times.")
-        xk = self._x[:, k]
-        P = jax.vmap(self.model.attention)(xk)
+        P = _attention_rows(self.model, self._x[:, k])
         return P if self.batched else P[0]
 
     # --------------------------------------------------------------- saving
