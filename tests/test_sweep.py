@@ -233,6 +233,32 @@ def test_sweep_killed_halfway_resumes_without_recomputing(tmp_path):
     same(S.merge(out).arrays, uninterrupted)
 
 
+def compute_with_pool():
+    S.compute(toy(size=16, shard_size=4, sleep=0.0), workers=2)
+
+
+def test_process_with_a_cached_pool_exits():
+    """A process started by multiprocessing (as `attnflow figures --jobs` starts them)
+    that used the cached worker pool must exit: multiprocessing joins its children
+    before the atexit handlers could close the pool (this hung once)."""
+    script = textwrap.dedent(f"""
+        import multiprocessing, sys
+        sys.path.insert(0, {str(HERE)!r})
+        from test_sweep import compute_with_pool
+
+        if __name__ == "__main__":
+            p = multiprocessing.get_context("spawn").Process(target=compute_with_pool)
+            p.start()
+            p.join(timeout=90)
+            print("exitcode", p.exitcode)
+            if p.exitcode is None:
+                p.kill()
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=180)
+    assert "exitcode 0" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
 def test_corrupt_shard_from_another_sweep_is_detected(tmp_path):
     S.run(toy(size=16), tmp_path / "a")
     S.run(toy(size=16, seed=9), tmp_path / "b")

@@ -61,6 +61,7 @@ import dataclasses
 import hashlib
 import json
 import multiprocessing
+import multiprocessing.util
 import os
 import re
 import time
@@ -472,6 +473,14 @@ def _close_pools() -> None:
     for w in list(_POOLS):
         with contextlib.suppress(Exception):
             _POOLS.pop(w).shutdown(wait=True, cancel_futures=True)
+
+
+# A process started by multiprocessing (a worker of `attnflow figures --jobs`, say) ends
+# with os._exit: atexit handlers never run there, and multiprocessing joins the
+# process's children first, so a cached pool's idle workers would keep it alive for
+# ever. Finalizers with a priority >= 0 run before that join, highest first: above the
+# pool's own queues (priority 10), whose closing would swallow the workers' stop signals.
+multiprocessing.util.Finalize(None, _close_pools, exitpriority=100)
 
 
 def _resolve_workers(workers) -> int:
