@@ -355,7 +355,6 @@ def simulate(
         if np.any(np.abs(save_layers * dtf - ts_np) > 1e-9 * max(1.0, t1f)):
             raise ValueError(f"ts must be multiples of dt = {dtf} for method='euler'.")
         if frame == "rescaled":
-            lam = np.linalg.eigvals(1.0 + dtf * np.asarray(model.V, np.float64))
             R = np.eye(model.d) + dtf * np.asarray(model.V, np.float64)
             if np.linalg.cond(R) > 1.0 / np.finfo(np.dtype(dtype)).eps:
                 raise ValueError(
@@ -363,7 +362,6 @@ def simulate(
                     f"{-1 / dtf:g}): the discrete rescaling does not exist. Use "
                     f"frame='original' or another dt."
                 )
-            del lam
         ys, Rks, reached, y_end, k_stop, stopped = _solve_euler(
             dyn, y0, dtf, n_layers, save_layers, progress=progress)
         codes = np.where(np.asarray(stopped), STATUS_CODES.index("overflow"), 0)
