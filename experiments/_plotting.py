@@ -12,6 +12,7 @@ Not a figure script (the runner only runs ``fig_*.py``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import re
@@ -42,19 +43,33 @@ def setup(quick: bool = False):
     return plt
 
 
+@contextlib.contextmanager
+def figure_context(rc: dict):
+    """x64 on, the Agg backend (``setup``), and the rc parameters ``rc`` for the
+    duration of the block only: ``attnflow figures`` may run several scripts in one
+    process, so no script may change another's rcParams. Yields ``matplotlib.pyplot``."""
+    plt = setup()
+    import matplotlib
+
+    with matplotlib.rc_context(rc):
+        yield plt
+
+
+def small_text(size: float) -> dict:
+    """rc parameters of the dense multi-panel figures: ``size``-pt text, no LaTeX."""
+    return {"font.size": size, "axes.titlesize": size, "text.usetex": False,
+            "mathtext.fontset": "dejavusans"}
+
+
 def styled(make):
-    """Decorator for a script's ``make``: x64 and Agg (``setup``), and the house style
-    (``attnflow.plotting.STYLE``) for the duration of the call only, so that the scripts
-    that ``attnflow figures`` runs in one process never change each other's rcParams."""
+    """Decorator for a script's ``make``: ``figure_context`` with the house style
+    (``attnflow.plotting.STYLE``)."""
 
     @functools.wraps(make)
     def wrapper(out_dir, quick: bool = False, **kw):
-        setup(quick)
-        import matplotlib
-
         from attnflow.plotting import STYLE
 
-        with matplotlib.rc_context(STYLE):
+        with figure_context(STYLE):
             return make(out_dir, quick=quick, **kw)
 
     return wrapper

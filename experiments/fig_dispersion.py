@@ -397,18 +397,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     Returns:
         ``{"figures": [paths as str], "json": path as str, "summary": {...}}``.
     """
-    import jax
-
-    jax.config.update("jax_enable_x64", True)  # scripts set global flags, the library never
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    # rc_context: `attnflow figures` runs every script in one process, so no rcParams
-    # may leak from one script to the next.
-    with matplotlib.rc_context({"font.size": 7, "axes.titlesize": 7, "text.usetex": False,
-                                "mathtext.fontset": "dejavusans"}):
+    with H.figure_context(H.small_text(7)) as plt:
         return _make(out_dir, quick, plt)
 
 

