@@ -174,6 +174,33 @@ def panel_label(ax, letter: str, *, x: float = -0.02, y: float = 1.02, **kw) -> 
                 ha="right", va="bottom", **kw)
 
 
+def axes3d(ax, labels=("$z_1$", "$z_2$", "$z_3$"), pads=(-9, -9, -9), **label_kw) -> None:
+    """The 3-d panels' axes: three ticks per axis, tick labels pulled in, axis labels
+    ``labels`` at ``labelpad`` ``pads`` (``label_kw``: e.g. ``fontsize``)."""
+    from matplotlib.ticker import MaxNLocator
+
+    for axis in (ax.xaxis, ax.yaxis, ax.zaxis):
+        axis.set_major_locator(MaxNLocator(3))
+    ax.tick_params(pad=-3, labelsize=6)
+    for setter, text, pad in zip((ax.set_xlabel, ax.set_ylabel, ax.set_zlabel), labels, pads):
+        setter(text, labelpad=pad, **label_kw)
+
+
+def movies(items, out_dir: Path, quick: bool, draw: str) -> list[str]:
+    """GIFs of ``(trajectory, case)`` pairs into ``out_dir/movies/CASE.gif``, drawn as
+    ``attnflow animate --case CASE`` draws them (``draw``: "hull" or "levels"); 48 frames
+    at 90 dpi, or 4 at 60 dpi when ``quick``. Returns the paths."""
+    import attnflow.plotting as AP
+
+    paths = []
+    for traj, case in items:
+        info = AP.animate(traj, Path(out_dir) / "movies" / f"{case}.gif",
+                          frames=4 if quick else 48, dpi=60 if quick else 90, draw=draw,
+                          title=AP.MOVIE_CASES[case]["title"])
+        paths.append(info["path"])
+    return paths
+
+
 def main(make, doc: str, argv=None) -> dict:
     """Standalone use: ``python experiments/fig_NAME.py [--quick] [--out figures]``."""
     ap = argparse.ArgumentParser(description=doc.strip().splitlines()[0])

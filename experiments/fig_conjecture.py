@@ -91,14 +91,8 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ax.set_ylim(lo[1], hi[1])
     ax.set_zlim(lo[2], hi[2])
     ax.view_init(elev=16, azim=-35)
-    from matplotlib.ticker import MaxNLocator
-
-    for axis in (ax.xaxis, ax.yaxis, ax.zaxis):
-        axis.set_major_locator(MaxNLocator(3))
-    ax.tick_params(pad=-3, labelsize=6)
-    ax.set_xlabel(r"$\varphi_3^*$ ($-0.222$)", labelpad=-7, fontsize=7)
-    ax.set_ylabel(r"$\varphi_2^*$ ($0.253$)", labelpad=-7, fontsize=7)
-    ax.set_zlabel(r"$\varphi_1^*$ ($1.963$)", labelpad=-8, fontsize=7)
+    H.axes3d(ax, (r"$\varphi_3^*$ ($-0.222$)", r"$\varphi_2^*$ ($0.253$)",
+                  r"$\varphi_1^*$ ($1.963$)"), (-7, -7, -8), fontsize=7)
     ax.set_title("blue planes: proved; red lines: conjectured", pad=-4, y=0.98,
                  fontsize=7)
     H.panel_label(ax, "a", x=0.12, y=0.93)

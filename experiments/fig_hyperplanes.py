@@ -95,14 +95,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
             ax.set_zlim(lo[2], hi[2])
             elev, azim = AP.edge_on_view(phi, lo, hi)
             ax.view_init(elev=14, azim=azim + 28)
-            from matplotlib.ticker import MaxNLocator
-
-            for axis in (ax.xaxis, ax.yaxis, ax.zaxis):
-                axis.set_major_locator(MaxNLocator(3))
-            ax.tick_params(pad=-3, labelsize=6)
-            ax.set_xlabel("$z_1$", labelpad=-9)
-            ax.set_ylabel("$z_2$", labelpad=-9)
-            ax.set_zlabel("$z_3$", labelpad=-9)
+            H.axes3d(ax)
         fig.text(xs[j] + 0.13, 0.9, r["label"], ha="center", va="bottom", fontsize=7)
         fig.text(xs[j] - 0.045, 0.9, f"({'abc'[j]})", ha="left", va="bottom",
                  fontweight="bold")
@@ -137,13 +130,8 @@ def make(out_dir: Path, quick: bool = False) -> dict:
              r"Euler $dt=0.1$, $T=12$", ha="center", va="top", fontsize=7, color="0.3")
     figures = H.save(fig, out_dir, NAME, quick)
 
-    frames = 4 if quick else 48
-    movies = []
-    for r, case in ((res[0], "hyperplanes"), (res[1], "hyperplanes-3d")):
-        info = AP.animate(r["traj"], out_dir / "movies" / f"{case}.gif", frames=frames,
-                          dpi=60 if quick else 90, draw="levels",
-                          title=AP.MOVIE_CASES[case]["title"])
-        movies.append(info["path"])
+    movies = H.movies([(res[0]["traj"], "hyperplanes"), (res[1]["traj"], "hyperplanes-3d")],
+                      out_dir, quick, draw="levels")
     jpath = H.write_sidecar(
         out_dir, NAME, script="experiments/fig_hyperplanes.py", quick=quick, runs=runs,
         figures=figures + movies, t_start=t_start, movies=movies,

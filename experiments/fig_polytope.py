@@ -55,8 +55,6 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         trajs[d] = (ts, z, measure, obs)
         trajs[f"traj{d}"] = traj
 
-    from matplotlib.ticker import MaxNLocator
-
     fig = plt.figure(figsize=(6.5, 2.9))
     # (a) d = 2
     ax = fig.add_axes([0.06, 0.25, 0.26, 0.58])
@@ -82,12 +80,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     AP.draw_trajectories(ax, z3, color="0.45", lw=0.6, ms=2.5)
     AP.draw_hull(ax, z3[-1], facecolor="C0", edgecolor="C0", alpha=0.22, lw=0.4)
     ax.view_init(elev=18, azim=-55)
-    for a in (ax.xaxis, ax.yaxis, ax.zaxis):
-        a.set_major_locator(MaxNLocator(3))
-    ax.set_xlabel("$z_1$", labelpad=-8)
-    ax.set_ylabel("$z_2$", labelpad=-8)
-    ax.set_zlabel("$z_3$", labelpad=-9)
-    ax.tick_params(pad=-3, labelsize=6)
+    H.axes3d(ax, pads=(-8, -8, -9))
     ax.set_title(f"$d=3$: {obs3['n_clusters']} limit points, polytope $K$", pad=-6,
                  y=0.98)
     H.panel_label(ax, "b", x=0.1, y=0.92)
@@ -108,14 +101,9 @@ def make(out_dir: Path, quick: bool = False) -> dict:
              ha="center", va="top", fontsize=7, color="0.3")
     figures = H.save(fig, out_dir, NAME, quick)
 
-    frames = 4 if quick else 48
-    movies = []
-    for d, case in ((2, "polytope"), (3, "polytope-3d")):
-        # the same runs as the figure (= attnflow animate --case CASE)
-        info = AP.animate(trajs[f"traj{d}"], out_dir / "movies" / f"{case}.gif",
-                          frames=frames, dpi=60 if quick else 90, draw="hull",
-                          title=AP.MOVIE_CASES[case]["title"])
-        movies.append(info["path"])
+    # the same runs as the figure (= attnflow animate --case CASE)
+    movies = H.movies([(trajs["traj2"], "polytope"), (trajs["traj3"], "polytope-3d")],
+                      out_dir, quick, draw="hull")
     jpath = H.write_sidecar(
         out_dir, NAME, script="experiments/fig_polytope.py", quick=quick, runs=runs,
         figures=figures + movies, t_start=t_start, hull_times=list(HULL_TIMES),

@@ -69,8 +69,6 @@ def make(out_dir: Path, quick: bool = False) -> dict:
                   z3_final_range=[float(z[-1, :, 2].min()), float(z[-1, :, 2].max())],
                   x3_final_max=float(np.abs(np.asarray(traj.x)[-1, :, 2]).max()))
 
-    from matplotlib.ticker import MaxNLocator
-
     fig = plt.figure(figsize=(6.5, 2.75))
     # (a) 3-d
     ax = fig.add_axes([-0.01, 0.06, 0.36, 0.82], projection="3d")
@@ -79,12 +77,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     for p in limits:
         ax.plot([p[0], p[0]], [p[1], p[1]], [zlo, zhi], color="C3", lw=0.8, ls="--")
     ax.view_init(elev=12, azim=-62)
-    for axis in (ax.xaxis, ax.yaxis, ax.zaxis):
-        axis.set_major_locator(MaxNLocator(3))
-    ax.tick_params(pad=-3, labelsize=6)
-    ax.set_xlabel("$z_1$", labelpad=-9)
-    ax.set_ylabel("$z_2$", labelpad=-9)
-    ax.set_zlabel("$z_3$", labelpad=-8)
+    H.axes3d(ax, pads=(-9, -9, -8))
     ax.set_title(r"red: $\{$limit point$\}\times G$", pad=-4, y=0.98, fontsize=7)
     H.panel_label(ax, "a", x=0.12, y=0.93)
     # (b) F-part
