@@ -181,6 +181,27 @@ def test_project_matches_z_without_divergence():
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-8 * np.abs(want).max())
     with pytest.raises(ValueError, match="P must have 3 columns"):
         traj.project(np.ones((2, 2)))
+    with pytest.raises(ValueError, match="system="):
+        traj.project(P, system=0)
+
+
+def test_observe_one_system_of_a_batch():
+    """system=i reads only that system, and matches the batch's own slice and the
+    same system solved alone."""
+    V = PAPER["paper-2d"]
+    x0 = np.random.default_rng(7).uniform(-5, 5, (3, 16, 2))
+    ts = np.linspace(0, 12.0, 49)
+    batch = af.simulate(af.Attention(I2, I2, V), x0, 12.0, ts=ts)
+    left = np.linalg.inv(np.linalg.eig(V)[1])[np.argmax(np.linalg.eigvals(V).real)]
+    whole = np.asarray(batch.project(left[None]))
+    for i in range(3):
+        np.testing.assert_array_equal(np.asarray(batch.project(left[None], system=i)),
+                                      whole[i])
+        obs = observe_limit(batch, system=i)
+        one = observe_limit(af.simulate(af.Attention(I2, I2, V), x0[i], 12.0, ts=ts))
+        assert obs.label == one.label == "hyperplanes"
+        np.testing.assert_allclose(obs.details["levels"], one.details["levels"],
+                                   rtol=1e-8, atol=1e-8)
 
 
 def test_classify_cli(capsys):

@@ -520,8 +520,9 @@ def observe_limit(traj, *, tol: float | None = None, move_tol: float = 1e-3,
     def functionals(P):
         """``z @ P.T`` from the solver's own coordinates (``Trajectory.project``): in
         modal coordinates a diverging mode that P annihilates adds no rounding."""
-        q = np.asarray(traj.project(P), np.float64)
-        return q[system][keep] if traj.batched else q
+        if traj.batched:
+            return np.asarray(traj.project(P, system=system), np.float64)[keep]
+        return np.asarray(traj.project(P), np.float64)
 
     rel = 1e-2 if tol is None else float(tol)
     if not rel > 0:

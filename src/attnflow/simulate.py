@@ -301,10 +301,10 @@ def simulate(
             For ``"euler"`` they must be multiples of ``dt`` (layer indices).
         frame: ``"rescaled"`` integrates ``z = e^{-tV} x``; ``"original"`` integrates ``x``.
         method: ``"adaptive"`` (Tsit5 with an I step-size controller, ``PCOEFF`` and
-            ``ICOEFF``; also ``"tsit5"``, ``"dopri5"``, ``"dopri8"``, ``"bosh3"``, ``"heun"``) or ``"euler"``: the
-            discrete-time transformer, one forward-Euler step of size ``dt`` per layer,
-            with the exact discrete rescaling ``z^k = (I + dt V)^{-k} x^k`` in the
-            rescaled frame.
+            ``ICOEFF``; also ``"tsit5"``, ``"dopri5"``, ``"dopri8"``, ``"bosh3"``,
+            ``"heun"``) or ``"euler"``: the discrete-time transformer, one forward-Euler
+            step of size ``dt`` per layer, with the exact discrete rescaling
+            ``z^k = (I + dt V)^{-k} x^k`` in the rescaled frame.
         dt: layer step for ``"euler"`` (required there, ignored otherwise).
         rtol, atol: tolerances of the adaptive step-size controller.
         max_steps: step budget of the adaptive solver, per system.

@@ -255,25 +255,31 @@ class Trajectory:
         frozen coordinate) is exact here and not in ``z``."""
         return self._y if self.batched else self._y[0]
 
-    def project(self, P) -> Array:
+    def project(self, P, *, system: int | None = None) -> Array:
         """``z @ P.T`` for a ``(k, d)`` matrix ``P`` of linear functionals of the
         rescaled-frame tokens, ``(m, n, k)`` (or ``(b, m, n, k)``), computed from the
-        solver's state without mixing modes.
+        solver's state without mixing modes. ``system``: one system of a batch only.
 
         In modal coordinates ``z @ P.T = w @ (P T).T``; the entries of ``P T`` below
-        ``sqrt(eps)`` of the largest in their row are rounding (for instance a left eigenvector
-        against the other modes' right eigenvectors, zero in exact arithmetic) and are
-        dropped, so a diverging mode that ``P`` annihilates contributes nothing."""
+        ``sqrt(eps)`` of the largest in their row are rounding (for instance a left
+        eigenvector against the other modes' right eigenvectors, zero in exact
+        arithmetic) and are dropped, so a diverging mode that ``P`` annihilates
+        contributes nothing."""
         P = np.atleast_2d(np.asarray(P, np.float64))
         if P.shape[-1] != self.d:
             raise ValueError(f"P must have {self.d} columns (one per coordinate); "
                              f"got shape {P.shape}.")
+        if system is not None and not self.batched:
+            raise ValueError("system= selects one system of a batch; this trajectory "
+                             "holds one system.")
         if self.coords != "modal":
-            return jnp.einsum("...nd,kd->...nk", self.z, jnp.asarray(P, self._y.dtype))
-        C = P @ np.asarray(self.model.propagator.T, np.float64)
-        big = np.abs(C).max(axis=-1, keepdims=True, initial=0.0)
-        C = np.where(np.abs(C) > np.sqrt(np.finfo(np.float64).eps) * big, C, 0.0)
-        return jnp.einsum("...nd,kd->...nk", self.state, jnp.asarray(C, self._y.dtype))
+            y = self.z if system is None else self.z[system]
+        else:
+            y = self.state if system is None else self._y[system]
+            P = P @ np.asarray(self.model.propagator.T, np.float64)
+            big = np.abs(P).max(axis=-1, keepdims=True, initial=0.0)
+            P = np.where(np.abs(P) > np.sqrt(np.finfo(np.float64).eps) * big, P, 0.0)
+        return jnp.einsum("...nd,kd->...nk", y, jnp.asarray(P, self._y.dtype))
 
     @property
     def n(self) -> int:
