@@ -3,7 +3,14 @@
 Tokens are particles, layers are time. The public names are re-exported here.
 """
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
+
+try:
+    __version__ = _version("attnflow")
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
+del PackageNotFoundError, _version
 
 from . import matrices
 from .dispersion import DispersionReport, dispersion, dispersion_scan
