@@ -400,5 +400,5 @@ def simulate(
     return Trajectory._from_solve(
         model=model, frame=frame, coords=dyn.coords, ts_requested=ts_np, ys=ys, reached=reached,
         t_stop=t_stop, y_stop=y_stop, codes=codes, stats=stats, batched=batched,
-        to_x=to_x, solver=solver_info, t1=t1f,
+        to_x=to_x, solver=solver_info, t1=t1f, x0=x0j if batched else x0j[0],
     )

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import platform
+import tempfile
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import equinox as eqx
@@ -14,9 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-__all__ = ["Trajectory", "SimulationError", "STATUS_CODES", "run_metadata"]
+__all__ = ["Trajectory", "SimulationError", "STATUS_CODES", "run_metadata", "FORMAT_VERSION"]
 
 STATUS_CODES = ("ok", "overflow", "max_steps", "nonfinite", "failed")
+
+# Version of the ``.npz`` layout written by ``Trajectory.save`` (``metadata["format"]``).
+FORMAT_VERSION = 1
 
 
 class SimulationError(RuntimeError):
@@ -89,6 +95,10 @@ class Trajectory:
             saves that a failed system never reached are NaN, and said so by ``status``.
         t_stop: where each system stopped (``t1`` when it succeeded).
         t1: the requested final time.
+        x0: the initial tokens as integrated (cast to the working dtype), ``(n, d)`` or
+            ``(b, n, d)``.
+        saved_metadata: for a trajectory read by ``Trajectory.load``, the metadata
+            stored with it (seed, command, versions, ...); ``None`` otherwise.
 
     ``z`` and ``x`` are the states in the rescaled and original frames, ``(m, n, d)`` or
     ``(b, m, n, d)``; the frame that was not integrated is computed on first access
@@ -108,11 +118,13 @@ class Trajectory:
     coords: str  # "standard", or "modal": the rescaled state is w = T^{-1} z
     _y: Array  # (b, m, n, d), the integrated state
     _to_x: Array | None  # (b?, m, d, d) maps z -> x, when not computable from ts
+    x0: Array | None = None  # the initial tokens as integrated, (n, d) or (b, n, d)
+    saved_metadata: dict | None = None  # what Trajectory.load read from the file
 
     # ------------------------------------------------------------- construction
     @classmethod
     def _from_solve(cls, *, model, frame, coords, ts_requested, ys, reached, t_stop, y_stop,
-                    codes, stats, batched, to_x, solver, t1):
+                    codes, stats, batched, to_x, solver, t1, x0=None):
         codes = np.asarray(codes).reshape(-1)
         statuses = tuple(STATUS_CODES[int(c)] for c in codes)
         reached = np.asarray(reached, bool)
@@ -126,7 +138,7 @@ class Trajectory:
             to = None if to_x is None else jnp.asarray(to_x, dtype)
             return cls(ts=ts, frame=frame, model=model, stats=stats, solver=solver,
                        statuses=statuses, reached=reached, t_stop=t_stop, t1=t1,
-                       batched=True, coords=coords, _y=ys, _to_x=to)
+                       batched=True, coords=coords, _y=ys, _to_x=to, x0=x0)
         # One system: keep what was reached, then the state where it stopped.
         r = reached[0]
         keep = np.flatnonzero(r)
@@ -149,7 +161,7 @@ class Trajectory:
         return cls(ts=jnp.asarray(tk, dtype), frame=frame, model=model, stats=stats1,
                    solver=solver, statuses=statuses, reached=r, t_stop=t_stop, t1=t1,
                    batched=False, coords=coords, _y=y[None],
-                   _to_x=None if to is None else jnp.asarray(to, dtype))
+                   _to_x=None if to is None else jnp.asarray(to, dtype), x0=x0)
 
     # ------------------------------------------------------------------- status
     @property
@@ -303,6 +315,7 @@ class Trajectory:
         m = self.model
         meta = {
             "frame": self.frame,
+            "coords": self.coords,
             "solver": self.solver,
             "t1": self.t1,
             "status": self.status,
@@ -326,12 +339,148 @@ class Trajectory:
         meta.update(extra)
         return meta
 
-    def save(self, path, **extra) -> None:
-        """Write ``ts``, ``z``, ``x``, ``reached`` and a JSON ``metadata`` string to ``.npz``."""
-        np.savez_compressed(
-            path, ts=np.asarray(self.ts), z=np.asarray(self.z), x=np.asarray(self.x),
-            reached=self.reached, metadata=json.dumps(self.metadata(**extra)),
-        )
+    def save(self, path, **extra) -> Path:
+        """Write the run to an ``.npz`` file that ``Trajectory.load`` reads back bit for bit.
+
+        The file holds ``ts``, ``z``, ``x`` and ``reached`` (plain arrays for any reader),
+        the solver's own state and coordinates, the initial tokens ``x0``, where each
+        system stopped, the model's weights and kernel parameters, the statistics, and a
+        JSON ``metadata`` string (``Trajectory.metadata``: solver, tolerances, status,
+        seed and other ``extra`` keys, versions, x64). Missing parent folders are
+        created; ``.npz`` is appended when ``path`` has another suffix or none. The file
+        is written to a temporary name and renamed, so a crash never leaves half a file.
+
+        Returns:
+            The path written.
+        """
+        path = Path(path)
+        if path.is_dir():
+            raise ValueError(f"path {str(path)!r} is a directory; give a file name such "
+                             f"as {str(path / 'run.npz')!r}.")
+        if path.suffix != ".npz":
+            path = path.with_name(path.name + ".npz")
+        meta = self.metadata(**extra)  # before any file is touched: fails early
+        m = self.model
+        arrays = {
+            "ts": np.asarray(self.ts), "z": np.asarray(self.z), "x": np.asarray(self.x),
+            "reached": np.asarray(self.reached), "state": np.asarray(self._y),
+            "t_stop": np.asarray(self.t_stop),
+            "model.Q": np.asarray(m.Q), "model.K": np.asarray(m.K),
+            "model.V": np.asarray(m.V), "model.beta": np.asarray(m.beta),
+        }
+        if self._to_x is not None:
+            arrays["to_x"] = np.asarray(self._to_x)
+        if self.x0 is not None:
+            arrays["x0"] = np.asarray(self.x0)
+        for k, v in (getattr(m, "kernel_params", None) or {}).items():
+            arrays[f"model.kernel_params.{k}"] = np.asarray(v)
+        for k, v in self.stats.items():
+            arrays[f"stats.{k}"] = np.asarray(v)
+        meta["format"] = FORMAT_VERSION
+        meta["trajectory"] = {
+            "batched": self.batched, "coords": self.coords, "t1": self.t1,
+            "statuses": list(self.statuses), "block": getattr(m, "block", None),
+            "rectangular": tuple(np.shape(m.Q)) != tuple(np.shape(m.V)),
+            # statistics held as Python numbers (the rest are numpy values)
+            "stats_python": [k for k, v in self.stats.items()
+                             if isinstance(v, (int, float)) and not isinstance(v, bool)],
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                np.savez_compressed(fh, metadata=json.dumps(meta), **arrays)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path) -> "Trajectory":
+        """Read a run written by ``Trajectory.save``: every array, the batch, the
+        statuses, the statistics and the metadata come back bit for bit (the metadata is
+        in ``traj.saved_metadata``).
+
+        A run saved in float64 needs x64 on (``jax.config.update("jax_enable_x64",
+        True)``) to be read back without rounding; loading it with x64 off raises."""
+        from .model import Attention
+
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"path {str(path)!r} is not a file written by "
+                             f"Trajectory.save (an .npz).")
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                data = {k: f[k] for k in f.files}
+        except Exception as exc:
+            raise ValueError(f"cannot read {str(path)!r} as an .npz file: {exc}") from None
+        if "metadata" not in data or "state" not in data:
+            raise ValueError(f"{str(path)!r} was not written by Trajectory.save of this "
+                             f"attnflow (no metadata/state arrays); re-save the run.")
+        meta = json.loads(str(data.pop("metadata")))
+        if meta.get("format") != FORMAT_VERSION:
+            raise ValueError(f"{str(path)!r} has format {meta.get('format')!r}; this "
+                             f"attnflow reads format {FORMAT_VERSION}.")
+        state = data["state"]
+        if state.dtype == np.float64 and not jax.config.jax_enable_x64:
+            raise ValueError(
+                f"{str(path)!r} holds a float64 run and JAX's x64 mode is off, so it would "
+                f"be rounded to float32; enable it first: "
+                f"jax.config.update('jax_enable_x64', True).")
+        info = meta["trajectory"]
+        kparams = {k.removeprefix("model.kernel_params."): v for k, v in data.items()
+                   if k.startswith("model.kernel_params.")}
+        prop = meta.get("propagator", "auto")
+        model = Attention(data["model.Q"], data["model.K"], data["model.V"],
+                          beta=data["model.beta"], kernel=meta["kernel"],
+                          kernel_params=kparams or None,
+                          propagator="auto" if prop == "guarded" else prop,
+                          rectangular=bool(info["rectangular"]), block=info["block"])
+        python = set(info.get("stats_python", ()))
+        stats = {}
+        for k, v in data.items():
+            if k.startswith("stats."):
+                name = k.removeprefix("stats.")
+                stats[name] = v.item() if name in python else (v[()] if v.ndim == 0 else v)
+        to_x = data.get("to_x")
+        x0 = data.get("x0")
+        traj = cls(ts=jnp.asarray(data["ts"]), frame=meta["frame"], model=model,
+                   stats=stats, solver=meta["solver"], statuses=tuple(info["statuses"]),
+                   reached=np.asarray(data["reached"], bool), t_stop=data["t_stop"],
+                   t1=float(info["t1"]), batched=bool(info["batched"]),
+                   coords=info["coords"], _y=jnp.asarray(state),
+                   _to_x=None if to_x is None else jnp.asarray(to_x),
+                   x0=None if x0 is None else jnp.asarray(x0), saved_metadata=meta)
+        return traj
+
+    def to_xarray(self):
+        """The states as an ``xarray.Dataset`` with data variables ``z`` and ``x``, dims
+        ``(system, time, token, coord)`` (``system`` only for a batch), the saved times
+        as the ``time`` coordinate, ``reached`` and ``t_stop`` per system, and the run's
+        metadata as attributes (nested values as JSON strings, so the dataset can be
+        written with ``to_netcdf``). Needs the ``xarray`` extra
+        (``pip install "attnflow[xarray]"``)."""
+        try:
+            import xarray as xr
+        except ImportError:
+            raise ImportError("to_xarray needs xarray: pip install 'attnflow[xarray]'.") from None
+        dims = ("system", "time", "token", "coord") if self.batched else ("time", "token", "coord")
+        sys_dims = ("system",) if self.batched else ()
+        reached = self.reached if self.batched else np.asarray(self.reached)
+        data_vars = {
+            "z": (dims, np.asarray(self.z)),
+            "x": (dims, np.asarray(self.x)),
+            "reached": (sys_dims + ("time",), np.asarray(reached)),
+            "t_stop": (sys_dims, np.asarray(self.t_stop if self.batched else self.t_stop[0])),
+        }
+        meta = self.metadata()
+        attrs = {k: (v if isinstance(v, (str, int, float)) and not isinstance(v, bool)
+                     else json.dumps(v)) for k, v in meta.items()}
+        coords = {"time": np.asarray(self.ts)}
+        if self.batched:
+            coords["system"] = np.arange(len(self.statuses))
+        return xr.Dataset(data_vars, coords=coords, attrs=attrs)
 
     def __repr__(self) -> str:
         shape = tuple(self._y.shape) if self.batched else tuple(self._y.shape[1:])
