@@ -338,14 +338,11 @@ def test_cli_dispersion_errors_are_one_line(args, word):
 
 @pytest.mark.slow
 def test_fig_dispersion_quick(tmp_path):
-    import importlib.util
+    import importlib
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "experiments" / "fig_dispersion.py"
-    spec = importlib.util.spec_from_file_location("fig_dispersion", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = importlib.import_module("attnflow.experiments.fig_dispersion")
     res = mod.make(tmp_path, quick=True)
     assert len(res["figures"]) == 6 and all(Path(p).stat().st_size > 0 for p in res["figures"])
     side = json.loads(Path(res["json"]).read_text())

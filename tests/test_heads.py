@@ -433,10 +433,7 @@ def test_package_imports_without_optional_packages():
 
 
 def test_figure_script_skips_without_model(tmp_path, monkeypatch):
-    script = Path(__file__).resolve().parents[1] / "experiments" / "fig_heads.py"
-    spec = importlib.util.spec_from_file_location("fig_heads_test", script)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = importlib.import_module("attnflow.experiments.fig_heads")
     real = importlib.util.find_spec
     monkeypatch.setattr(H.importlib.util, "find_spec",
                         lambda name, *a: None if name == H.MINILM_PACKAGE else real(name, *a))

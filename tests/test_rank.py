@@ -375,13 +375,10 @@ def test_to_dict_is_json_ready(d1):
 
 @pytest.mark.slow
 def test_fig_leaders_quick(tmp_path):
-    import importlib.util
+    import importlib
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "experiments" / "fig_leaders.py"
-    spec = importlib.util.spec_from_file_location("fig_leaders", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = importlib.import_module("attnflow.experiments.fig_leaders")
     res = mod.make(tmp_path, quick=True)
     assert len(res["figures"]) == 6 and all(Path(p).stat().st_size > 0 for p in res["figures"])
     side = json.loads(Path(res["json"]).read_text())

@@ -1,15 +1,22 @@
-"""Run the figure scripts of ``experiments/`` (what ``attnflow figures`` does).
+"""Run the figure scripts (what ``attnflow figures`` does).
 
-Each ``experiments/fig_*.py`` defines ``make(out_dir: Path, quick: bool = False) -> dict``
-returning at least ``{"figures": [paths]}`` and writes its own sidecar JSON with every
-parameter. The runner imports them in name order, runs them with a progress bar, and
-writes ``index.json`` (what was made, how long it took, versions) into the output folder.
-Figures are computed in float64: the runner turns x64 on, as scripts may and the library
-never does.
+The scripts are the subpackage ``attnflow.experiments``, installed with attnflow, so the
+command works from any folder; ``experiments=DIR`` (``--experiments DIR``) runs an
+external folder of ``fig_*.py`` scripts instead. Each ``fig_*.py`` defines
+``make(out_dir: Path, quick: bool = False) -> dict`` returning at least
+``{"figures": [paths]}`` and writes its own sidecar JSON with every parameter. The runner
+imports them in name order, runs them with a progress bar, and writes ``index.json``
+(what was made, how long it took, versions) into the output folder.
+
+Figures are computed in float64: ``run_figures`` turns x64 on for the duration of the call
+and restores the previous setting on return. Run in this process (``jobs=1``) it leaves
+matplotlib's backend and rcParams as it found them; worker processes, which the runner
+starts and owns, draw with the Agg backend.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import multiprocessing
@@ -23,20 +30,25 @@ from pathlib import Path
 __all__ = ["find_experiments", "list_figures", "run_figures", "default_jobs"]
 
 
+def _installed() -> Path:
+    """The folder of the installed ``attnflow.experiments`` subpackage."""
+    from . import experiments
+
+    return Path(experiments.__file__).resolve().parent
+
+
 def find_experiments(path: str | Path | None = None) -> Path:
-    """The ``experiments/`` folder: ``path`` if given, else ``./experiments``, else the
-    one beside the source tree (an editable install)."""
-    candidates = []
-    if path is not None:
-        candidates.append(Path(path))
-    candidates.append(Path.cwd() / "experiments")
-    candidates.append(Path(__file__).resolve().parents[2] / "experiments")
-    for c in candidates:
-        if c.is_dir() and any(c.glob("fig_*.py")):
-            return c
+    """The folder of figure scripts: ``path`` if given (a folder of ``fig_*.py``
+    scripts), else the installed subpackage ``attnflow.experiments``."""
+    if path is None:
+        return _installed()
+    p = Path(path)
+    if p.is_dir() and any(p.glob("fig_*.py")):
+        return p
     raise ValueError(
-        "no experiments/ folder with fig_*.py scripts found; run from the attnflow "
-        "repository or pass --experiments DIR."
+        f"{str(p)!r} is not a folder of fig_*.py scripts; pass such a folder to "
+        "--experiments, or leave the option out to run the figures installed with "
+        "attnflow."
     )
 
 
@@ -46,26 +58,37 @@ def list_figures(exp_dir: Path) -> list[str]:
 
 
 def _load(exp_dir: Path, name: str):
-    spec = importlib.util.spec_from_file_location(f"attnflow_experiments.{name}",
-                                                  exp_dir / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    """The module of script ``name``: imported from ``attnflow.experiments`` when
+    ``exp_dir`` is the installed subpackage, else loaded from ``exp_dir/name.py``."""
+    if Path(exp_dir).resolve() == _installed():
+        mod = importlib.import_module(f"{__package__}.experiments.{name}")
+    else:
+        spec = importlib.util.spec_from_file_location(f"attnflow_experiments.{name}",
+                                                      Path(exp_dir) / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
     if not hasattr(mod, "make"):
         raise ValueError(f"{name}.py defines no make(out_dir, quick) function.")
     return mod
 
 
-def _run_one(exp_dir: str, name: str, out: str, quick: bool) -> tuple:
-    """Run one script's ``make``; ``(name, result, None)`` or ``(name, None, error)``.
-
-    Module level so that a worker process can run it. Results go through JSON (as
-    ``index.json`` stores them), so what a worker returns is plain data."""
+def _init_worker() -> None:
+    """Set up a worker process of the runner: x64 on, the Agg backend (the process is
+    the runner's, so it may choose both)."""
     import jax
 
     jax.config.update("jax_enable_x64", True)
     import matplotlib
 
     matplotlib.use("Agg")
+
+
+def _run_one(exp_dir: str, name: str, out: str, quick: bool) -> tuple:
+    """Run one script's ``make``; ``(name, result, None)`` or ``(name, None, error)``.
+
+    Module level so that a worker process can run it. Results go through JSON (as
+    ``index.json`` stores them), so what a worker returns is plain data. x64 is on
+    (``run_figures`` or ``_init_worker`` turned it on)."""
     t0 = time.perf_counter()
     try:
         res = _load(Path(exp_dir), name).make(Path(out), quick=quick)
@@ -107,13 +130,25 @@ def run_figures(out_dir: str | Path = "figures", *, only: list[str] | None = Non
             everything runs in this process. Much of a quick run is single-threaded
             XLA compilation, so two workers on two cores nearly halve it. The longest
             scripts of an earlier run (its ``index.json``) start first.
+
+    x64 is on for the duration of the call (figures are computed in float64); the
+    previous setting is restored on return. In this process, matplotlib's backend is
+    left alone (the scripts close every figure they draw) and rcParams are restored on
+    return; worker processes draw with Agg.
     """
     import jax
 
+    x64 = bool(jax.config.jax_enable_x64)
     jax.config.update("jax_enable_x64", True)
-    import matplotlib
+    try:
+        return _run_figures(out_dir, only=only, quick=quick, experiments=experiments,
+                            progress=progress, jobs=jobs)
+    finally:
+        jax.config.update("jax_enable_x64", x64)
 
-    matplotlib.use("Agg")
+
+def _run_figures(out_dir, *, only, quick, experiments, progress, jobs) -> dict:
+    import matplotlib
     from tqdm.auto import tqdm
 
     from .trajectory import run_metadata
@@ -147,12 +182,14 @@ def run_figures(out_dir: str | Path = "figures", *, only: list[str] | None = Non
         bar.update(1)
 
     if jobs == 1 or len(names) == 1:
-        for name in order:
-            bar.set_postfix_str(name)
-            record(*_run_one(str(exp_dir), name, str(out), quick))
+        with matplotlib.rc_context():  # whatever a script leaks stays in the call
+            for name in order:
+                bar.set_postfix_str(name)
+                record(*_run_one(str(exp_dir), name, str(out), quick))
     else:
         ctx = multiprocessing.get_context("spawn")  # never fork a process running JAX
-        with ProcessPoolExecutor(max_workers=min(jobs, len(names)), mp_context=ctx) as pool:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(names)), mp_context=ctx,
+                                 initializer=_init_worker) as pool:
             futures = [pool.submit(_run_one, str(exp_dir), n, str(out), quick) for n in order]
             for fut in as_completed(futures):
                 record(*fut.result())

@@ -30,14 +30,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _plotting as H  # noqa: E402
+import numpy as np
 
-import numpy as np  # noqa: E402
+from attnflow.experiments import _plotting as H
 
 NAME = "fig_dispersion"
 KERNEL_ORDER = ("softmax", "qknorm", "ssmax", "adaptive", "sigmoid")

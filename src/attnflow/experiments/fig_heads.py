@@ -36,14 +36,12 @@ if __name__ == "__main__":
 import argparse
 import collections
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _plotting  # noqa: E402
+import numpy as np
 
-import numpy as np  # noqa: E402
+from attnflow.experiments import _plotting
 
 NAME = "heads"
 CHECKPOINT = "minilm"

@@ -34,14 +34,12 @@ Run:  python experiments/fig_paper128.py [--quick] [--out figures]
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _plotting as H  # noqa: E402
+from attnflow.experiments import _plotting as H
 
 NAME = "fig_paper128"
 SEED, T, DT, SCALE = 0, 15.0, 0.1, 0.5

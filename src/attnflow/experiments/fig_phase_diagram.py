@@ -24,15 +24,13 @@ Run:  python experiments/fig_phase_diagram.py [--quick] [--out figures]
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _plotting as H  # noqa: E402
+from attnflow.experiments import _plotting as H
 
 NAME = "fig_phase_diagram"
 SEED, N, BATCH, DT, SAVES = 0, 20, 3, 0.1, 121

@@ -18,14 +18,12 @@ Run:  python experiments/fig_subspace.py [--quick] [--out figures]
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _plotting as H  # noqa: E402
+from attnflow.experiments import _plotting as H
 
 NAME = "fig_subspace"
 SEED, N, T, DT = 0, 20, 12.0, 0.1
