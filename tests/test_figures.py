@@ -1,11 +1,14 @@
 """`attnflow figures` and `attnflow animate`: figure scripts run, write PNG + PDF + a
 sidecar JSON with every parameter, and movies are GIFs with many frames.
 
-The quick run of every script is marked slow (it runs all of experiments/, including
-other issues' scripts); a fast subset and the helpers run in the default suite.
+The scripts are the installed subpackage ``attnflow.experiments``. The quick run of every
+script is marked slow; a fast subset, the helpers, a wheel's contents (and a figure drawn
+from it outside the checkout) and the runner's manners in a notebook run in the default
+suite.
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +17,10 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# The nine figures of the phase-figures issue (fig_<name>.py in experiments/).
+# The nine figures of the phase-figures issue (attnflow/experiments/fig_<name>.py).
 ISSUE_FIGURES = ["polytope", "hyperplanes", "subspace", "origin", "conjecture", "leaders",
                  "paper128", "ginibre", "phase_diagram"]
-# Scripts built on experiments/_plotting.py: their sidecars share these keys.
+# Scripts built on attnflow/experiments/_plotting.py: their sidecars share these keys.
 SIDECAR_SCRIPTS = ["polytope", "hyperplanes", "subspace", "origin", "conjecture",
                    "paper128", "phase_diagram"]
 REQUIRED = {"script", "quick", "seed", "n", "d", "t1", "Q", "K", "V", "solver",
@@ -161,10 +164,134 @@ def test_plotting_geometry():
     assert np.allclose(ts / 0.1, np.round(ts / 0.1)) and ts[0] == 0 and ts[-1] == 1.0
 
 
+def test_find_experiments_installed_and_external(tmp_path):
+    """Default: the installed subpackage; --experiments DIR: any folder of fig_*.py."""
+    import attnflow.experiments
+    from attnflow.figures import find_experiments, list_figures, run_figures
+
+    assert find_experiments() == Path(attnflow.experiments.__file__).resolve().parent
+    assert {f"fig_{n}" for n in ISSUE_FIGURES} <= set(list_figures(find_experiments()))
+    ext = tmp_path / "mine"
+    ext.mkdir()
+    (ext / "fig_tiny.py").write_text(
+        "from pathlib import Path\n\n\n"
+        "def make(out_dir, quick=False):\n"
+        "    p = Path(out_dir) / 'tiny.txt'\n"
+        "    p.write_text('quick' if quick else 'full')\n"
+        "    return {'figures': [p]}\n")
+    assert find_experiments(ext) == ext and list_figures(ext) == ["fig_tiny"]
+    index = run_figures(tmp_path / "out", quick=True, experiments=ext, jobs=1,
+                        progress=False)
+    assert not index["failed"] and (tmp_path / "out" / "tiny.txt").read_text() == "quick"
+    with pytest.raises(ValueError, match="--experiments"):
+        find_experiments(tmp_path / "empty")
+
+
+def test_wheel_ships_the_figures_and_draws_outside_the_checkout(tmp_path):
+    """The wheel holds attnflow/experiments; installed from it (not this checkout),
+    `attnflow figures` draws from an empty folder elsewhere."""
+    import importlib.util
+    import zipfile
+
+    isolation = [] if importlib.util.find_spec("hatchling") is None else \
+        ["--no-build-isolation"]
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation,
+                        "-w", str(tmp_path / "dist"), str(ROOT)],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("attnflow-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    scripts = sorted(q.name for q in (ROOT / "src" / "attnflow" / "experiments").glob("*.py"))
+    assert {"__init__.py", "_plotting.py", "agreement_study.py"} <= set(scripts)
+    assert {f"fig_{n}.py" for n in ISSUE_FIGURES} <= set(scripts)
+    assert {f"attnflow/experiments/{q}" for q in scripts} <= names
+    assert not any(n.startswith("experiments/") for n in names)
+
+    site, work = tmp_path / "site", tmp_path / "work"
+    work.mkdir()
+    p = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index",
+                        "--target", str(site), str(wheel)],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    p = subprocess.run([sys.executable, "-c", "import attnflow.experiments as e; "
+                        "print(e.__file__)"], capture_output=True, text=True, env=env,
+                       cwd=work, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert Path(p.stdout.strip()).resolve().is_relative_to(site.resolve()), p.stdout
+    p = subprocess.run([sys.executable, "-m", "attnflow", "figures", "--quick", "--only",
+                        "polytope", "--out", "figs", "--jobs", "1"],
+                       capture_output=True, text=True, env=env, cwd=work, timeout=1800)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for f in ("fig_polytope.png", "fig_polytope.pdf", "fig_polytope.json",
+              "movies/polytope.gif"):
+        assert (work / "figs" / f).stat().st_size > 0, f
+    side = check_sidecar(work / "figs" / "fig_polytope.json")
+    assert side["script"] == "attnflow.experiments.fig_polytope"
+
+
+MANNERS = r"""
+import json, sys
+from pathlib import Path
+import matplotlib
+matplotlib.use("pdf")            # a backend of the caller's choosing (not Agg)
+import matplotlib.pyplot as plt
+plt.rcParams["font.size"] = 13.0  # and settings of its own
+import jax
+import numpy as np
+out = Path(sys.argv[1])
+backend, rc = matplotlib.get_backend(), dict(matplotlib.rcParams)
+interactive, x64 = plt.isinteractive(), bool(jax.config.jax_enable_x64)
+
+import attnflow.plotting as AP
+from attnflow.figures import run_figures
+
+with AP.use_style({"axes.linewidth": 2.0}):
+    inside = (matplotlib.rcParams["font.size"], matplotlib.rcParams["axes.linewidth"])
+traj, _ = AP.simulate_tokens(np.eye(2), n=6, t1=1.0)
+AP.animate(traj, out / "a.gif", frames=3, dpi=30, draw="hull")
+AP.movie("hyperplanes", out / "b.gif", n=6, t1=1.0, frames=3, dpi=30)
+fig, ax = plt.subplots()
+z = np.asarray(traj.z)
+AP.draw_trajectories(ax, z)
+AP.draw_hull(ax, z[-1])
+AP.draw_level(ax, np.array([1.0, 0.5]), 0.0, *AP.data_box(z))
+plt.close(fig)
+index = run_figures(out / "figs", quick=True, jobs=1, only=["polytope"], progress=False)
+print(json.dumps({
+    "failed": index["failed"], "inside": inside,
+    "backend": [backend, matplotlib.get_backend()],
+    "changed": sorted(k for k in rc if str(rc[k]) != str(matplotlib.rcParams[k])),
+    "interactive": [interactive, plt.isinteractive()],
+    "x64": [x64, bool(jax.config.jax_enable_x64)],
+    "open_figures": plt.get_fignums(),
+}))
+"""
+
+
+def test_plotting_and_runner_leave_matplotlib_and_x64_alone(tmp_path):
+    """Drawing functions and run_figures(jobs=1) in a caller's process (a notebook, say)
+    keep its backend, rcParams and x64 setting, and leave no pyplot figure open."""
+    p = subprocess.run([sys.executable, "-c", MANNERS, str(tmp_path)], capture_output=True,
+                       text=True, timeout=1800, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert not r["failed"], r["failed"]
+    assert r["inside"] == [8, 2.0]  # use_style applies inside its block only
+    assert r["backend"] == ["pdf", "pdf"]
+    assert r["changed"] == []
+    assert r["interactive"][0] == r["interactive"][1]
+    assert r["x64"] == [False, False]
+    assert r["open_figures"] == []
+    assert gif_frames(tmp_path / "a.gif") > 1 and gif_frames(tmp_path / "b.gif") > 1
+    assert (tmp_path / "figs" / "fig_polytope.png").stat().st_size > 0
+    assert (tmp_path / "figs" / "fig_polytope.json").exists()
+
+
 # --------------------------------------------------------------------- slow suite
 @pytest.mark.slow
 def test_figures_quick_all(tmp_path):
-    """The README's command in quick mode: every script of experiments/ runs."""
+    """The README's command in quick mode: every script of attnflow.experiments runs."""
     p = run("figures", "--quick", "--out", str(tmp_path))
     assert p.returncode == 0, p.stderr[-3000:]
     # (the index file, not --json: some scripts return Path objects, which the --json

@@ -133,8 +133,9 @@ def run_figures(out_dir: str | Path = "figures", *, only: list[str] | None = Non
 
     x64 is on for the duration of the call (figures are computed in float64); the
     previous setting is restored on return. In this process, matplotlib's backend is
-    left alone (the scripts close every figure they draw) and rcParams are restored on
-    return; worker processes draw with Agg.
+    left alone (the scripts close every figure they draw) and the scripts see
+    matplotlib's default rcParams, as a worker does; the caller's are restored on
+    return. Worker processes draw with Agg.
     """
     import jax
 
@@ -182,7 +183,10 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs) -> dict:
         bar.update(1)
 
     if jobs == 1 or len(names) == 1:
-        with matplotlib.rc_context():  # whatever a script leaks stays in the call
+        # rcParams as a fresh worker has them (the caller's own settings must not reach
+        # the figures), and as the caller had them again on return
+        with matplotlib.rc_context():
+            matplotlib.rc_file_defaults()
             for name in order:
                 bar.set_postfix_str(name)
                 record(*_run_one(str(exp_dir), name, str(out), quick))

@@ -4,13 +4,19 @@ Presentation only: every number drawn here comes from ``attnflow.simulate`` and 
 analyses (``spectral_structure``, ``observe_limit``); this module adds geometry for
 drawing (convex hulls, the section of a hyperplane with a box) and matplotlib code.
 matplotlib is imported lazily, inside the functions, so ``import attnflow`` never needs
-it; mathtext only (no LaTeX installation).
+it; mathtext only (no LaTeX installation). Nothing here switches matplotlib's backend or
+changes its global rcParams: styles apply for the duration of a call
+(``matplotlib.rc_context``) and movies are drawn on a ``matplotlib.figure.Figure`` of
+their own, without pyplot, so a notebook's backend and settings stay as they were.
 
 Main entry points:
 
-``STYLE`` / ``use_style()``   rc parameters readable at paper size (8 pt text).
-``simulate_tokens(V, ...)``   the authors' set-up: n tokens uniform in [-scale, scale]^d,
-                              Q = K = I, the discrete transformer (Euler, dt = 0.1).
+``STYLE`` / ``use_style()``   rc parameters readable at paper size (8 pt text);
+                              ``with use_style(): ...`` applies them inside the block.
+``simulate_tokens(V, ...)``   the authors' tokens, weights and step (n tokens uniform in
+                              [-scale, scale]^d, Q = K = I, dt = 0.1) with attnflow's
+                              discrete transformer, which is not the authors' scheme
+                              (see its docstring).
 ``MOVIE_CASES``               named cases for ``attnflow animate`` (polytope,
                               hyperplanes, their 3-d versions, origin).
 ``animate(traj, path, ...)``  a GIF of the tokens moving (matplotlib's PillowWriter: no
@@ -60,11 +66,19 @@ LABEL_COLORS = {
 }
 
 
-def use_style(**overrides) -> None:
-    """Apply ``STYLE`` (and ``overrides``) to matplotlib's rcParams."""
-    import matplotlib.pyplot as plt
+def use_style(rc: dict | None = None, **overrides):
+    """``STYLE`` (updated by ``rc`` and ``overrides``) as a context manager.
 
-    plt.rcParams.update({**STYLE, **overrides})
+    ``with use_style(): ...`` sets the rc parameters inside the block and restores the
+    previous ones on exit (it is ``matplotlib.rc_context``); nothing changes globally.
+
+    Args:
+        rc: rc parameters to add or override, e.g. ``{"font.size": 9}``.
+        overrides: more of them, for names that are Python identifiers.
+    """
+    import matplotlib
+
+    return matplotlib.rc_context({**STYLE, **(rc or {}), **overrides})
 
 
 # ------------------------------------------------------------------ simulation
@@ -85,8 +99,17 @@ def simulate_tokens(V, *, n: int = 20, seed: int = 0, t1: float = 12.0, dt: floa
                     rtol: float = 1e-6, atol: float = 1e-9, max_steps: int = 100_000):
     """Simulate ``n`` tokens uniform in ``[-scale, scale]^d`` under one head.
 
-    The authors' set-up by default: Q = K = I, forward Euler with ``dt = 0.1`` (one
-    transformer layer per step), every layer saved.
+    By default the authors' tokens, weights and step -- Q = K = I, ``dt = 0.1``, every
+    layer saved -- with attnflow's discrete transformer (``method="euler"``): one layer
+    ``x_i <- x_i + dt sum_j P_ij V x_j`` per step, rescaled exactly, ``z^k = R^{-k} x^k``
+    with ``R = I + dt V``, i.e. ``z_i <- z_i + dt sum_j P_ij(R^k z) R^{-1} V (z_j - z_i)``.
+    That is not the authors' scheme. Their public script (``clustering-Tformers.py``) is
+    written as RK4 steps of 0.1 with the attention matrix frozen within each step, but
+    each stage shifts every token by the same vector and the field depends only on the
+    differences ``z_j - z_i``, so the four stages coincide: it is forward Euler of the
+    continuous rescaled ODE, ``z_i <- z_i + dt sum_j P_ij(e^{t_k V} z) V (z_j - z_i)``.
+    Both are first-order schemes for the same ODE; they agree as ``dt -> 0``, not step
+    by step.
 
     Args:
         V: ``(d, d)`` value matrix.
@@ -344,11 +367,9 @@ def animate(traj, path, *, frames: int = 60, fps: int = 12, dpi: int = 90,
         ``{"path", "frames", "fps", "seconds", "bytes"}``.
     """
     import matplotlib
-
-    if matplotlib.get_backend().lower() not in ("agg", "pdf", "svg", "cairo"):
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.animation import FuncAnimation, PillowWriter
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     from .regimes import spectral_structure
 
@@ -381,8 +402,11 @@ def animate(traj, path, *, frames: int = 60, fps: int = 12, dpi: int = 90,
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     label = "z" if frame == "rescaled" else "x"
-    with plt.rc_context({**STYLE, "savefig.bbox": None}):
-        fig = plt.figure(figsize=(size, size), dpi=dpi)
+    with matplotlib.rc_context({**STYLE, "savefig.bbox": None}):
+        # a Figure of its own on an Agg canvas: no pyplot, so no backend to switch and
+        # nothing registered with (or shown by) pyplot
+        fig = Figure(figsize=(size, size), dpi=dpi)
+        FigureCanvasAgg(fig)
         ax = fig.add_subplot(111, projection="3d" if d == 3 else None)
         ax.set_xlim(lo[0], hi[0])
         ax.set_ylim(lo[1], hi[1])
@@ -456,7 +480,6 @@ def animate(traj, path, *, frames: int = 60, fps: int = 12, dpi: int = 90,
 
         anim = FuncAnimation(fig, update, frames=len(idx), blit=False)
         anim.save(str(path), writer=PillowWriter(fps=fps), dpi=dpi)
-        plt.close(fig)
     return {"path": str(path), "frames": int(len(idx)), "fps": int(fps),
             "seconds": round(time.perf_counter() - t_start, 2),
             "bytes": path.stat().st_size}

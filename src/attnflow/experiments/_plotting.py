@@ -29,30 +29,43 @@ DPI_FULL, DPI_QUICK = 200, 90
 
 
 def setup(quick: bool = False):
-    """x64 on (scripts may flip it, the library never does) and the Agg backend.
+    """x64 on (scripts may flip it, the library never does). Returns ``matplotlib.pyplot``.
 
-    Returns ``matplotlib.pyplot``. The house style is applied by ``styled``."""
+    The backend is left alone: ``attnflow figures`` may run the scripts in the caller's
+    process (a notebook's backend stays), its worker processes select Agg, and so does
+    ``main`` when a script runs on its own. The house style is applied by ``styled``."""
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
 
 
-@contextlib.contextmanager
-def figure_context(rc: dict):
-    """x64 on, the Agg backend (``setup``), and the rc parameters ``rc`` for the
-    duration of the block only: ``attnflow figures`` may run several scripts in one
-    process, so no script may change another's rcParams. Yields ``matplotlib.pyplot``."""
-    plt = setup()
+def use_agg() -> None:
+    """Select the Agg backend: for a script run on its own (``main``), which owns its
+    process."""
     import matplotlib
 
-    with matplotlib.rc_context(rc):
-        yield plt
+    matplotlib.use("Agg")
+
+
+@contextlib.contextmanager
+def figure_context(rc: dict):
+    """x64 on (``setup``) and the rc parameters ``rc`` for the duration of the block
+    only: ``attnflow figures`` may run several scripts in one process, so no script may
+    change another's rcParams, and x64 returns to its previous setting on exit. Yields
+    ``matplotlib.pyplot``."""
+    import jax
+    import matplotlib
+
+    x64 = bool(jax.config.jax_enable_x64)
+    try:
+        plt = setup()
+        with matplotlib.rc_context(rc):
+            yield plt
+    finally:
+        jax.config.update("jax_enable_x64", x64)
 
 
 def small_text(size: float) -> dict:
@@ -202,11 +215,13 @@ def movies(items, out_dir: Path, quick: bool, draw: str) -> list[str]:
 
 
 def main(make, doc: str, argv=None) -> dict:
-    """Standalone use: ``python experiments/fig_NAME.py [--quick] [--out figures]``."""
+    """Standalone use: ``python -m attnflow.experiments.fig_NAME [--quick] [--out
+    figures]`` (the output folder is relative to the working directory)."""
     ap = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small version, seconds")
     ap.add_argument("--out", type=Path, default=Path("figures"), help="output folder")
     args = ap.parse_args(argv)
+    use_agg()
     setup(args.quick)
     res = make(args.out, quick=args.quick)
     for p in res["figures"]:

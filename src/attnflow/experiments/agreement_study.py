@@ -16,8 +16,10 @@ families (hypotheses hold)                 families (a hypothesis fails)
 
 It is a sweep (``attnflow.sweep``): resumable, sharded; rerun to continue after a crash.
 
-    python experiments/agreement_study.py [--per-family 24] [--out results/agreement]
-                                          [--quick] [--table figures/agreement.md]
+    python -m attnflow.experiments.agreement_study [--per-family 24] [--quick]
+        [--out results/agreement] [--table figures/agreement.md]
+
+Both output paths are relative to the working directory.
 """
 
 from __future__ import annotations
@@ -253,7 +255,7 @@ def main():
         Path(args.table).parent.mkdir(parents=True, exist_ok=True)
         Path(args.table).write_text(
             "# Agreement study: predicted vs observed limit\n\n"
-            f"Command: `python experiments/agreement_study.py --per-family {per} "
+            f"Command: `python -m attnflow.experiments.agreement_study --per-family {per} "
             f"--seed {args.seed}` (n = {args.n} tokens, float64, Tsit5 rtol 1e-6, "
             f"t1 = 12/|lambda_1|, 60/c for V = -cI).\n\n" + text + "\n")
         np.savez(Path(args.table).with_suffix(".npz"), **data.arrays,

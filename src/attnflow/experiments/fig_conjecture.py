@@ -15,7 +15,7 @@ Panels: (a) tokens in eigen-coordinates, the proved planes and the conjectured l
 (b) the plane of the two positive coordinates: the tokens converge to <= 3 points, as
 conjectured; (c) the spread of phi_2^* within each group against t (log scale).
 
-Run:  python experiments/fig_conjecture.py [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_conjecture [--quick] [--out figures]
 """
 
 from __future__ import annotations
@@ -129,8 +129,8 @@ def make(out_dir: Path, quick: bool = False) -> dict:
              ha="center", va="top", fontsize=7, color="0.3", linespacing=1.4)
     figures = H.save(fig, out_dir, NAME, quick)
     jpath = H.write_sidecar(
-        out_dir, NAME, script="experiments/fig_conjecture.py", quick=quick, runs=[params],
-        figures=figures, t_start=t_start,
+        out_dir, NAME, script="attnflow.experiments.fig_conjecture", quick=quick,
+        runs=[params], figures=figures, t_start=t_start,
         status_of_claim="CONJECTURE, not a theorem: codimension-k subspaces for k "
                         "eigenvalues of positive real part. Proved here: the hyperplane "
                         "theorem (codimension 1).")

@@ -22,7 +22,7 @@ Calibration ("trained at n = 16"): ssmax uses s = 1/log 16, so that it equals so
 n = 16; in figure 1 qknorm's beta is chosen so that its largest coefficient at n = 16
 equals softmax's. Figure 3 shows qknorm at the same beta as softmax and at 4 times it.
 
-Run:  python experiments/fig_dispersion.py [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_dispersion [--quick] [--out figures]
 """
 
 from __future__ import annotations
@@ -422,8 +422,8 @@ def _make(out_dir: Path, quick: bool, plt) -> dict:
                              quick=quick)
     figures += _plot_sink(f3, out_dir, plt, quick)
     summary = _summary(f1, f2, f3)
-    sidecar = dict(script="experiments/fig_dispersion.py", quick=bool(quick), x64=True,
-                   parameters=cfg, versions=run_metadata(), summary=summary,
+    sidecar = dict(script="attnflow.experiments.fig_dispersion", quick=bool(quick),
+                   x64=True, parameters=cfg, versions=run_metadata(), summary=summary,
                    results=dict(max=f1, leaders=f2, sink=f3),
                    figures=[str(p) for p in figures],
                    seconds=dict(seconds, total=time.perf_counter() - t0))
@@ -437,6 +437,7 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true", help="small version, seconds")
     ap.add_argument("--out", type=Path, default=Path("figures"), help="output directory")
     args = ap.parse_args(argv)
+    H.use_agg()
     res = make(args.out, quick=args.quick)
     for p in res["figures"]:
         print(p)

@@ -16,7 +16,7 @@ which).
 Writes into out_dir: ginibre_fraction.png, ginibre_fraction.pdf, ginibre_fraction.json
 (every parameter, the versions and every number plotted).
 
-Run:  python experiments/fig_ginibre.py [--quick] [--out figures] [--results DIR]
+Run:  python -m attnflow.experiments.fig_ginibre [--quick] [--out figures] [--results DIR]
 """
 
 from __future__ import annotations
@@ -102,8 +102,6 @@ def _saved(results: Path | None, d: int, want: int):
 def plot(ests, out_dir: Path) -> tuple[Path, Path]:
     """Draw the estimates (a list of ``GinibreEstimate``) into out_dir/NAME.{png,pdf}."""
     import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     dims = [e.d for e in ests]
@@ -198,7 +196,7 @@ def make(out_dir: Path, quick: bool = False, results: Path | None = None,
     import matplotlib as mpl
 
     side = {
-        "script": "experiments/fig_ginibre.py",
+        "script": "attnflow.experiments.fig_ginibre",
         "quick": quick,
         "x64": bool(jax.config.jax_enable_x64),
         "dtype": "float64 (numpy LAPACK geev)",
@@ -221,7 +219,8 @@ def make(out_dir: Path, quick: bool = False, results: Path | None = None,
         "versions": {"attnflow": attnflow.__version__, "numpy": np.__version__,
                      "jax": jax.__version__, "matplotlib": mpl.__version__,
                      "python": platform.python_version()},
-        "command": "python experiments/fig_ginibre.py" + (" --quick" if quick else ""),
+        "command": ("python -m attnflow.experiments.fig_ginibre"
+                    + (" --quick" if quick else "")),
     }
     js = out_dir / f"{NAME}.json"
     js.write_text(json.dumps(side, indent=1) + "\n")
@@ -238,6 +237,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=None,
                     help="worker processes (default: one per core for long dimensions)")
     args = ap.parse_args()
+    import matplotlib
+
+    matplotlib.use("Agg")  # run on its own, the script owns its process
     out = make(args.out, quick=args.quick, results=args.results, workers=args.workers)
     for f in out["figures"] + [out["json"]]:
         print(f)

@@ -21,21 +21,16 @@ level of every token along the leading left eigenvector, and the Boolean distanc
 P(t)), heads.json (every parameter, the versions, every number). If the model is not
 installed nothing is written and make() says so.
 
-Run:  python experiments/fig_heads.py [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_heads [--quick] [--out figures]
 """
 
 from __future__ import annotations
 
-import os
-
-if __name__ == "__main__":
-    # Measured on the 2 shared cores of the project machine: LAPACK's eig of a 384 x 384
-    # matrix took 1.4-6 s with two OpenBLAS threads under load and 0.09 s with one.
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
 import argparse
 import collections
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -347,7 +342,7 @@ def _make(out_dir: Path, quick: bool, plt) -> dict:
         figures += _fig_regimes(analysis, None, out_dir, plt)
     summary = summarize(analysis, runs, sentences)
     sidecar = dict(
-        script="experiments/fig_heads.py",
+        script="attnflow.experiments.fig_heads",
         quick=bool(quick),
         x64=True,
         checkpoint=analysis.checkpoint,
@@ -387,6 +382,7 @@ def main(argv=None) -> None:
                     "shown heads on one sentence)")
     ap.add_argument("--out", type=Path, default=Path("figures"), help="output directory")
     args = ap.parse_args(argv)
+    _plotting.use_agg()
     res = make(args.out, quick=args.quick)
     if res.get("skipped"):
         print(f"skipped: {res['skipped']}")
@@ -398,4 +394,12 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
+    if "OPENBLAS_NUM_THREADS" not in os.environ:
+        # Measured on the 2 shared cores of the project machine: LAPACK's eig of a
+        # 384 x 384 matrix took 1.4-6 s with two OpenBLAS threads under load and 0.09 s
+        # with one. OpenBLAS reads the variable when it loads, which happened before this
+        # line (``python -m`` imports attnflow first): start again with it set.
+        os.environ["OPENBLAS_NUM_THREADS"] = "1"
+        start = ["-m", __spec__.name] if __spec__ is not None else [sys.argv[0]]
+        os.execv(sys.executable, [sys.executable, *start, *sys.argv[1:]])
     main()

@@ -9,13 +9,16 @@ never increases and min_j never decreases.
 Value matrices (attnflow.matrices.PAPER): "paper-2d" (eigenvalues 1.348, -0.068),
 "paper-3d-re-pos" (1.078, 0.099 +- 0.082i), "paper-3d-re-neg" (0.991, -0.055 +- 0.254i).
 Set-up: n = 20 tokens uniform in [-5, 5]^d, Q = K = I, the discrete transformer (Euler,
-dt = 0.1) to T = 12, float64. phi_1^* is spectral_structure(V).phi1_left.
+dt = 0.1) to T = 12, float64. phi_1^* is spectral_structure(V).phi1_left. The scheme is
+attnflow's discrete transformer (``method="euler"``, rescaled exactly by R = I + dt V),
+not the authors' forward Euler of the continuous rescaled ODE (see
+``attnflow.plotting.simulate_tokens``).
 
 Top row: tokens with the lines / planes {phi_1^* = a}, {= 0} (dotted), {= b}, a and b
 the min and max at T. Bottom row: phi_1^*(z_i(t)) for every token, a, 0, b dashed.
 Also writes the movies movies/hyperplanes.gif and movies/hyperplanes-3d.gif.
 
-Run:  python experiments/fig_hyperplanes.py [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_hyperplanes [--quick] [--out figures]
 """
 
 from __future__ import annotations
@@ -131,8 +134,8 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     movies = H.movies([(res[0]["traj"], "hyperplanes"), (res[1]["traj"], "hyperplanes-3d")],
                       out_dir, quick, draw="levels")
     jpath = H.write_sidecar(
-        out_dir, NAME, script="experiments/fig_hyperplanes.py", quick=quick, runs=runs,
-        figures=figures + movies, t_start=t_start, movies=movies,
+        out_dir, NAME, script="attnflow.experiments.fig_hyperplanes", quick=quick,
+        runs=runs, figures=figures + movies, t_start=t_start, movies=movies,
         theorem="[E] lambda_1 real, > 0, simple, <Q phi_1, K phi_1> > 0: at most three "
                 "parallel hyperplanes {phi_1^*(z) = c}, c in {a, 0, b}.")
     return {"figures": figures + [Path(m) for m in movies], "json": str(jpath),

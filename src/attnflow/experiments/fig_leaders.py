@@ -17,7 +17,7 @@ Figures (PNG and PDF) and a sidecar JSON with every parameter and number go to o
   fig_leaders_tokens.{png,pdf}     token trajectories with the leaders highlighted
   fig_leaders.json
 
-Run:  python experiments/fig_leaders.py [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_leaders [--quick] [--out figures]
 """
 
 from __future__ import annotations
@@ -427,7 +427,7 @@ def _make(out_dir: Path, quick: bool, plt) -> dict:
     figures += _fig_tokens(results, out_dir, plt, quick)
     summary = {r["case"]["key"]: _summary(r) for r in results}
     sidecar = dict(
-        script="experiments/fig_leaders.py",
+        script="attnflow.experiments.fig_leaders",
         quick=bool(quick),
         x64=True,
         solver=solver,
@@ -453,6 +453,7 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true", help="small version, seconds")
     ap.add_argument("--out", type=Path, default=Path("figures"), help="output directory")
     args = ap.parse_args(argv)
+    H.use_agg()
     res = make(args.out, quick=args.quick)
     for p in res["figures"]:
         print(p)

@@ -11,7 +11,7 @@ Panels: (a) d = 2 trajectories x_i(t), coloured by time; (b) the same cloud at l
 zoomed in: it keeps shrinking, slowly; (c) the largest |x_i|, the spread
 max_i |x_i - mean| and |mean| against t (log-log), with a t^{-1/2} line.
 
-Run:  python experiments/fig_origin.py [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_origin [--quick] [--out figures]
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
              color="0.3")
     figures = H.save(fig, out_dir, NAME, quick)
     jpath = H.write_sidecar(
-        out_dir, NAME, script="experiments/fig_origin.py", quick=quick, runs=runs,
+        out_dir, NAME, script="attnflow.experiments.fig_origin", quick=quick, runs=runs,
         figures=figures, t_start=t_start,
         theorem="[E] V = -I, Q^T K = I: every x_i (original frame) tends to 0.")
     return {"figures": figures, "json": str(jpath),

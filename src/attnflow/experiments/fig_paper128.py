@@ -4,7 +4,12 @@ V = attnflow.matrices.paper_128(seed): symmetric, sparse random, every eigenvalu
 modulus <= 1 pushed to +-U(1, 2); spectrum in [-2.81, -1.01] and [1.00, 2.69] plus one
 Perron eigenvalue 6.86 (seed 0). n = d = 128 tokens uniform in [-0.5, 0.5]^128, Q = K = I,
 the discrete transformer (Euler, dt = 0.1, 150 layers), rescaled frame, float64 (float32
-overflows). The coordinates plotted are those of z_i along V's orthonormal eigenvectors.
+overflows). The scheme is attnflow's (``method="euler"``): one layer
+x_i <- x_i + dt sum_j P_ij V x_j per step, rescaled exactly, z^k = R^{-k} x^k with
+R = I + dt V -- not forward Euler of the continuous rescaled ODE, which is what the
+authors' public script ``clustering-Tformers.py`` runs (see
+``attnflow.plotting.simulate_tokens``). The coordinates plotted are those of z_i along V's
+orthonormal eigenvectors.
 
 What the simulation shows (and why). Along an eigenvector with eigenvalue mu the
 rescaled dynamics read dc_i/dt = mu (sum_j P_ij c_j - c_i) (per layer: c_i += dt mu /
@@ -29,7 +34,7 @@ authors plotted; (b) speed max_i |c_i(t + dt) - c_i(t)| / dt of every coordinate
 coloured by mu; (c) the leading coordinate of every token; (d) spread over tokens at T
 against mu: modal state vs projection of traj.z. The runtime is printed and stored.
 
-Run:  python experiments/fig_paper128.py [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_paper128 [--quick] [--out figures]
 """
 
 from __future__ import annotations
@@ -192,7 +197,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
              ha="center", va="top", fontsize=7, color="0.3")
     figures = H.save(fig, out_dir, NAME, quick)
     params["V"] = V.tolist()
-    jpath = H.write_sidecar(out_dir, NAME, script="experiments/fig_paper128.py",
+    jpath = H.write_sidecar(out_dir, NAME, script="attnflow.experiments.fig_paper128",
                             quick=quick, runs=[params], figures=figures, t_start=t_start,
                             V=f"attnflow.matrices.paper_128(seed={SEED}, d={d}); the "
                               f"matrix is runs[0].V",

@@ -19,7 +19,7 @@ t1 = min(100, 60 / c), for V = -cI) -- and ``observe_limit`` labels each. Where 
 majority observed label differs from the prediction, an inner square shows it (white
 with a dot: the tokens had not settled by t1).
 
-Run:  python experiments/fig_phase_diagram.py [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_phase_diagram [--quick] [--out figures]
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
             "grid_y_name": "lambda_2" if key == "a" else "rho",
             "cells": g["cells"], "summary": summary[key],
         })
-    jpath = H.write_sidecar(out_dir, NAME, script="experiments/fig_phase_diagram.py",
+    jpath = H.write_sidecar(out_dir, NAME, script="attnflow.experiments.fig_phase_diagram",
                             quick=quick, runs=runs, figures=figures, t_start=t_start,
                             summary=summary)
     return {"figures": figures, "json": str(jpath), "summary": summary}

@@ -4,16 +4,20 @@ Theorem ([E], V = I_d, Q^T K positive definite): in the rescaled frame z_i = e^{
 the convex hull of the tokens never grows and converges to a polytope K; every z_i tends
 to 0 or to a point of the boundary of K, and every vertex of K is a limit.
 
-Set-up (the authors'): n = 20 tokens uniform in [-5, 5]^d, Q = K = I, d = 2 and d = 3,
-the discrete transformer (forward Euler, dt = 0.1, one layer per step) to T = 12, every
-layer saved, float64.
+Set-up: the authors' tokens, weights and step -- n = 20 tokens uniform in [-5, 5]^d,
+Q = K = I, d = 2 and d = 3, dt = 0.1 -- with attnflow's scheme: the discrete transformer
+(``method="euler"``: one layer x_i <- x_i + dt sum_j P_ij V x_j per step, rescaled
+exactly, z^k = R^{-k} x^k with R = I + dt V) to T = 12, every layer saved, float64. The
+authors' public script runs a different first-order scheme, forward Euler of the
+continuous rescaled ODE, z_i <- z_i + dt sum_j P_ij(e^{t_k V} z) V (z_j - z_i) (see
+``attnflow.plotting.simulate_tokens``); the two agree as dt -> 0, not step by step.
 
 Panels: (a) d = 2 trajectories with the convex hull at several times; (b) d = 3
 trajectories and the limit polytope (the initial hull as a wire frame); (c) hull area
 (d = 2) and volume (d = 3) against t, relative to t = 0: non-increasing.
 Also writes the movies movies/polytope.gif and movies/polytope-3d.gif.
 
-Run:  python experiments/fig_polytope.py [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_polytope [--quick] [--out figures]
 """
 
 from __future__ import annotations
@@ -103,7 +107,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     movies = H.movies([(trajs["traj2"], "polytope"), (trajs["traj3"], "polytope-3d")],
                       out_dir, quick, draw="hull")
     jpath = H.write_sidecar(
-        out_dir, NAME, script="experiments/fig_polytope.py", quick=quick, runs=runs,
+        out_dir, NAME, script="attnflow.experiments.fig_polytope", quick=quick, runs=runs,
         figures=figures + movies, t_start=t_start, hull_times=list(HULL_TIMES),
         movies=movies,
         theorem="[E] V = I, Q^T K positive definite: hull non-increasing, converges to a "

@@ -13,7 +13,7 @@ Panels: (a) 3-d trajectories: vertical lines {vertex} x G; (b) the F-parts (z_1,
 and the limit polygon; (c) |z_3 - z_3 of the attended leader| against t (log scale),
 with the slope of the discrete rate log(1 + 0.05 / 0.95) / dt.
 
-Run:  python experiments/fig_subspace.py [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_subspace [--quick] [--out figures]
 """
 
 from __future__ import annotations
@@ -111,8 +111,8 @@ def make(out_dir: Path, quick: bool = False) -> dict:
              ha="center", va="top", fontsize=7, color="0.3")
     figures = H.save(fig, out_dir, NAME, quick)
     jpath = H.write_sidecar(
-        out_dir, NAME, script="experiments/fig_subspace.py", quick=quick, runs=[params],
-        figures=figures, t_start=t_start,
+        out_dir, NAME, script="attnflow.experiments.fig_subspace", quick=quick,
+        runs=[params], figures=figures, t_start=t_start,
         theorem="[E] paranormal V, Q^T K positive definite: z_i -> (boundary of a "
                 "polytope in F, or 0) x G.")
     return {"figures": figures, "json": str(jpath), "observed": obs.label}
