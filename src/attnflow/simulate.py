@@ -32,7 +32,7 @@ import numpy as np
 from jaxtyping import Array
 
 from . import kernels as _kernels
-from .model import Attention, Dynamics
+from .model import Attention, Dynamics, _warn_float64_cast
 from .trajectory import STATUS_CODES, Trajectory
 
 __all__ = ["simulate", "SOLVERS"]
@@ -334,6 +334,7 @@ def simulate(
     t1f = _positive_float("t1", t1)
     ts_np = _check_ts(ts, t1f)
     dtype = model.dtype
+    _warn_float64_cast(x0)
     x0j = jnp.asarray(x0, dtype=dtype)
     if not batched:
         x0j = x0j[None]
