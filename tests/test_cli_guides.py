@@ -94,6 +94,7 @@ def test_bad_choice_fails_fast_from_the_shell():
     (("simulate", "--x0", "missing.npy"), "does not exist"),
     (("simulate", "--V", "missing.npy"), "does not exist"),
     (("simulate", "--V", "nonsense"), "unknown matrix name"),
+    (("simulate", "--out", "."), "is a folder"),
     (("dispersion", "--n", "16,32,...,100"), "--n"),
     (("ginibre", "--d", "2,4,...,9"), "--d"),
 ])
@@ -159,8 +160,8 @@ def test_help_of_every_subcommand(capsys, name):
 def test_app_help_documents_the_exit_codes(capsys):
     code, out, _ = run(capsys, "--help")
     assert code == 0
-    for word in ("Exit status", "0 success", "1 runtime failure", "2 usage error",
-                 "--traceback", "--version"):
+    for word in ("Exit status", "0   success", "1   runtime failure", "2   usage error",
+                 "internal error", "--traceback", "ATTNFLOW_TRACEBACK=1", "--version"):
         assert word in out
     assert "Exit status" in cli.__doc__ and "internal error" in cli.__doc__
 

@@ -43,11 +43,15 @@ from .plotting import MOVIE_CASES
 from .rank import NORMS
 from .simulate import _FIXED, FRAMES, SOLVERS
 
-EXIT_CODES = """Exit status: 0 success; 1 runtime failure (a solve that stopped early under
---strict, a figure script that failed, a missing package, an internal error: re-run with
-`attnflow --traceback ...` or ATTNFLOW_TRACEBACK=1 for the traceback); 2 usage error (an
-unknown option, a bad value or choice, a missing or unreadable file); 130 interrupted.
-Errors print one line on stderr."""
+EXIT_CODES = """\b
+Exit status (errors print one line on stderr):
+  0   success
+  1   runtime failure: a solve that stopped early under --strict, a figure
+      script that failed, a missing package, or an internal error (re-run as
+      `attnflow --traceback ...` or with ATTNFLOW_TRACEBACK=1 for the traceback)
+  2   usage error: an unknown option, a bad value or choice, a missing or
+      unreadable file
+  130 interrupted"""
 
 app = typer.Typer(
     add_completion=False,
@@ -188,6 +192,15 @@ def _dims_list(value: str) -> str:
         msg = str(exc)
         raise typer.BadParameter(msg[4:].lstrip(": ") if msg.startswith("--d") else msg
                                  ) from None
+    return value
+
+
+def _npz_out(value: Optional[Path]) -> Optional[Path]:
+    """A parse-time check of ``simulate --out``: a file name, not a folder (missing
+    parent folders are created when the results are written)."""
+    if value is not None and value.is_dir():
+        raise typer.BadParameter(f"{str(value)!r} is a folder; give a file name such as "
+                                 f"{str(value / 'run.npz')!r}.")
     return value
 
 
@@ -364,8 +377,9 @@ def simulate(
     x64: bool = OptX64,
     progress: bool = OptProgress,
     strict: bool = OptStrict,
-    out: Optional[Path] = typer.Option(None, "--out", help="write ts, z, x and metadata "
-                                       "to this .npz file"),
+    out: Optional[Path] = typer.Option(None, "--out", callback=_npz_out,
+                                       help="write ts, z, x and metadata to this .npz "
+                                       "file"),
     as_json: bool = OptJSON,
 ):
     """Integrate the particle system and report where the tokens went.
@@ -540,7 +554,9 @@ def ginibre(
     the fractions of good triples (Q = K = I; Q, K Ginibre). The paper reports about 14%
     at d = 128. Always computes in float64.
 
-    Example: attnflow ginibre --d 2,4,8,...,256 --samples 4000 --out runs/ginibre --progress
+    \b
+    Example:
+      attnflow ginibre --d 2,4,8,...,256 --samples 4000 --out runs/ginibre --progress
     """
     setup_jax(True)
     from .ginibre import ginibre_curve, parse_dims
@@ -660,7 +676,9 @@ def animate(
     the rescaled frame with the current convex hull (polytope) or the lines/planes
     {phi_1^*(z) in {min, 0, max}} (hyperplanes); the original frame for origin.
 
-    Example: attnflow animate --case hyperplanes --out figures/movies/hyperplanes.gif
+    \b
+    Example:
+      attnflow animate --case hyperplanes --out figures/movies/hyperplanes.gif
     """
     setup_jax(x64)
     case = _value(case)
@@ -711,7 +729,9 @@ def heads(
     beta = 1/sqrt(d_h), biases ignored. The spectra are computed in float64; --x64
     (the default) also keeps the --dynamics runs in float64, which their horizons need.
 
-    Example: attnflow heads --checkpoint minilm"""
+    \b
+    Example:
+      attnflow heads --checkpoint minilm"""
     setup_jax(x64)
     from .heads import analyze_heads
 
@@ -795,8 +815,9 @@ def dispersion(
     normalised entropy and the mean sink mass. Keys are the first n of one fixed token
     stream.
 
+    \b
     Example (figure 1 of fig_dispersion, softmax column):
-    attnflow dispersion --n 16,32,64,...,16384 --s 0.3607"""
+      attnflow dispersion --n 16,32,64,...,16384 --s 0.3607"""
     setup_jax(x64)
     import attnflow as af
     from .ginibre import parse_dims
