@@ -450,7 +450,7 @@ def test_minilm_heads():
     assert heads[0].beta == pytest.approx(1 / math.sqrt(32))
     an = H.analyze_heads(heads)
     assert sum(an.counts.values()) == 12
-    # layer 3 (numbers in the README, "Real trained heads"): heads 1, 2, 9 hyperplanes
+    # layer 3 (numbers in docs/heads.md): heads 1, 2, 9 hyperplanes
     assert [h.head for h in an.heads if h.label == "hyperplanes"] == [1, 2, 9]
     assert an.hypotheses["qk_pd"] == 0
     full = H.analyze_heads(heads, reduce=False)  # predict_regime on the 384 x 384 triples

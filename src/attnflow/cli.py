@@ -663,8 +663,10 @@ def animate(
     n: int = typer.Option(20, "--n", help="number of tokens"),
     t1: Optional[float] = typer.Option(None, "--t1", help="final time (default: the "
                                        "case's, 12 or 30; a multiple of --dt)"),
-    dt: float = typer.Option(0.1, "--dt", help="layer step (forward Euler, the discrete "
-                             "transformer, as in the authors' movies)"),
+    dt: float = typer.Option(0.1, "--dt", help="layer step of attnflow's discrete "
+                             "transformer (Euler layers with exact discrete rescaling; the "
+                             "authors' movies use forward Euler of the rescaled ODE, also "
+                             "first order)"),
     seed: int = typer.Option(0, "--seed", help="seed of the tokens, uniform in [-5, 5]^d"),
     frames: int = typer.Option(48, "--frames", help="number of frames (denser early)"),
     fps: int = typer.Option(12, "--fps", help="frames per second"),
