@@ -16,7 +16,7 @@ on the first ``sink`` tokens). It reads an attention matrix (with its logits), a
 trajectory at a saved time, or a model and tokens (then only the requested query rows
 are computed, in tiles: never the ``(n, n)`` matrix). ``dispersion_scan`` tabulates the
 largest coefficient and the bounds against ``n`` for several kernels (``attnflow
-dispersion`` on the command line, figure 1 of ``experiments/fig_dispersion.py``).
+dispersion`` on the command line, figure 1 of ``attnflow.experiments.fig_dispersion``).
 
 A bound is not a rate: the bound says how large a coefficient may be, not how fast
 real attention flattens; and it is a statement about a full softmax over ``n`` keys, so

@@ -64,7 +64,7 @@ noise. That is why the fit stops at ``fit_min`` by default; pass ``fit_min=0`` t
 the logit-based values to the end of the run (with tight ``rtol``/``atol``).
 
 Measured (not proved), ``Q = K = I``, ``lambda`` the leading eigenvalue of ``V``
-(``experiments/fig_leaders.py``, 16 seeds per case, ``figures/fig_leaders.json``): the
+(``python -m attnflow.experiments.fig_leaders``, 16 seeds per case, ``figures/fig_leaders.json``): the
 slope of ``log(-log D)`` is ``lambda``, not ``2 lambda`` (d = 1: ``r / lambda`` = 1.000
 to 1.010, R^2 >= 0.99998). The logits grow like ``e^{2 lambda t}`` but a follower
 collapses onto its leader at rate ``e^{-lambda t}`` in the rescaled frame, so the gap
