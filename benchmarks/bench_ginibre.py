@@ -44,7 +44,7 @@ _JAX_CHILD = r"""
 import os, sys, time, json
 import jax
 jax.config.update("jax_enable_x64", True)
-from attnflow.ginibre import ginibre_fraction
+from attnflow.studies.ginibre import ginibre_fraction
 d, n, rounds = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 ginibre_fraction(d, max(4, n // 8), seed=99, backend="jax")  # compile
 ts, cpu = [], []
@@ -57,7 +57,7 @@ print(json.dumps({"devices": len(jax.devices()), "seconds": ts, "cpu": cpu}))
 
 
 def _samples(d: int, seconds: float) -> int:
-    from attnflow.ginibre import _seconds_per_matrix
+    from attnflow.studies.ginibre import _seconds_per_matrix
 
     return int(min(200_000, max(16, seconds / _seconds_per_matrix(d))))
 
@@ -69,7 +69,7 @@ def _timed(fn, *args) -> float:
 
 
 def _generate_V(seed: int, d: int, start: int, stop: int):
-    from attnflow.ginibre import _generate_V as gen
+    from attnflow.studies.ginibre import _generate_V as gen
 
     return gen(seed, d, start, stop)
 
@@ -134,7 +134,7 @@ def _proc_cpu(pid: int) -> float:
 
 def _timed_cores(d: int, n: int, seed: int, workers: int) -> tuple[float, float]:
     """(wall seconds, cores used = CPU seconds of this process and its workers / wall)."""
-    from attnflow import sweep as S
+    from attnflow.studies import sweep as S
 
     pids = [os.getpid()] + list(getattr(S._POOLS.get(2), "_processes", {}) or {})
     c0 = sum(_proc_cpu(p) for p in pids)

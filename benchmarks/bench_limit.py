@@ -22,7 +22,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import attnflow as af  # noqa: E402
-from attnflow.model import Dynamics  # noqa: E402
+from attnflow.dynamics.frames import Continuous, make_frame  # noqa: E402
 from _common import save  # noqa: E402
 
 
@@ -63,12 +63,12 @@ def main():
             e = jnp.exp(L - L.max(axis=1, keepdims=True))
             return ((e / e.sum(axis=1, keepdims=True)) @ x) @ Vj.T
 
-        field = jax.jit(lambda dyn, t, y: dyn(t, y))
+        field = jax.jit(lambda dyn, t, y: Continuous().field(dyn, t, y))
         t = jnp.asarray(0.3, dtype)
         fns = {"plain": lambda: plain(x).block_until_ready()}
         for frame in ("original", "rescaled"):
-            dyn = Dynamics(model, frame)
-            y = dyn.state_from_tokens(x)
+            dyn = make_frame(frame, model)
+            y = dyn.initial_state(x)
             fns[frame] = lambda dyn=dyn, y=y: field(dyn, t, y).block_until_ready()
         times = interleaved(fns)
         row = {"plain_ms": 1e3 * min(times["plain"]),

@@ -19,7 +19,7 @@ CHILD = r"""
 import resource, time, json, sys
 import jax, jax.numpy as jnp, numpy as np
 import attnflow as af
-from attnflow.model import Dynamics
+from attnflow.dynamics.frames import Continuous, make_frame
 mode, n, d = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 rng = np.random.default_rng(0)
 I = np.eye(d, dtype=np.float32)
@@ -29,8 +29,8 @@ x = jnp.asarray(rng.uniform(-1, 1, (n, d)), jnp.float32)
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t0 = time.perf_counter()
 if mode == "field":
-    dyn = Dynamics(model, "rescaled")
-    out = jax.jit(lambda dyn, t, y: dyn(t, y))(dyn, jnp.float32(0.5), dyn.state_from_tokens(x))
+    dyn = make_frame("rescaled", model)
+    out = jax.jit(lambda dyn, t, y: Continuous().field(dyn, t, y))(dyn, jnp.float32(0.5), dyn.initial_state(x))
     out.block_until_ready()
     extra = {"finite": bool(jnp.all(jnp.isfinite(out)))}
 else:

@@ -27,7 +27,8 @@ jax.config.update("jax_enable_x64", True)
 
 import numpy as np  # noqa: E402
 
-import attnflow as af  # noqa: E402
+import attnflow as af
+from attnflow._meta import run_metadata  # noqa: E402
 
 
 def numpy_euler(x0, V, dt, layers):
@@ -80,7 +81,7 @@ def main():
         "numpy_over_attnflow": min(np_times) / min(warm),
         "relative_difference_vs_numpy": err,
         "lambda_max": float(np.linalg.eigvalsh(V)[-1]),
-        "versions": af.trajectory.run_metadata(),
+        "versions": run_metadata(),
     }
     if args.adaptive:
         t = time.perf_counter()

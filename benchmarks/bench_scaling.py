@@ -23,7 +23,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import attnflow as af  # noqa: E402
-from attnflow.model import Dynamics  # noqa: E402
+from attnflow.dynamics.frames import Continuous, make_frame  # noqa: E402
 from _common import RESULTS, best_of, save  # noqa: E402
 
 
@@ -43,13 +43,13 @@ def main():
     I = np.eye(d, dtype=np.float32)
     V = (0.5 * I + 0.05 * rng.standard_normal((d, d))).astype(np.float32)
     model = af.Attention(I, I, V, beta=0.25)
-    field = jax.jit(lambda dyn, t, y: dyn(t, y))
+    field = jax.jit(lambda dyn, t, y: Continuous().field(dyn, t, y))
     ns, tn = [], []
     n = 256
     while n <= args.max_n:
         x = jnp.asarray(rng.uniform(-1, 1, (n, d)), jnp.float32)
-        dyn = Dynamics(model, "rescaled")
-        y = dyn.state_from_tokens(x)
+        dyn = make_frame("rescaled", model)
+        y = dyn.initial_state(x)
         t = jnp.float32(0.5)
         reps = 5 if n <= 4096 else (2 if n <= 16384 else 1)
         el = best_of(lambda: field(dyn, t, y).block_until_ready(), repeats=reps, warmup=1)

@@ -106,7 +106,7 @@ def test_files_and_comma_lists_are_checked_before_any_work(capsys, no_work, tmp_
 
 
 def test_method_choices_follow_the_solvers():
-    from attnflow.simulate import _FIXED, FRAMES
+    from attnflow.dynamics.simulate import _FIXED, FRAMES
 
     methods = [m.value for m in cli.Method]
     assert set(methods) == {"adaptive", *_FIXED, *attnflow.SOLVERS}

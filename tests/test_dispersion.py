@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import attnflow as af
-from attnflow import kernels as K
-from attnflow.dispersion import qknorm_delta_bound
+from attnflow.dynamics import kernels as K
+from attnflow.analysis.dispersion import qknorm_delta_bound
 
 POLY = [-0.037, 0.481, -2.3, 4.917, -1.791]
 

@@ -167,7 +167,7 @@ def test_plotting_geometry():
 def test_find_experiments_installed_and_external(tmp_path):
     """Default: the installed subpackage; --experiments DIR: any folder of fig_*.py."""
     import attnflow.experiments
-    from attnflow.figures import find_experiments, list_figures, run_figures
+    from attnflow.experiments.runner import find_experiments, list_figures, run_figures
 
     assert find_experiments() == Path(attnflow.experiments.__file__).resolve().parent
     assert {f"fig_{n}" for n in ISSUE_FIGURES} <= set(list_figures(find_experiments()))
@@ -244,7 +244,7 @@ backend, rc = matplotlib.get_backend(), dict(matplotlib.rcParams)
 interactive, x64 = plt.isinteractive(), bool(jax.config.jax_enable_x64)
 
 import attnflow.plotting as AP
-from attnflow.figures import run_figures
+from attnflow.experiments.runner import run_figures
 
 with AP.use_style({"axes.linewidth": 2.0}):
     inside = (matplotlib.rcParams["font.size"], matplotlib.rcParams["axes.linewidth"])

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import attnflow
-from attnflow import ginibre as G
-from attnflow import sweep as S
+from attnflow.studies import ginibre as G
+from attnflow.studies import sweep as S
 from attnflow.cli import main
 
 EXACT_D2 = 1 / (2 * math.sqrt(2))

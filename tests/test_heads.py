@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnflow import heads as H
+from attnflow.studies import heads as H
 
 HAS_SAFETENSORS = importlib.util.find_spec("safetensors") is not None
 HAS_MINILM = importlib.util.find_spec(H.MINILM_PACKAGE) is not None
@@ -179,7 +179,7 @@ def test_heads_sum_to_the_attention_block(ckpt):
     a /= a.sum(-1, keepdims=True)
     ctx = (a @ v).transpose(1, 0, 2).reshape(5, 8)
     block = ctx @ WO.T
-    ours = sum(np.asarray(h.attention().field_original(0.0, jnp.asarray(X))) for h in heads)
+    ours = sum(np.asarray(h.attention().vector_field(jnp.asarray(X))) for h in heads)
     np.testing.assert_allclose(ours, block, rtol=1e-10, atol=1e-10)
 
 
@@ -425,7 +425,7 @@ def test_cli_heads_json_and_text(tmp_path, capsys):
 
 def test_package_imports_without_optional_packages():
     code = ("import sys; sys.modules['safetensors'] = None; sys.modules['tokenizers'] = None\n"
-            "import attnflow, attnflow.heads; print(attnflow.analyze_heads.__name__)")
+            "import attnflow, attnflow.studies.heads; print(attnflow.analyze_heads.__name__)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0, p.stderr

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import attnflow as af
-from attnflow import kernels as K
+from attnflow.dynamics import kernels as K
 
 STOCHASTIC = ("softmax", "qknorm", "ssmax", "adaptive")
 

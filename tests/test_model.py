@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import attnflow as af
+from attnflow.dynamics.frames import Continuous, Rescaled
 import reference as ref
 
 I2 = np.eye(2)
@@ -86,10 +87,16 @@ def test_vector_fields_match_reference():
     Q, K, V = (rng.standard_normal((3, 3)) for _ in range(3))
     z = rng.standard_normal((5, 3))
     m = af.Attention(Q, K, V, beta=0.5)
-    np.testing.assert_allclose(np.asarray(m.field_original(0.0, jnp.asarray(z))),
+    np.testing.assert_allclose(np.asarray(m.vector_field(jnp.asarray(z))),
                                ref.field_original(0.0, z, Q, K, V, 0.5), rtol=1e-12)
-    np.testing.assert_allclose(np.asarray(m.field_rescaled(0.8, jnp.asarray(z))),
-                               ref.field_rescaled(0.8, z, Q, K, V, 0.5), rtol=1e-9, atol=1e-12)
+    # the rescaled frame's field, in standard and in modal coordinates
+    zj = jnp.asarray(z)
+    for coords in ("standard", "modal"):
+        fr = Rescaled(m, coords)
+        w = Continuous().field(fr, 0.8, fr.initial_state(zj))
+        dz = w if coords == "standard" else m.propagator.from_modal(w)
+        np.testing.assert_allclose(np.asarray(dz), ref.field_rescaled(0.8, z, Q, K, V, 0.5),
+                                   rtol=1e-9, atol=1e-12)
 
 
 def test_softmax_survives_huge_logits_inside_jit():
@@ -103,7 +110,7 @@ def test_softmax_survives_huge_logits_inside_jit():
     want[:4, 0] = 1.0
     want[4:, 7] = 1.0
     np.testing.assert_array_equal(P, want)
-    dz = np.asarray(jax.jit(lambda m, z: m.field_rescaled(0.0, z))(m, x))
+    dz = np.asarray(jax.jit(lambda fr, z: Continuous().field(fr, 0.0, z))(Rescaled(m), x))
     assert np.all(np.isfinite(dz))
 
 
@@ -146,5 +153,5 @@ def test_rectangular_head_equals_bilinear_form():
     ta, tb = af.simulate(a, x0, 1.0), af.simulate(b, x0, 1.0)
     np.testing.assert_allclose(np.asarray(ta.x), np.asarray(tb.x), rtol=1e-9, atol=1e-10)
     z = rng.normal(size=(6, d))
-    np.testing.assert_allclose(np.asarray(a.field_original(0.0, jnp.asarray(z))),
+    np.testing.assert_allclose(np.asarray(a.vector_field(jnp.asarray(z))),
                                ref.field_original(0.0, z, Q, K, V, 0.5), rtol=1e-12)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import attnflow as af
-from attnflow.rank import (boolean_distance, leaders_of, nearest_boolean, rank_of,
+from attnflow.analysis.rank import (boolean_distance, leaders_of, nearest_boolean, rank_of,
                            track_rank)
 
 
@@ -349,7 +349,7 @@ def test_cli_rank_error_exit_2(capsys):
 
 
 def test_chunked_evaluation_matches(d1, monkeypatch):
-    import attnflow.rank as rank_mod
+    import attnflow.analysis.rank as rank_mod
 
     _, traj, rt = d1
     monkeypatch.setattr(rank_mod, "_CHUNK_ELEMENTS", 7 * 10 * 10)  # 7 saved times per chunk
@@ -364,7 +364,7 @@ def test_chunked_evaluation_matches(d1, monkeypatch):
 
 
 def test_to_dict_is_json_ready(d1):
-    from attnflow.cli import to_jsonable
+    from attnflow.io.serialize import to_jsonable
 
     _, _, rt = d1
     d = json.loads(json.dumps(to_jsonable(rt.to_dict())))
@@ -390,7 +390,7 @@ def test_fig_leaders_quick(tmp_path):
 def test_huge_logits_give_exact_rows_not_nan():
     # |logits| ~ 1e20: XLA CPU may fuse q.k - max into an FMA whose rounding error
     # (~ulp/2 ~ 1e4) overflows exp; the rank module pins the argmax and stays exact.
-    from attnflow.rank import _traj_stats
+    from attnflow.analysis.rank import _traj_stats
 
     model = af.Attention(np.eye(1), np.eye(1), np.eye(1))
     x = np.linspace(-1, 1, 8)[:, None] * 1e10

@@ -7,7 +7,7 @@ import pytest
 
 import attnflow as af
 import reference
-from attnflow.regimes import observe_limit, predict_regime, spectral_structure
+from attnflow.analysis.regimes import observe_limit, predict_regime, spectral_structure
 
 PAPER = af.matrices.PAPER
 I2, I3 = np.eye(2), np.eye(3)

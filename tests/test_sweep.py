@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnflow import sweep as S
+from attnflow.studies import sweep as S
 
 HERE = Path(__file__).resolve().parent
 
@@ -205,7 +205,7 @@ def test_sweep_killed_halfway_resumes_without_recomputing(tmp_path):
         import sys
         sys.path.insert(0, {str(HERE)!r})
         from test_sweep import toy
-        from attnflow import sweep as S
+        from attnflow.studies import sweep as S
         S.run(toy(size=80, shard_size=8, sleep=0.25), {str(out)!r})
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,

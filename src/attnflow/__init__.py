@@ -1,47 +1,53 @@
 """attnflow: self-attention as an interacting particle system, in JAX.
 
-Tokens are particles, layers are time. The public names are re-exported here.
+Tokens are particles, layers are time. The public names are re-exported here; the code
+is layered, each layer importing only from the ones before it:
+
+``dynamics``  kernels, models, frames, ``simulate``, ``Trajectory``
+``analysis``  ``predict_regime``, ``observe_limit``, ``track_rank``, ``dispersion``
+``studies``   sweeps, the Ginibre study, heads of trained transformers
+``io``        named and file matrices
+``plotting``, ``cli``, ``experiments``   figures, movies, the ``attnflow`` command
 """
 
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as _version
+import sys as _sys
 
-try:
-    __version__ = _version("attnflow")
-except PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0+unknown"
-del PackageNotFoundError, _version
+from ._meta import attnflow_version as _attnflow_version
 
-from . import matrices
-from .dispersion import DispersionReport, dispersion, dispersion_scan
-from .ginibre import GinibreEstimate, ginibre_fraction
-from .heads import HeadsAnalysis, analyze_heads  # safetensors/tokenizers load lazily
-from .kernels import KERNELS
-from .model import Attention
-from .propagator import Propagator
-from .regimes import Observation, Regime, observe_limit, predict_regime, spectral_structure
-from .rank import RankTrack, boolean_distance, rank_of, track_rank
-from .simulate import SOLVERS, simulate
-from .trajectory import SimulationError, Trajectory
+__version__ = _attnflow_version()
+from .analysis import (
+    DispersionReport,
+    Observation,
+    RankTrack,
+    Regime,
+    boolean_distance,
+    dispersion,
+    dispersion_scan,
+    observe_limit,
+    predict_regime,
+    rank_of,
+    spectral_structure,
+    track_rank,
+)
+from .dynamics import SOLVERS, Attention, Propagator, SimulationError, Trajectory, simulate
+from .dynamics import kernels
+from .dynamics.kernels import KERNELS
+from .io import matrices
+from .studies import GinibreEstimate, HeadsAnalysis, analyze_heads, ginibre_fraction
+from .studies import sweep
+
+# The modules that the public API names as ``attnflow.<module>`` stay importable under
+# those names (``from attnflow.sweep import run``, ``import attnflow.matrices``).
+for _name, _module in (("kernels", kernels), ("matrices", matrices), ("sweep", sweep)):
+    _sys.modules[f"{__name__}.{_name}"] = _module
+del _name, _module, _sys
 
 __all__ = [
+    "__version__",
+    "Attention", "Propagator", "SOLVERS", "SimulationError", "Trajectory", "simulate",
+    "KERNELS", "kernels", "matrices", "sweep",
     "DispersionReport", "dispersion", "dispersion_scan",
-    "GinibreEstimate", "ginibre_fraction",
-    "HeadsAnalysis", "analyze_heads",
-    "Attention",
-    "KERNELS",
-    "Observation",
-    "Regime",
-    "observe_limit",
-    "predict_regime",
-    "spectral_structure",
-    "Propagator",
-    "RankTrack",
-    "SOLVERS",
-    "SimulationError",
-    "Trajectory",
-    "boolean_distance",
-    "rank_of",
-    "simulate",
-    "track_rank",
+    "Observation", "Regime", "observe_limit", "predict_regime", "spectral_structure",
+    "RankTrack", "boolean_distance", "rank_of", "track_rank",
+    "GinibreEstimate", "ginibre_fraction", "HeadsAnalysis", "analyze_heads",
 ]

@@ -110,7 +110,7 @@ def save(fig, out_dir: Path, stem: str, quick: bool = False,
 
 def jsonable(obj):
     """numpy / jax values (and containers of them) as plain JSON types."""
-    from attnflow.cli import to_jsonable
+    from attnflow.io.serialize import to_jsonable
 
     return to_jsonable(obj)
 
@@ -132,7 +132,7 @@ def write_sidecar(out_dir: Path, stem: str, *, script: str, quick: bool, runs: l
     whatever was measured). The top-level keys ``seed, n, d, t1, Q, K, V, solver,
     tolerances`` hold the common value, or ``{run name: value}`` where runs differ.
     """
-    from attnflow.trajectory import run_metadata
+    from attnflow._meta import run_metadata
 
     versions = run_metadata()
     side = {"script": script, "quick": bool(quick)}

@@ -146,7 +146,7 @@ def kernel(config, start, stop, seed):
 
     jax.config.update("jax_enable_x64", True)
     import attnflow as af
-    from attnflow.sweep import rng as sample_rng
+    from attnflow.studies.sweep import rng as sample_rng
 
     fams = config["families"]
     out = {k: [] for k in ("family", "pred", "obs", "status", "n_clusters", "d", "t1",
@@ -181,7 +181,7 @@ THEOREM_FAMILIES = FAMILIES[:5]
 def recheck(arrays, seed: int, n: int, max_steps: int, factor: float = 2.0) -> dict:
     """Rerun the theorem-family samples that had not converged with ``factor`` x t1."""
     import attnflow as af
-    from attnflow.sweep import rng as sample_rng
+    from attnflow.studies.sweep import rng as sample_rng
 
     out = {}
     nc = LABELS.index("not-converged")
@@ -239,7 +239,7 @@ def main():
     import jax
 
     jax.config.update("jax_enable_x64", True)  # also for the reruns in this process
-    import attnflow.sweep as sw
+    import attnflow.studies.sweep as sw
 
     per = 2 if args.quick else args.per_family
     config = {"families": FAMILIES, "n": args.n, "max_steps": args.max_steps}

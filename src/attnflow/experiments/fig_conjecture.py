@@ -38,7 +38,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     plt = H.setup(quick)
     import attnflow as af
     import attnflow.plotting as AP
-    from attnflow.matrices import PAPER
+    from attnflow.io.matrices import PAPER
 
     t_start = time.perf_counter()
     out_dir = Path(out_dir)

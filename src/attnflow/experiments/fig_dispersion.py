@@ -86,7 +86,7 @@ def _sphere(rng, n, d):
 
 def _max_vs_n(cfg: dict) -> dict:
     import attnflow as af
-    from attnflow import kernels as K
+    from attnflow.dynamics import kernels as K
 
     rng = np.random.default_rng(cfg["seed"])
     d = cfg["d"]
@@ -400,7 +400,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
 
 
 def _make(out_dir: Path, quick: bool, plt) -> dict:
-    from attnflow.trajectory import run_metadata
+    from attnflow._meta import run_metadata
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

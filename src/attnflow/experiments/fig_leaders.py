@@ -413,7 +413,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
 
 
 def _make(out_dir: Path, quick: bool, plt) -> dict:
-    from attnflow.trajectory import run_metadata
+    from attnflow._meta import run_metadata
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

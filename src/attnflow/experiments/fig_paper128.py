@@ -71,7 +71,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     """Run the experiment (printing its runtime), draw, write PNG/PDF/JSON."""
     plt = H.setup(quick)
     import attnflow.plotting as AP
-    from attnflow.matrices import paper_128
+    from attnflow.io.matrices import paper_128
 
     t_start = time.perf_counter()
     out_dir = Path(out_dir)

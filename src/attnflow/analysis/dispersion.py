@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import kernels as _kernels
+from ..dynamics import kernels as _kernels
 
 __all__ = ["DispersionReport", "dispersion", "dispersion_scan", "bound_tight", "bound_loose",
            "qknorm_delta_bound"]
@@ -203,8 +203,9 @@ def _model_report(model, x, rows, sink, block) -> DispersionReport:
     idx = jnp.asarray(idx % n)
 
     def one(xi):
-        return _qk_stats(model.kernel, xi @ model.Q.T, xi @ model.K.T, model.beta,
-                         model.kernel_params, idx, sink, block)
+        q, k = model.queries_keys(xi)
+        return _qk_stats(model.kernel, q, k, model.beta, model.kernel_params, idx, sink,
+                         block)
 
     st = one(x) if x.ndim == 2 else jax.vmap(one)(x)
     return _report(st, n, sink, model.kernel)
@@ -240,8 +241,8 @@ def dispersion(P, *, logits=None, sink: int = 1, k: int = -1, x=None, rows=None,
         ``ssmax``, ``adaptive`` and ``sigmoid`` the coefficients may exceed them (those
         kernels rescale the logits inside, which is how they escape dispersion).
     """
-    from .model import Attention
-    from .trajectory import Trajectory
+    from ..dynamics.model import Attention
+    from ..dynamics.trajectory import Trajectory
 
     if isinstance(P, Trajectory):
         if logits is not None or x is not None:
@@ -326,7 +327,7 @@ def dispersion_scan(Q, K, x, ns: Sequence[int], *, kernels: Sequence[str] | None
         own bound, so ``max <= bound_tight`` for softmax and qknorm), ``delta`` the
         largest per-row spread, and the rest means over the query rows.
     """
-    from .model import Attention
+    from ..dynamics.model import Attention
 
     x = np.asarray(x)
     ns = [int(v) for v in ns]

@@ -37,11 +37,12 @@ from typing import Optional
 import numpy as np
 import typer
 
-from .ginibre import BACKENDS, INTERVALS
-from .kernels import KERNELS
-from .plotting import MOVIE_CASES
-from .rank import NORMS
-from .simulate import _FIXED, FRAMES, SOLVERS
+from ..studies.ginibre import BACKENDS, INTERVALS
+from ..dynamics.kernels import KERNELS
+from ..plotting import MOVIE_CASES
+from ..analysis.rank import NORMS
+from ..dynamics.simulate import _FIXED, FRAMES, SOLVERS
+from ..io.serialize import to_jsonable
 
 EXIT_CODES = """\b
 Exit status (errors print one line on stderr):
@@ -73,9 +74,9 @@ _CAST_WARNING = r"float64 input cast to float32"
 
 def _print_version(value: bool) -> None:
     if value:
-        from . import __version__
+        from .._meta import attnflow_version
 
-        typer.echo(f"attnflow {__version__}")
+        typer.echo(f"attnflow {attnflow_version()}")
         raise typer.Exit()
 
 
@@ -156,7 +157,7 @@ def _matrix_spec(*extra: str):
     """A parse-time check of ``--V/--Q/--K``: a matrix name or an existing file."""
 
     def check(value: str) -> str:
-        from .matrices import NAMES
+        from ..io.matrices import NAMES
 
         if value in extra or value in NAMES:
             return value
@@ -184,7 +185,7 @@ def _check_kernels(value: str) -> str:
 def _dims_list(value: str) -> str:
     """A parse-time check of a comma list of sizes (``--d`` of ginibre, ``--n`` of
     dispersion): '2,4,8' or '2,4,8,...,256'."""
-    from .ginibre import parse_dims
+    from ..studies.ginibre import parse_dims
 
     try:
         parse_dims(value)
@@ -218,43 +219,13 @@ def setup_jax(x64: bool) -> None:
         warnings.filterwarnings("ignore", message=_CAST_WARNING, category=UserWarning)
 
 
-def to_jsonable(obj):
-    """Convert numpy/jax values (and containers of them) to plain JSON types."""
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if hasattr(obj, "__array__") and not isinstance(obj, (str, bytes)):
-        arr = np.asarray(obj)
-        if np.iscomplexobj(arr):
-            return to_jsonable({"real": arr.real, "imag": arr.imag})
-        if arr.dtype == np.bool_:
-            return arr.tolist()
-        if arr.ndim == 0:
-            return to_jsonable(arr.item())
-        return [to_jsonable(v) for v in arr.tolist()]
-    if isinstance(obj, float):
-        if obj != obj or obj in (float("inf"), float("-inf")):
-            return str(obj)
-        return obj
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (np.floating,)):
-        return to_jsonable(float(obj))
-    if isinstance(obj, complex):
-        return {"real": obj.real, "imag": obj.imag}
-    return obj
-
-
 def emit_json(obj) -> None:
     sys.stdout.write(json.dumps(to_jsonable(obj)) + "\n")
 
 
 def load_weights(V: str, Q: str, K: str, d: Optional[int], seed: int):
     """Resolve ``--V/--Q/--K`` (names or files) into three float64 matrices."""
-    from .matrices import load
+    from ..io.matrices import load
 
     Vm = load(V, d, seed)
     dd = Vm.shape[0]
@@ -307,7 +278,7 @@ def _report_status(traj, strict: bool, *, note: bool = True) -> None:
     says what to change."""
     if traj.ok:
         return
-    from .trajectory import SimulationError
+    from ..dynamics.trajectory import SimulationError
 
     try:
         traj.raise_for_status()
@@ -428,7 +399,7 @@ def simulate(
 
 
 def _fixed_size():
-    from .matrices import PAPER
+    from ..io.matrices import PAPER
 
     return tuple(PAPER)
 
@@ -483,7 +454,7 @@ def rank(
     """
     setup_jax(x64)
     import attnflow as af
-    from .rank import track_rank
+    from ..analysis.rank import track_rank
 
     frame, method, norm = _value(frame), _value(method), _value(norm)
     # Check the analysis settings before the (possibly long) simulation.
@@ -559,7 +530,7 @@ def ginibre(
       attnflow ginibre --d 2,4,8,...,256 --samples 4000 --out runs/ginibre --progress
     """
     setup_jax(True)
-    from .ginibre import ginibre_curve, parse_dims
+    from ..studies.ginibre import ginibre_curve, parse_dims
 
     interval, backend = _value(interval), _value(backend)
     if workers < 0:
@@ -612,7 +583,7 @@ def classify(
     """Predict the limit geometry from V's spectrum (and Q, K); with --simulate, run it,
     observe where the tokens went and say whether observation agrees with prediction."""
     setup_jax(x64)
-    from .regimes import observe_limit, predict_regime
+    from ..analysis.regimes import observe_limit, predict_regime
 
     method = _value(method)
     Qm, Km, Vm = load_weights(V, Q, K, default_dim(V, d, 2), seed)
@@ -693,7 +664,7 @@ def animate(
     path = out if out is not None else Path("figures") / "movies" / f"{case}.gif"
     if path.suffix.lower() != ".gif":
         raise CLIError(f"--out must be a .gif file; got {str(path)!r}.")
-    from .plotting import movie
+    from ..plotting import movie
 
     info = movie(case, path, n=n, seed=seed, t1=t1, dt=dt, frames=frames, fps=fps, dpi=dpi)
     if as_json:
@@ -735,7 +706,7 @@ def heads(
     Example:
       attnflow heads --checkpoint minilm"""
     setup_jax(x64)
-    from .heads import analyze_heads
+    from ..studies.heads import analyze_heads
 
     if dynamics and (not horizon > 0 or not t1_max > 0):
         raise CLIError("--horizon and --t1-max must be positive.")
@@ -743,7 +714,7 @@ def heads(
     result = an.to_dict()
     runs = None
     if dynamics:
-        from .heads import DEFAULT_SENTENCES, head_dynamics, input_embeddings, load_bert_heads
+        from ..studies.heads import DEFAULT_SENTENCES, head_dynamics, input_embeddings, load_bert_heads
 
         sents = input_embeddings(checkpoint, list(sentence or DEFAULT_SENTENCES))
         x0s = [s["x0"] for s in sents]
@@ -822,8 +793,8 @@ def dispersion(
       attnflow dispersion --n 16,32,64,...,16384 --s 0.3607"""
     setup_jax(x64)
     import attnflow as af
-    from .ginibre import parse_dims
-    from .matrices import load
+    from ..studies.ginibre import parse_dims
+    from ..io.matrices import load
 
     names = kernels.split(",")
     ns = parse_dims(n)
@@ -886,7 +857,7 @@ def figures(
 
     Figures are always computed in float64. A script that fails is reported and the
     others still run; the exit status is then 1."""
-    from .figures import find_experiments, list_figures, run_figures
+    from ..experiments.runner import find_experiments, list_figures, run_figures
 
     if list_only:
         names = list_figures(find_experiments(experiments))
@@ -945,7 +916,7 @@ def main(argv=None) -> None:
 def _report(exc: BaseException) -> int:
     """Print one line for ``exc`` on stderr (and its traceback when asked) and return
     the exit status."""
-    from .trajectory import SimulationError
+    from ..dynamics.trajectory import SimulationError
 
     if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
         # click's usage errors (bad option, bad value or choice, missing file): status 2.

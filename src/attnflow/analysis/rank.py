@@ -113,7 +113,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import kernels as _kernels
+from ..dynamics import kernels as _kernels
 
 __all__ = [
     "RankTrack",
@@ -656,7 +656,7 @@ def track_rank(traj, *, tol: float = 1e-6, norm: str = "inf",
     Returns:
         A ``RankTrack``.
     """
-    from .trajectory import Trajectory
+    from ..dynamics.trajectory import Trajectory
 
     if not isinstance(traj, Trajectory):
         raise ValueError(f"traj must be an attnflow.Trajectory; got {type(traj).__name__}. "
@@ -757,8 +757,10 @@ def track_rank(traj, *, tol: float = 1e-6, norm: str = "inf",
     def col(fs, key, dt=np.float64):
         return np.asarray([f[key] for f in fs], dt)
 
-    ev = np.linalg.eigvals(np.asarray(model.V, np.float64))
-    lam = float(np.max(ev.real))
+    # the growth rate of the rescaling (V's largest real part), the scale of the fit
+    prop = getattr(model, "propagator", None)
+    lam = (float(np.max(np.linalg.eigvals(np.asarray(prop.V, np.float64)).real))
+           if prop is not None else float("nan"))
 
     one = (lambda a: a) if traj.batched else (lambda a: a[0])
     return RankTrack(

@@ -357,7 +357,7 @@ class HeadWeights:
 
     def attention(self, **kwargs):
         """``attnflow.Attention(Q, K, V, beta=beta, rectangular=True, **kwargs)``."""
-        from .model import Attention
+        from ..dynamics.model import Attention
 
         return Attention(self.Q, self.K, self.V, beta=self.beta, rectangular=True, **kwargs)
 
@@ -447,7 +447,7 @@ class HeadReport:
         lambda1_abs: its modulus; lambda2_abs: the largest modulus outside lambda1's
             numerical cluster (for a complex lambda1 that is its conjugate).
         real, positive, simple, dominant: the four spectral hypotheses of the hyperplane
-            theorem, decided with the tolerances of ``attnflow.regimes``.
+            theorem, decided with the tolerances of ``attnflow.analysis.regimes``.
         spectral: all four hold (the hypothesis counted by ``ginibre_fraction``).
         qk_phi1: ``<Q phi_1, K phi_1>`` for the unit eigenvector phi_1 when lambda1 is real
             and simple (else None); its sign is what the theorem needs.
@@ -519,7 +519,7 @@ def reduced_triple(head: HeadWeights) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def _report(hw: HeadWeights, rtol: float, reduce: bool = True):
-    from .regimes import predict_regime
+    from ..analysis.regimes import predict_regime
 
     Q, K, V, _ = reduced_triple(hw) if reduce else (hw.Q, hw.K, hw.V, hw.d)
     reg = predict_regime(Q, K, V, rtol=rtol)
@@ -567,7 +567,7 @@ class HeadsAnalysis:
 
     Attributes:
         heads: one ``HeadReport`` per (layer, head), in order.
-        counts: ``{label: number of heads}`` over ``attnflow.regimes.LABELS``.
+        counts: ``{label: number of heads}`` over ``attnflow.analysis.regimes.LABELS``.
         hypotheses: heads meeting each hypothesis: ``spectral`` (lambda1 real, positive,
             simple, dominant), ``spectral_and_qk`` (= the hyperplane theorem),
             ``spectral_not_qk``, ``qk_pd`` (sym(Q^T K) positive definite),
@@ -657,7 +657,7 @@ def analyze_heads(checkpoint: str | Path | Sequence[HeadWeights] = "minilm", *,
         hypotheses, ``<Q phi_1, K phi_1>``, the predicted label and its reason; the
         counts per label and per hypothesis. ``beta`` is recorded, never used in a label.
     """
-    from .regimes import LABELS
+    from ..analysis.regimes import LABELS
 
     if not (isinstance(rtol, (int, float)) and 0 < rtol < 1):
         raise ValueError(f"rtol must be a number in (0, 1); got {rtol!r}.")
@@ -827,9 +827,9 @@ class HeadRun:
             final levels ``phi_1*(z_i)`` ``(n,)`` (phi_1* the left eigenvector with
             ``phi_1*(phi_1) = 1``, |phi_1| = 1).
         boolean_distance: per sentence, the distance of the final attention matrix to
-            the nearest Boolean one (``attnflow.rank.boolean_distance``).
+            the nearest Boolean one (``attnflow.boolean_distance``).
         leaders: per sentence, the tokens receiving attention at the end (column mass of
-            the final P above 0.5; ``attnflow.rank.leaders_of``).
+            the final P above 0.5; ``attnflow.analysis.rank.leaders_of``).
         trajectories: the ``Trajectory`` objects (kept when ``keep=True``), else None.
         fallback: what was retried and why (``None`` if nothing was).
     """
@@ -895,9 +895,9 @@ def head_dynamics(head: HeadWeights, x0s: Sequence[np.ndarray], *, t1: float | N
     """
     import jax.numpy as jnp
 
-    from .rank import boolean_distance, leaders_of
-    from .regimes import observe_limit, predict_regime
-    from .simulate import simulate
+    from ..analysis.rank import boolean_distance, leaders_of
+    from ..analysis.regimes import observe_limit, predict_regime
+    from ..dynamics.simulate import simulate
 
     if not isinstance(head, HeadWeights):
         raise ValueError(f"head must be a HeadWeights; got {type(head).__name__}.")

@@ -32,10 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..studies.setups import MOVIE_CASES, case_matrix, simulate_tokens
+
 __all__ = [
-    "STYLE", "use_style", "simulate_tokens", "euler_saves", "hull_vertices",
-    "hull_measure", "draw_hull", "box_section", "draw_level", "draw_trajectories",
-    "data_box", "edge_on_view", "LABEL_COLORS", "MOVIE_CASES", "animate", "movie",
+    "STYLE", "use_style", "hull_vertices", "hull_measure", "draw_hull", "box_section",
+    "draw_level", "draw_trajectories", "data_box", "edge_on_view", "LABEL_COLORS",
+    "animate", "movie",
 ]
 
 # Readable at paper size: a 6.5 in wide figure with 8 pt text.
@@ -79,86 +81,6 @@ def use_style(rc: dict | None = None, **overrides):
     import matplotlib
 
     return matplotlib.rc_context({**STYLE, **(rc or {}), **overrides})
-
-
-# ------------------------------------------------------------------ simulation
-def euler_saves(t1: float, dt: float, saves: int | None = None) -> np.ndarray:
-    """Saved times for the discrete transformer: every layer, or ``saves`` layers spread
-    evenly over ``[0, t1]`` (always multiples of ``dt``, as ``simulate`` requires)."""
-    layers = int(round(t1 / dt))
-    if saves is None or saves >= layers + 1:
-        k = np.arange(layers + 1)
-    else:
-        k = np.unique(np.rint(np.linspace(0, layers, saves)).astype(int))
-    return k * dt
-
-
-def simulate_tokens(V, *, n: int = 20, seed: int = 0, t1: float = 12.0, dt: float = 0.1,
-                    method: str = "euler", frame: str = "rescaled", scale: float = 5.0,
-                    saves: int | None = None, Q=None, K=None, batch: int | None = None,
-                    rtol: float = 1e-6, atol: float = 1e-9, max_steps: int = 100_000):
-    """Simulate ``n`` tokens uniform in ``[-scale, scale]^d`` under one head.
-
-    By default the authors' tokens, weights and step -- Q = K = I, ``dt = 0.1``, every
-    layer saved -- with attnflow's discrete transformer (``method="euler"``): one layer
-    ``x_i <- x_i + dt sum_j P_ij V x_j`` per step, rescaled exactly, ``z^k = R^{-k} x^k``
-    with ``R = I + dt V``, i.e. ``z_i <- z_i + dt sum_j P_ij(R^k z) R^{-1} V (z_j - z_i)``.
-    That is not the authors' scheme. Their public script (``clustering-Tformers.py``) is
-    written as RK4 steps of 0.1 with the attention matrix frozen within each step, but
-    each stage shifts every token by the same vector and the field depends only on the
-    differences ``z_j - z_i``, so the four stages coincide: it is forward Euler of the
-    continuous rescaled ODE, ``z_i <- z_i + dt sum_j P_ij(e^{t_k V} z) V (z_j - z_i)``.
-    Both are first-order schemes for the same ODE; they agree as ``dt -> 0``, not step
-    by step.
-
-    Args:
-        V: ``(d, d)`` value matrix.
-        n, seed, scale: tokens ``numpy.random.default_rng(seed).uniform(-scale, scale,
-            (n, d))`` (or ``(batch, n, d)``).
-        t1: final time (a whole number of layers for ``"euler"``).
-        dt: layer step for ``method="euler"``.
-        method: ``"euler"`` or an adaptive solver name (``"adaptive"``: Tsit5).
-        frame: ``"rescaled"`` or ``"original"``.
-        saves: number of saved times (default: every layer for Euler, 121 otherwise).
-        Q, K: default the identity.
-        batch: simulate a batch of independent systems.
-        rtol, atol, max_steps: adaptive solver settings.
-
-    Returns:
-        ``(traj, params)``: the ``Trajectory`` and a JSON-ready dict of every parameter
-        (seed, n, d, t1, Q, K, V, solver, tolerances, x0 recipe, frame, seconds).
-    """
-    import attnflow as af
-
-    V = np.asarray(V, dtype=np.float64)
-    d = V.shape[0]
-    Q = np.eye(d) if Q is None else np.asarray(Q, dtype=np.float64)
-    K = np.eye(d) if K is None else np.asarray(K, dtype=np.float64)
-    rng = np.random.default_rng(seed)
-    shape = (n, d) if batch is None else (batch, n, d)
-    x0 = rng.uniform(-scale, scale, size=shape)
-    model = af.Attention(Q, K, V)
-    if method == "euler":
-        ts = euler_saves(t1, dt, saves)
-    else:
-        ts = np.linspace(0.0, t1, 121 if saves is None else saves)
-    t0 = time.perf_counter()
-    traj = af.simulate(model, x0, t1, ts=ts, frame=frame, method=method,
-                       dt=dt if method == "euler" else None, rtol=rtol, atol=atol,
-                       max_steps=max_steps)
-    seconds = time.perf_counter() - t0
-    params = {
-        "seed": int(seed), "n": int(n), "d": int(d), "t1": float(t1),
-        "batch": batch, "Q": Q.tolist(), "K": K.tolist(), "V": V.tolist(),
-        "x0": f"numpy.random.default_rng({seed}).uniform(-{scale:g}, {scale:g}, "
-              f"{shape})",
-        "frame": frame, "solver": dict(traj.solver),
-        "tolerances": ({"rtol": None, "atol": None, "note": "fixed-step Euler: none"}
-                       if method == "euler" else {"rtol": rtol, "atol": atol}),
-        "saves": int(len(ts)), "status": traj.status, "seconds": round(seconds, 3),
-        "propagator": model.propagator.method,
-    }
-    return traj, params
 
 
 # -------------------------------------------------------------------- geometry
@@ -299,27 +221,6 @@ def data_box(z, pad: float = 0.06):
 
 
 # ---------------------------------------------------------------------- movies
-MOVIE_CASES = {
-    "polytope": dict(V="identity", d=2, t1=12.0, frame="rescaled", draw="hull",
-                     title=r"$V=I$, $d=2$: clustering to the vertices of a polytope"),
-    "polytope-3d": dict(V="identity", d=3, t1=12.0, frame="rescaled", draw="hull",
-                        title=r"$V=I$, $d=3$: clustering to the vertices of a polytope"),
-    "hyperplanes": dict(V="paper-2d", d=2, t1=12.0, frame="rescaled", draw="levels",
-                        title=r"paper 2x2 $V$ ($\lambda_1=1.348$): three parallel lines"),
-    "hyperplanes-3d": dict(V="paper-3d-re-pos", d=3, t1=12.0, frame="rescaled",
-                           draw="levels",
-                           title=r"paper 3x3 $V$ ($\lambda_1=1.078$): parallel planes"),
-    "origin": dict(V="neg-identity", d=2, t1=30.0, frame="original", draw="none",
-                   title=r"$V=-I$: every token tends to 0 (original frame)"),
-}
-
-
-def _case_matrix(case: dict) -> np.ndarray:
-    from .matrices import named
-
-    return named(case["V"], case["d"])
-
-
 def _frame_indices(ts, frames: int) -> np.ndarray:
     """Saved-time indices for ``frames`` frames, denser early (times ~ (j/F)^2 t1),
     where the tokens move fastest; always the first and last save."""
@@ -371,7 +272,7 @@ def animate(traj, path, *, frames: int = 60, fps: int = 12, dpi: int = 90,
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from .regimes import spectral_structure
+    from ..analysis.regimes import spectral_structure
 
     t_start = time.perf_counter()
     frame = frame or traj.frame
@@ -494,7 +395,7 @@ def movie(case: str, path, *, n: int = 20, seed: int = 0, t1: float | None = Non
         raise ValueError(f"unknown case {case!r}; known: {', '.join(MOVIE_CASES)}.")
     c = MOVIE_CASES[case]
     t1 = c["t1"] if t1 is None else float(t1)
-    traj, params = simulate_tokens(_case_matrix(c), n=n, seed=seed, t1=t1, dt=dt,
+    traj, params = simulate_tokens(case_matrix(c), n=n, seed=seed, t1=t1, dt=dt,
                                    frame=c["frame"])
     info = animate(traj, path, frames=frames, fps=fps, dpi=dpi, draw=c["draw"],
                    title=c["title"], frame=c["frame"])

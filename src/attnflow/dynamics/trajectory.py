@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import platform
 import tempfile
 from functools import cached_property
 from pathlib import Path
@@ -17,12 +16,38 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-__all__ = ["Trajectory", "SimulationError", "STATUS_CODES", "run_metadata", "FORMAT_VERSION"]
+from .. import _checks
+from .._meta import run_metadata
+from .base import AbstractModel
+from .frames import AbstractTime, Continuous, Layers
+
+__all__ = ["Trajectory", "SimulationError", "STATUS_CODES", "FORMAT_VERSION"]
 
 STATUS_CODES = ("ok", "overflow", "max_steps", "nonfinite", "failed")
 
 # Version of the ``.npz`` layout written by ``Trajectory.save`` (``metadata["format"]``).
 FORMAT_VERSION = 1
+
+
+@eqx.filter_jit
+def _logit_rows(model, xs):
+    """``model.logits`` of each system's tokens ``xs`` ``(b, n, d)``."""
+    return jax.vmap(model.logits)(xs)
+
+
+def _model_family(name: str) -> type[AbstractModel]:
+    """The model class called ``name`` (a final subclass of ``AbstractModel``)."""
+    from . import model as _models  # noqa: F401  (defines the built-in families)
+
+    stack, seen = [AbstractModel], {}
+    while stack:
+        cls = stack.pop()
+        seen[cls.__name__] = cls
+        stack.extend(cls.__subclasses__())
+    if name not in seen or name.startswith("Abstract"):
+        raise ValueError(f"unknown model family {name!r} in the saved run; known: "
+                         f"{sorted(k for k in seen if not k.startswith('Abstract'))}.")
+    return seen[name]
 
 
 class SimulationError(RuntimeError):
@@ -60,25 +85,6 @@ def _attention_rows(model, xs):
     return jax.vmap(model.attention)(xs)
 
 
-def run_metadata() -> dict:
-    """Versions and precision of this process, for saved results."""
-    import diffrax
-    import equinox
-
-    from . import __version__
-
-    return {
-        "attnflow": __version__,
-        "jax": jax.__version__,
-        "diffrax": diffrax.__version__,
-        "equinox": equinox.__version__,
-        "numpy": np.__version__,
-        "python": platform.python_version(),
-        "x64": bool(jax.config.jax_enable_x64),
-        "backend": jax.default_backend(),
-    }
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class Trajectory:
     """Saved states of one system or a batch, in both frames.
@@ -97,6 +103,8 @@ class Trajectory:
         t1: the requested final time.
         x0: the initial tokens as integrated (cast to the working dtype), ``(n, d)`` or
             ``(b, n, d)``.
+        discretisation: ``Continuous()`` (an ODE solver) or ``Layers(dt)`` (the discrete
+            transformer); with ``frame``, how the two frames are related at each save.
         saved_metadata: for a trajectory read by ``Trajectory.load``, the metadata
             stored with it (seed, command, versions, ...); ``None`` otherwise.
 
@@ -119,12 +127,15 @@ class Trajectory:
     _y: Array  # (b, m, n, d), the integrated state
     _to_x: Array | None  # (b?, m, d, d) maps z -> x, when not computable from ts
     x0: Array | None = None  # the initial tokens as integrated, (n, d) or (b, n, d)
+    discretisation: AbstractTime = Continuous()  # or Layers(dt): the discrete transformer
     saved_metadata: dict | None = None  # what Trajectory.load read from the file
 
     # ------------------------------------------------------------- construction
     @classmethod
     def _from_solve(cls, *, model, frame, coords, ts_requested, ys, reached, t_stop, y_stop,
-                    codes, stats, batched, to_x, solver, t1, x0=None):
+                    codes, stats, batched, to_x, solver, t1, x0=None,
+                    discretisation=None):
+        disc = Continuous() if discretisation is None else discretisation
         codes = np.asarray(codes).reshape(-1)
         statuses = tuple(STATUS_CODES[int(c)] for c in codes)
         reached = np.asarray(reached, bool)
@@ -138,7 +149,8 @@ class Trajectory:
             to = None if to_x is None else jnp.asarray(to_x, dtype)
             return cls(ts=ts, frame=frame, model=model, stats=stats, solver=solver,
                        statuses=statuses, reached=reached, t_stop=t_stop, t1=t1,
-                       batched=True, coords=coords, _y=ys, _to_x=to, x0=x0)
+                       batched=True, coords=coords, _y=ys, _to_x=to, x0=x0,
+                       discretisation=disc)
         # One system: keep what was reached, then the state where it stopped.
         r = reached[0]
         keep = np.flatnonzero(r)
@@ -151,8 +163,8 @@ class Trajectory:
             y = jnp.concatenate([y, jnp.asarray(y_stop)[0][None].astype(dtype)], axis=0)
             tk = np.append(tk, ts_stop)
             if to is not None:
-                R = np.eye(model.d) + solver["dt"] * np.asarray(model.V, np.float64)
-                k = int(round(ts_stop / solver["dt"]))
+                R = np.eye(model.d) + disc.dt * np.asarray(model.propagator.V, np.float64)
+                k = int(round(ts_stop / disc.dt))
                 to = np.concatenate([to, np.linalg.matrix_power(R, k)[None]], axis=0)
             r = np.ones(tk.shape, bool)
         else:
@@ -161,7 +173,8 @@ class Trajectory:
         return cls(ts=jnp.asarray(tk, dtype), frame=frame, model=model, stats=stats1,
                    solver=solver, statuses=statuses, reached=r, t_stop=t_stop, t1=t1,
                    batched=False, coords=coords, _y=y[None],
-                   _to_x=None if to is None else jnp.asarray(to, dtype), x0=x0)
+                   _to_x=None if to is None else jnp.asarray(to, dtype), x0=x0,
+                   discretisation=disc)
 
     # ------------------------------------------------------------------- status
     @property
@@ -200,16 +213,11 @@ class Trajectory:
         """``(m, d, d)`` matrices M with ``x = z @ M.T`` (standard coordinates)."""
         if self._to_x is not None:
             return self._to_x
-        return jax.vmap(self.model.propagator)(self.ts)
+        return self.discretisation.maps(self.model.propagator, self.ts)
 
     def _multipliers(self, sign: int):
         """Per-mode factors of ``e^{+-t V}`` (or ``(I + dt V)^{+-k}``) at the saved times."""
-        prop = self.model.propagator
-        if self.solver.get("method") == "euler":
-            dt = self.solver["dt"]
-            k = jnp.round(self.ts / dt)
-            return jax.vmap(lambda kk: prop.power_multipliers(sign * kk, dt))(k)
-        return jax.vmap(lambda t: prop.exp_multipliers(sign * t))(self.ts)
+        return self.discretisation.multipliers(self.model.propagator, self.ts, sign)
 
     def _modal_to_tokens(self, w, sign: int):
         """Modal rows ``w`` (b, m, n, d) -> tokens after the per-mode factors at each save."""
@@ -277,6 +285,13 @@ class Trajectory:
         eigenvector against the other modes' right eigenvectors, zero in exact
         arithmetic) and are dropped, so a diverging mode that ``P`` annihilates
         contributes nothing."""
+        P = np.asarray(P)
+        if np.iscomplexobj(P):
+            if np.any(P.imag != 0):
+                raise ValueError("P must be real (linear functionals of real tokens); for "
+                                 "a complex eigenvector project its real and imaginary "
+                                 "parts.")
+            P = P.real
         P = np.atleast_2d(np.asarray(P, np.float64))
         if P.shape[-1] != self.d:
             raise ValueError(f"P must have {self.d} columns (one per coordinate); "
@@ -284,6 +299,8 @@ class Trajectory:
         if system is not None and not self.batched:
             raise ValueError("system= selects one system of a batch; this trajectory "
                              "holds one system.")
+        if system is not None:
+            system = _checks.index("system", system, len(self.statuses), what="systems")
         if self.coords != "modal":
             y = self.z if system is None else self.z[system]
         else:
@@ -303,11 +320,15 @@ class Trajectory:
 
     def attention(self, k: int = -1) -> Array:
         """The attention matrix ``P`` at saved index ``k``: ``(n, n)`` or ``(b, n, n)``."""
-        m = self._y.shape[1]
-        if not -m <= k < m:
-            raise IndexError(f"k = {k} is out of range for {m} saved times.")
+        k = _checks.index("k", k, self._y.shape[1], what="saved times")
         P = _attention_rows(self.model, self._x[:, k])
         return P if self.batched else P[0]
+
+    def logits(self, k: int = -1) -> Array:
+        """The pre-kernel logits at saved index ``k``: ``(n, n)`` or ``(b, n, n)``."""
+        k = _checks.index("k", k, self._y.shape[1], what="saved times")
+        L = _logit_rows(self.model, self._x[:, k])
+        return L if self.batched else L[0]
 
     # --------------------------------------------------------------- saving
     def metadata(self, **extra) -> dict:
@@ -325,14 +346,7 @@ class Trajectory:
             "d": self.d,
             "batch": len(self.statuses) if self.batched else None,
             "dtype": np.dtype(self._y.dtype).name,
-            "beta": float(m.beta),
-            "kernel": m.kernel,
-            "kernel_params": {k: np.asarray(v).tolist()
-                              for k, v in (getattr(m, "kernel_params", None) or {}).items()},
-            "propagator": m.propagator.method,
-            "Q": np.asarray(m.Q).tolist(),
-            "K": np.asarray(m.K).tolist(),
-            "V": np.asarray(m.V).tolist(),
+            **m.describe(),  # the model family, its weights and settings
             "stats": {k: np.asarray(v).tolist() for k, v in self.stats.items()},
             "versions": run_metadata(),
         }
@@ -365,22 +379,18 @@ class Trajectory:
             "ts": np.asarray(self.ts), "z": np.asarray(self.z), "x": np.asarray(self.x),
             "reached": np.asarray(self.reached), "state": np.asarray(self._y),
             "t_stop": np.asarray(self.t_stop),
-            "model.Q": np.asarray(m.Q), "model.K": np.asarray(m.K),
-            "model.V": np.asarray(m.V), "model.beta": np.asarray(m.beta),
         }
+        arrays.update({f"model.{k}": np.asarray(v) for k, v in m.arrays().items()})
         if self._to_x is not None:
             arrays["to_x"] = np.asarray(self._to_x)
         if self.x0 is not None:
             arrays["x0"] = np.asarray(self.x0)
-        for k, v in (getattr(m, "kernel_params", None) or {}).items():
-            arrays[f"model.kernel_params.{k}"] = np.asarray(v)
         for k, v in self.stats.items():
             arrays[f"stats.{k}"] = np.asarray(v)
         meta["format"] = FORMAT_VERSION
         meta["trajectory"] = {
             "batched": self.batched, "coords": self.coords, "t1": self.t1,
-            "statuses": list(self.statuses), "block": getattr(m, "block", None),
-            "rectangular": tuple(np.shape(m.Q)) != tuple(np.shape(m.V)),
+            "statuses": list(self.statuses),
             # statistics held as Python numbers (the rest are numpy values)
             "stats_python": [k for k, v in self.stats.items()
                              if isinstance(v, (int, float)) and not isinstance(v, bool)],
@@ -404,8 +414,6 @@ class Trajectory:
 
         A run saved in float64 needs x64 on (``jax.config.update("jax_enable_x64",
         True)``) to be read back without rounding; loading it with x64 off raises."""
-        from .model import Attention
-
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"path {str(path)!r} is not a file written by "
@@ -429,14 +437,9 @@ class Trajectory:
                 f"be rounded to float32; enable it first: "
                 f"jax.config.update('jax_enable_x64', True).")
         info = meta["trajectory"]
-        kparams = {k.removeprefix("model.kernel_params."): v for k, v in data.items()
-                   if k.startswith("model.kernel_params.")}
-        prop = meta.get("propagator", "auto")
-        model = Attention(data["model.Q"], data["model.K"], data["model.V"],
-                          beta=data["model.beta"], kernel=meta["kernel"],
-                          kernel_params=kparams or None,
-                          propagator="auto" if prop == "guarded" else prop,
-                          rectangular=bool(info["rectangular"]), block=info["block"])
+        family = _model_family(meta.get("family", ""))
+        model = family.from_saved(meta, {k.removeprefix("model."): v for k, v in data.items()
+                                         if k.startswith("model.")})
         python = set(info.get("stats_python", ()))
         stats = {}
         for k, v in data.items():
@@ -451,7 +454,10 @@ class Trajectory:
                    t1=float(info["t1"]), batched=bool(info["batched"]),
                    coords=info["coords"], _y=jnp.asarray(state),
                    _to_x=None if to_x is None else jnp.asarray(to_x),
-                   x0=None if x0 is None else jnp.asarray(x0), saved_metadata=meta)
+                   x0=None if x0 is None else jnp.asarray(x0), saved_metadata=meta,
+                   discretisation=(Layers(float(meta["solver"]["dt"]))
+                                   if meta["solver"].get("method") == "euler"
+                                   else Continuous()))
         return traj
 
     def to_xarray(self):

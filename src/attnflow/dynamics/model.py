@@ -21,9 +21,10 @@ import numpy as np
 from jaxtyping import Array
 
 from . import kernels as _kernels
+from .base import AbstractAttentionSystem
 from .propagator import Propagator
 
-__all__ = ["Attention", "Dynamics"]
+__all__ = ["Attention"]
 
 
 # Set once the float32 cast has been reported (the warning is given once per process).
@@ -78,17 +79,7 @@ def _as_matrix(name: str, A, square: bool = True) -> Array:
     return arr
 
 
-def log_logit_bound(q: Array, k: Array, beta, *, kernel: str = "softmax",
-                    kernel_params=None) -> Array:
-    """``log(beta max_i |q_i| max_j |k_j|)`` for raw queries/keys ``(n, p)``; ``+inf``, never NaN.
-
-    With ``kernel``, the bound of what that kernel actually exponentiates: the normalised
-    queries and keys for ``qknorm`` (``log(beta p)``), times ``s log n`` for ``ssmax``,
-    and so on (``attnflow.kernels.log_logit_bound``)."""
-    return _kernels.log_logit_bound(q, k, beta, kernel=kernel, params=kernel_params)
-
-
-class Attention(eqx.Module):
+class Attention(AbstractAttentionSystem):
     """One self-attention head with weights fixed in time.
 
     Args:
@@ -191,113 +182,65 @@ class Attention(eqx.Module):
     def dtype(self):
         return self.V.dtype
 
-    # -------------------------------------------------------- attention of a state
-    def logits(self, x: Array) -> Array:
-        """The pre-kernel logits ``beta <Q x_i, K x_j>`` for tokens ``x`` ``(n, d)`` (original
-        frame) -> ``(n, n)``; for ``qknorm``, of the normalised queries and keys."""
-        q, k = _kernels.prepare(self.kernel, x @ self.Q.T, x @ self.K.T)
+    # --------------------------------------------------- the attention system seam
+    def query_key_maps(self) -> tuple[Array, Array]:
+        return self.Q, self.K
+
+    def logits_qk(self, q: Array, k: Array) -> Array:
+        """The pre-kernel logits ``beta <q_i, k_j>`` ``(n, n)``; for ``qknorm``, of the
+        normalised queries and keys."""
+        q, k = _kernels.prepare(self.kernel, q, k)
         return _kernels.logits(q, k, self.beta)
 
-    def attention(self, x: Array) -> Array:
-        """The attention matrix ``P`` ``(n, n)`` of tokens ``x`` ``(n, d)`` (original frame)."""
-        return _kernels.weights(self.kernel, self.logits(x), self.kernel_params)
+    def weights(self, q: Array, k: Array) -> Array:
+        return _kernels.weights(self.kernel, self.logits_qk(q, k), self.kernel_params)
 
-    def log_logit_bound(self, x: Array) -> Array:
-        """``log(beta max_i |Q x_i| max_j |K x_j|)``, an upper bound of ``log max |logit|``
+    def log_bound(self, q: Array, k: Array) -> Array:
+        """``log(beta max_i |q_i| max_j |k_j|)``, an upper bound of ``log max |logit|``
         (of what the kernel exponentiates: see ``attnflow.kernels.log_logit_bound``).
 
         Cheap (``O(n d^2)``, no ``n x n`` matrix) and safe: computed from norms, so it is
-        ``+inf`` rather than NaN when ``x`` has overflowed.
+        ``+inf`` rather than NaN when the tokens have overflowed.
         """
-        return log_logit_bound(x @ self.Q.T, x @ self.K.T, self.beta, kernel=self.kernel,
-                               kernel_params=self.kernel_params)
+        return _kernels.log_logit_bound(q, k, self.beta, kernel=self.kernel,
+                                        params=self.kernel_params)
 
-    # ---------------------------------------------------------------- vector fields
-    def attend(self, x: Array, values: Array) -> Array:
-        """``P(x) @ values`` for tokens ``x`` ``(n, d)``, tiled for large n (see ``block``)."""
-        return _kernels.attend(self.kernel, x @ self.Q.T, x @ self.K.T, self.beta, values,
-                               block=self.block, params=self.kernel_params)
+    def weigh(self, q: Array, k: Array, values: Array) -> Array:
+        """``P(q, k) @ values``, tiled for large n (see ``block``)."""
+        return _kernels.attend(self.kernel, q, k, self.beta, values, block=self.block,
+                               params=self.kernel_params)
 
-    def field_original(self, t, x: Array) -> Array:
-        """``dx/dt = P X V^T`` for tokens ``x`` ``(n, d)``."""
-        del t
-        return self.attend(x, x) @ self.V.T
+    def value_map(self, u: Array) -> Array:
+        """``u V^T``: the averaged values mapped by V."""
+        return u @ self.V.T
 
-    def field_rescaled(self, t, z: Array) -> Array:
-        """``dz/dt = (P(t) Z - Z) V^T`` with ``P(t)`` taken at ``x = z e^{tV}^T``."""
-        x = self.propagator.apply(t, z)
-        return (self.attend(x, z) - z) @ self.V.T
+    # ---------------------------------------------------------------- saved form
+    def describe(self) -> dict:
+        return {
+            "family": "Attention",
+            "beta": float(self.beta),
+            "kernel": self.kernel,
+            "kernel_params": {k: np.asarray(v).tolist() for k, v in self.kernel_params.items()},
+            "propagator": self.propagator.method,
+            "block": self.block,
+            "rectangular": tuple(self.Q.shape) != tuple(self.V.shape),
+            "Q": np.asarray(self.Q).tolist(),
+            "K": np.asarray(self.K).tolist(),
+            "V": np.asarray(self.V).tolist(),
+        }
 
-    def to_original(self, t, z: Array) -> Array:
-        """``x = e^{tV} z`` for row tokens ``z`` ``(..., d)``."""
-        return self.propagator.apply(t, z)
+    def arrays(self) -> dict:
+        out = {"Q": self.Q, "K": self.K, "V": self.V, "beta": self.beta}
+        out.update({f"kernel_params.{k}": v for k, v in self.kernel_params.items()})
+        return out
 
-    def to_rescaled(self, t, x: Array) -> Array:
-        """``z = e^{-tV} x`` for row tokens ``x`` ``(..., d)``."""
-        return self.propagator.apply(-jnp.asarray(t), x)
-
-
-class Dynamics(eqx.Module):
-    """The vector field of one frame in the coordinates the solver integrates.
-
-    ``coords="standard"``: the state is the tokens themselves (``x`` in the original
-    frame, ``z`` in the rescaled frame). ``coords="modal"`` (rescaled frame, diagonalisable
-    V): the state is ``w = T^{-1} z`` in the real modal basis of ``V`` (see
-    ``attnflow.propagator``), where ``e^{tV}`` acts mode by mode:
-
-        dw = modal(P w - w, mu),  P from q = modal(w, e^{t mu}) (Q T)^T, k likewise.
-
-    Built once per solve; ``QT = Q T`` and ``KT = K T`` are precomputed here.
-    """
-
-    model: Attention
-    QT: Array | None
-    KT: Array | None
-    frame: str = eqx.field(static=True)
-    coords: str = eqx.field(static=True)
-
-    def __init__(self, model: Attention, frame: str, coords: str | None = None):
-        prop = model.propagator
-        if coords is None:
-            coords = "modal" if (frame == "rescaled" and prop.has_modal) else "standard"
-        if coords == "modal" and not prop.has_modal:
-            raise ValueError("modal coordinates need a diagonalisable V (propagator eig/eigh).")
-        self.model = model
-        self.frame = frame
-        self.coords = coords
-        if coords == "modal":
-            self.QT = model.Q @ prop.T
-            self.KT = model.K @ prop.T
-        else:
-            self.QT = self.KT = None
-
-    # ------------------------------------------------------------ coordinates
-    def state_from_tokens(self, x0: Array) -> Array:
-        """Initial state from tokens at t = 0 (where x = z)."""
-        return self.model.propagator.to_modal(x0) if self.coords == "modal" else x0
-
-    def queries_keys(self, t, y: Array) -> tuple[Array, Array]:
-        m = self.model
-        if self.coords == "modal":
-            we = m.propagator.modal_scale(y, *m.propagator.exp_multipliers(t))
-            return we @ self.QT.T, we @ self.KT.T
-        x = y if self.frame == "original" else m.propagator.apply(t, y)
-        return x @ m.Q.T, x @ m.K.T
-
-    def log_bound(self, t, y: Array) -> Array:
-        q, k = self.queries_keys(t, y)
-        m = self.model
-        return log_logit_bound(q, k, m.beta, kernel=m.kernel, kernel_params=m.kernel_params)
-
-    # ------------------------------------------------------------------ field
-    def __call__(self, t, y: Array) -> Array:
-        m = self.model
-        q, k = self.queries_keys(t, y)
-        Py = _kernels.attend(m.kernel, q, k, m.beta, y, block=m.block,
-                             params=m.kernel_params)
-        if self.frame == "original":
-            return Py @ m.V.T
-        if self.coords == "modal":
-            prop = m.propagator
-            return prop.modal_scale(Py - y, prop.mu_re, prop.mu_im)
-        return (Py - y) @ m.V.T
+    @classmethod
+    def from_saved(cls, description: dict, arrays: dict) -> "Attention":
+        kparams = {k.removeprefix("kernel_params."): v for k, v in arrays.items()
+                   if k.startswith("kernel_params.")}
+        prop = description.get("propagator", "auto")
+        return cls(arrays["Q"], arrays["K"], arrays["V"], beta=arrays["beta"],
+                   kernel=description["kernel"], kernel_params=kparams or None,
+                   propagator="auto" if prop == "guarded" else prop,
+                   rectangular=bool(description.get("rectangular", False)),
+                   block=description.get("block"))

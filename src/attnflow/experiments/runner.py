@@ -32,9 +32,7 @@ __all__ = ["find_experiments", "list_figures", "run_figures", "default_jobs"]
 
 def _installed() -> Path:
     """The folder of the installed ``attnflow.experiments`` subpackage."""
-    from . import experiments
-
-    return Path(experiments.__file__).resolve().parent
+    return Path(__file__).resolve().parent
 
 
 def find_experiments(path: str | Path | None = None) -> Path:
@@ -61,7 +59,7 @@ def _load(exp_dir: Path, name: str):
     """The module of script ``name``: imported from ``attnflow.experiments`` when
     ``exp_dir`` is the installed subpackage, else loaded from ``exp_dir/name.py``."""
     if Path(exp_dir).resolve() == _installed():
-        mod = importlib.import_module(f"{__package__}.experiments.{name}")
+        mod = importlib.import_module(f"{__package__}.{name}")
     else:
         spec = importlib.util.spec_from_file_location(f"attnflow_experiments.{name}",
                                                       Path(exp_dir) / f"{name}.py")
@@ -152,7 +150,7 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs) -> dict:
     import matplotlib
     from tqdm.auto import tqdm
 
-    from .trajectory import run_metadata
+    from .._meta import run_metadata
 
     exp_dir = find_experiments(experiments)
     names = list_figures(exp_dir)

@@ -21,7 +21,6 @@ kept too (see ``Trajectory``).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import diffrax
@@ -31,8 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from . import kernels as _kernels
-from .model import Attention, Dynamics, _warn_float64_cast
+from .. import _checks
+from .base import AbstractModel
+from .frames import FRAMES, AbstractFrame, Continuous, Layers, make_frame
+from .model import _warn_float64_cast
 from .trajectory import STATUS_CODES, Trajectory
 
 __all__ = ["simulate", "SOLVERS"]
@@ -47,7 +48,6 @@ SOLVERS = {
     "heun": diffrax.Heun,
 }
 _FIXED = ("euler",)
-FRAMES = ("rescaled", "original")
 
 # Logits are stopped this factor (in log) below the largest finite float.
 _LOG_MARGIN = 4.0
@@ -58,58 +58,48 @@ def _log_limit(dtype) -> float:
 
 
 # --------------------------------------------------------------------------- checks
-def _positive_float(name: str, value, *, allow_zero: bool = False) -> float:
-    try:
-        v = float(value)
-    except Exception:
-        raise ValueError(f"{name} must be a positive number; got {value!r}.") from None
-    if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
-        raise ValueError(f"{name} must be a positive finite number; got {value!r}.")
-    return v
+# diffrax counts steps in 32-bit integers.
+MAX_STEPS_LIMIT = 2**31 - 1
 
 
-def _check_x0(model: Attention, x0) -> np.ndarray | Array:
+def _check_x0(model: AbstractModel, x0) -> np.ndarray | Array:
+    shape = f"(n, {model.d}) or (b, n, {model.d})"
     if isinstance(x0, jax.core.Tracer):
         arr = x0
+        if arr.ndim not in (2, 3):
+            raise ValueError(f"x0 must have shape {shape}; got shape {tuple(arr.shape)}.")
     else:
-        try:
-            arr = np.asarray(x0)
-        except Exception as exc:
-            raise ValueError(f"x0 must be an (n, d) or (b, n, d) array: {exc}") from None
-        if np.issubdtype(arr.dtype, np.complexfloating):
-            raise ValueError("x0 must be real; got a complex array.")
-        if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
-            raise ValueError(f"x0 must be a real numeric array; got dtype {arr.dtype}.")
-    if arr.ndim not in (2, 3):
-        raise ValueError(
-            f"x0 must have shape (n, d) or (b, n, d); got shape {tuple(arr.shape)}."
-        )
+        arr = _checks.real_array("x0", x0, ndim=(2, 3), shape_hint=shape)
+        if arr.dtype == np.bool_:
+            raise ValueError("x0 must hold real numbers; got a boolean array.")
     if arr.shape[-1] != model.d:
         raise ValueError(
             f"x0 has token dimension {arr.shape[-1]} but the model has d = {model.d}; "
-            f"x0 must be (n, {model.d}) or (b, n, {model.d})."
+            f"x0 must be {shape}."
         )
-    if arr.shape[-2] < 1 or (arr.ndim == 3 and arr.shape[0] < 1):
-        raise ValueError(f"x0 must hold at least one token; got shape {tuple(arr.shape)}.")
-    if not isinstance(arr, jax.core.Tracer) and not np.all(np.isfinite(arr)):
-        raise ValueError("x0 has non-finite entries (NaN or inf); all tokens must be finite.")
     return arr
 
 
 def _check_ts(ts, t1: float) -> np.ndarray:
     if ts is None:
         return np.array([0.0, t1])
-    arr = np.asarray(ts, dtype=np.float64)
-    if arr.ndim != 1 or arr.size < 1:
-        raise ValueError(f"ts must be a non-empty 1-d array of times; got shape {arr.shape}.")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError("ts has non-finite entries.")
+    arr = _checks.real_array("ts", ts, ndim=1, shape_hint="(a 1-d array of times)")
+    arr = arr.astype(np.float64)
     if np.any(np.diff(arr) < 0):
         raise ValueError("ts must be sorted in increasing order.")
     tol = 1e-12 * max(1.0, t1)
     if arr[0] < -tol or arr[-1] > t1 + tol:
         raise ValueError(f"ts must lie within [0, t1] = [0, {t1}]; got [{arr[0]}, {arr[-1]}].")
     return np.clip(arr, 0.0, t1)
+
+
+def _check_tolerances(rtol, atol) -> tuple[float, float]:
+    r = _checks.number("rtol", rtol, lo=0.0, hi=1.0, hi_open=True)
+    a = _checks.number("atol", atol, lo=0.0)
+    if r == 0.0 and a == 0.0:
+        raise ValueError("rtol and atol are both 0: no step would ever be accepted; give "
+                         "rtol > 0 (e.g. 1e-6) or atol > 0.")
+    return r, a
 
 
 # --------------------------------------------------------------------- adaptive path
@@ -121,15 +111,17 @@ def _check_ts(ts, t1: float) -> np.ndarray:
 PCOEFF, ICOEFF = 0.0, 1.0
 
 @eqx.filter_jit
-def _solve_adaptive(dyn, y0, ts, t1, rtol, atol, *, solver_name, max_steps, progress):
-    # The dynamics are closed over rather than passed as ``args``: diffrax warns about
+def _solve_adaptive(frame: AbstractFrame, y0, ts, t1, rtol, atol, *, solver_name, max_steps,
+                    progress):
+    # The frame is closed over rather than passed as ``args``: diffrax warns about
     # complex leaves in ``args`` (the propagator holds complex eigenvectors).
-    term = diffrax.ODETerm(lambda t, y, args: dyn(t, y))
+    time = Continuous()
+    term = diffrax.ODETerm(lambda t, y, args: time.field(frame, t, y))
     solver = SOLVERS[solver_name]()
     log_limit = _log_limit(y0.dtype)
 
     def overflow(t, y, args, **kwargs):
-        return (dyn.log_bound(t, y) > log_limit) | ~jnp.all(jnp.isfinite(y))
+        return (time.log_bound(frame, t, y) > log_limit) | ~jnp.all(jnp.isfinite(y))
 
     event = diffrax.Event(overflow)
     controller = diffrax.PIDController(rtol=rtol, atol=atol, pcoeff=PCOEFF, icoeff=ICOEFF)
@@ -166,7 +158,8 @@ def _solve_adaptive(dyn, y0, ts, t1, rtol, atol, *, solver_name, max_steps, prog
 
 
 # ------------------------------------------------------------------ fixed-step path
-def _solve_euler(dyn, y0, dt, n_layers: int, save_layers: np.ndarray, *, progress):
+def _solve_euler(frame: AbstractFrame, y0, dt, n_layers: int, save_layers: np.ndarray, *,
+                 progress):
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -179,15 +172,13 @@ def _solve_euler(dyn, y0, dt, n_layers: int, save_layers: np.ndarray, *, progres
     else:
         callback = None
     # Per-mode factors of the discrete rescaled update, (I + dt B)^{-1} B, exact.
-    prop = dyn.model.propagator
-    step_re = step_im = None
-    if dyn.coords == "modal":
-        mu = np.asarray(prop.mu_re, np.float64) + 1j * np.asarray(prop.mu_im, np.float64)
-        c = mu / (1.0 + dt * mu)
-        step_re, step_im = (jnp.asarray(v, y0.dtype) for v in (c.real, c.imag))
+    factor = None
+    if frame.coords == "modal":
+        factor = Layers(dt).modal_factor(frame.model.propagator, y0.dtype)
     try:
-        out = _euler_loop(dyn, y0, jnp.asarray(dt, y0.dtype), jnp.asarray(save_layers, jnp.int32),
-                          step_re, step_im, log_limit=_log_limit(y0.dtype),
+        out = _euler_loop(frame, y0, jnp.asarray(dt, y0.dtype),
+                          jnp.asarray(save_layers, jnp.int32), factor,
+                          log_limit=_log_limit(y0.dtype),
                           progress_every=max(1, n_layers // 100) if progress else 0,
                           callback=callback)
         jax.block_until_ready(out)
@@ -199,42 +190,37 @@ def _solve_euler(dyn, y0, dt, n_layers: int, save_layers: np.ndarray, *, progres
 
 
 @eqx.filter_jit
-def _euler_loop(dyn, y0, dt, save_layers, step_re, step_im, *, log_limit, progress_every,
-                callback):
-    """Forward Euler, one step per layer, for a batch ``y0`` ``(b, n, d)``.
+def _euler_loop(frame: AbstractFrame, y0, dt, save_layers, factor, *, log_limit,
+                progress_every, callback):
+    """One layer per step (``frame.step``) for a batch ``y0`` ``(b, n, d)``.
 
-    Original frame: ``x <- x + dt P x V^T``. Rescaled frame, with ``R = I + dt V``:
-    ``z <- z + dt (P z - z) (R^{-1} V)^T``, ``P`` taken at ``x = R^k z``; in modal
-    coordinates ``R^k`` and ``R^{-1} V`` act mode by mode (exact), otherwise ``R^k`` is
-    carried as a matrix product. A system whose logits would leave the float range stops
-    (its state is frozen) and is flagged.
+    Original frame: the model's own layer (``x <- x + dt P x V^T`` for one head).
+    Rescaled frame, with ``R = I + dt V``: ``z <- z + dt (P z - z) (R^{-1} V)^T``, ``P``
+    taken at ``x = R^k z``; in modal coordinates ``R^k`` and ``R^{-1} V`` act mode by
+    mode (exact), otherwise ``R^k`` is carried as a matrix product. A system whose logits
+    would leave the float range stops (its state is frozen) and is flagged.
     """
-    model = dyn.model
-    prop = model.propagator
-    d = model.d
+    # R^k is carried as a matrix in standard coordinates (it maps z^k to x^k, for the
+    # Trajectory), whenever the model has one value matrix V.
+    prop = frame.model.propagator
+    carried = frame.coords == "standard" and prop is not None
+    d = y0.shape[-1]
     eye = jnp.eye(d, dtype=y0.dtype)
-    R = eye + dt * model.V
-    RinvV = jnp.linalg.solve(R, model.V)  # (= V R^{-1}: they commute)
+    R = eye + dt * prop.V if carried else eye
+    if carried and frame.name == "rescaled":
+        factor = jnp.linalg.solve(R, prop.V)  # R^{-1} V (= V R^{-1}: they commute)
+
+    def scale_at(k, Rk):
+        if frame.name == "original":
+            return None
+        if frame.coords == "modal":
+            return frame.model.propagator.power_multipliers(k, dt)
+        return Rk
 
     def step_one(y, k, Rk):
-        if dyn.frame == "original":
-            x = y
-            q, kk = x @ model.Q.T, x @ model.K.T
-        elif dyn.coords == "modal":
-            we = prop.modal_scale(y, *prop.power_multipliers(k, dt))
-            q, kk = we @ dyn.QT.T, we @ dyn.KT.T
-        else:
-            x = y @ Rk.T
-            q, kk = x @ model.Q.T, x @ model.K.T
-        ok = _log_bound_ok(q, kk, model.beta, log_limit, model.kernel, model.kernel_params)
-        Py = _kernels.attend(model.kernel, q, kk, model.beta, y, block=model.block,
-                             params=model.kernel_params)
-        if dyn.frame == "original":
-            y_new = y + dt * Py @ model.V.T
-        elif dyn.coords == "modal":
-            y_new = y + dt * prop.modal_scale(Py - y, step_re, step_im)
-        else:
-            y_new = y + dt * (Py - y) @ RinvV.T
+        scale = scale_at(k, Rk)
+        ok = frame.log_bound(y, scale) <= log_limit
+        y_new = frame.step(y, scale, dt, factor)
         ok = ok & jnp.all(jnp.isfinite(y_new))
         return jnp.where(ok, y_new, y), ok
 
@@ -251,7 +237,7 @@ def _euler_loop(dyn, y0, dt, save_layers, step_re, step_im, *, log_limit, progre
             jax.lax.cond((k + 1) % progress_every == 0,
                          lambda: jax.debug.callback(callback, k + 1),
                          lambda: None)
-        Rk = Rk if dyn.coords == "modal" else R @ Rk
+        Rk = R @ Rk if carried else Rk
         return y, Rk, k + 1, stopped, k_stop
 
     def advance(state, target):
@@ -269,15 +255,9 @@ def _euler_loop(dyn, y0, dt, save_layers, step_re, step_im, *, log_limit, progre
     return jnp.swapaxes(ys, 0, 1), Rks, jnp.swapaxes(reached, 0, 1), y_end, k_stop, stopped
 
 
-def _log_bound_ok(q, k, beta, log_limit, kernel="softmax", kernel_params=None):
-    from .model import log_logit_bound
-
-    return log_logit_bound(q, k, beta, kernel=kernel, kernel_params=kernel_params) <= log_limit
-
-
 # ------------------------------------------------------------------------- public
 def simulate(
-    model: Attention,
+    model: AbstractModel,
     x0,
     t1,
     *,
@@ -293,7 +273,8 @@ def simulate(
     """Integrate the self-attention particle system from ``x0`` to time ``t1``.
 
     Args:
-        model: an ``attnflow.Attention``.
+        model: an ``attnflow.Attention`` (any ``attnflow.dynamics.base.AbstractModel``;
+            the rescaled frame needs an attention system with one value matrix).
         x0: initial tokens, ``(n, d)``, or a batch ``(b, n, d)`` of independent systems.
             Cast to the model's working precision.
         t1: final time (> 0). For ``method="euler"`` a whole number of layers ``dt``.
@@ -314,38 +295,32 @@ def simulate(
         A ``Trajectory``. The solve never raises on failure: see ``traj.status`` and
         ``traj.raise_for_status()``.
     """
-    if not isinstance(model, Attention):
-        raise ValueError(f"model must be an attnflow.Attention; got {type(model).__name__}.")
-    if frame not in FRAMES:
-        raise ValueError(f"frame must be one of {FRAMES}; got {frame!r}.")
-    if frame == "rescaled" and not _kernels.row_stochastic(model.kernel):
-        raise ValueError(
-            f"kernel {model.kernel!r} is not row-stochastic (its rows need not sum to 1), "
-            f"and the rescaled frame dz_i/dt = sum_j P_ij V (z_j - z_i) assumes they do; "
-            f"use frame='original' with kernel {model.kernel!r}."
-        )
-    if method not in SOLVERS and method not in _FIXED:
-        raise ValueError(
-            f"method must be 'adaptive', 'euler' or a solver name in {tuple(SOLVERS)}; "
-            f"got {method!r}."
-        )
+    if not isinstance(model, AbstractModel):
+        raise ValueError(f"model must be an attnflow model such as attnflow.Attention; "
+                         f"got {type(model).__name__}.")
+    _checks.choice("frame", frame, FRAMES)
+    fr = make_frame(frame, model)  # checks that the model supports the frame
+    _checks.choice("method", method, (*SOLVERS, *_FIXED))
+    # every argument is checked before any work (and before the metadata is built)
     x0 = _check_x0(model, x0)
     batched = x0.ndim == 3
-    t1f = _positive_float("t1", t1)
+    t1f = _checks.positive("t1", t1)
     ts_np = _check_ts(ts, t1f)
+    if method not in _FIXED:
+        rtol, atol = _check_tolerances(rtol, atol)
+        max_steps = _checks.integer("max_steps", max_steps, lo=1, hi=MAX_STEPS_LIMIT)
     dtype = model.dtype
     _warn_float64_cast(x0)
     x0j = jnp.asarray(x0, dtype=dtype)
     if not batched:
         x0j = x0j[None]
     # At t = 0 both frames coincide: z(0) = x(0).
-    dyn = Dynamics(model, frame)
-    y0 = dyn.state_from_tokens(x0j)
+    y0 = fr.initial_state(x0j)
 
     if method in _FIXED:
         if dt is None:
             raise ValueError("dt is required for method='euler': the layer step, e.g. dt=0.1.")
-        dtf = _positive_float("dt", dt)
+        dtf = _checks.positive("dt", dt)
         n_layers = int(round(t1f / dtf))
         if n_layers < 1 or abs(n_layers * dtf - t1f) > 1e-9 * max(1.0, t1f):
             raise ValueError(
@@ -356,7 +331,7 @@ def simulate(
         if np.any(np.abs(save_layers * dtf - ts_np) > 1e-9 * max(1.0, t1f)):
             raise ValueError(f"ts must be multiples of dt = {dtf} for method='euler'.")
         if frame == "rescaled":
-            R = np.eye(model.d) + dtf * np.asarray(model.V, np.float64)
+            R = np.eye(model.d) + dtf * np.asarray(model.propagator.V, np.float64)
             if np.linalg.cond(R) > 1.0 / np.finfo(np.dtype(dtype)).eps:
                 raise ValueError(
                     f"I + dt V is singular for dt = {dtf} (V has an eigenvalue near "
@@ -364,7 +339,7 @@ def simulate(
                     f"frame='original' or another dt."
                 )
         ys, Rks, reached, y_end, k_stop, stopped = _solve_euler(
-            dyn, y0, dtf, n_layers, save_layers, progress=progress)
+            fr, y0, dtf, n_layers, save_layers, progress=progress)
         codes = np.where(np.asarray(stopped), STATUS_CODES.index("overflow"), 0)
         t_stop = np.asarray(k_stop, np.float64) * dtf
         ts_b = np.broadcast_to(save_layers * dtf, (y0.shape[0], len(save_layers)))
@@ -375,14 +350,14 @@ def simulate(
             "n_layers": n_layers,
         }
         # Standard coordinates: map to the original frame with the R^k the loop used.
-        to_x = None if dyn.coords == "modal" else np.asarray(Rks)
+        to_x = None if fr.coords == "modal" else np.asarray(Rks)
         solver_info = {"method": "euler", "dt": dtf, "layers": n_layers}
         y_stop = y_end
         reached = np.asarray(reached)
     else:
         ts_j = jnp.asarray(ts_np, dtype=dtype)
         ys, ts_out, t_stop, y_stop, codes, stats = _solve_adaptive(
-            dyn, y0, ts_j, jnp.asarray(t1f, dtype), jnp.asarray(rtol, dtype),
+            fr, y0, ts_j, jnp.asarray(t1f, dtype), jnp.asarray(rtol, dtype),
             jnp.asarray(atol, dtype), solver_name=method,
             max_steps=int(max_steps), progress=bool(progress),
         )
@@ -399,7 +374,8 @@ def simulate(
                        "atol": float(atol), "max_steps": int(max_steps)}
 
     return Trajectory._from_solve(
-        model=model, frame=frame, coords=dyn.coords, ts_requested=ts_np, ys=ys, reached=reached,
+        model=model, frame=frame, coords=fr.coords, ts_requested=ts_np, ys=ys, reached=reached,
         t_stop=t_stop, y_stop=y_stop, codes=codes, stats=stats, batched=batched,
         to_x=to_x, solver=solver_info, t1=t1f, x0=x0j if batched else x0j[0],
+        discretisation=Layers(dtf) if method in _FIXED else Continuous(),
     )

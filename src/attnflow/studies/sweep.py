@@ -71,6 +71,8 @@ from typing import Any
 
 import numpy as np
 
+from .._meta import run_metadata
+
 __all__ = [
     "Sweep",
     "SweepData",
@@ -196,19 +198,6 @@ def shard_slice(n_shards: int, shard: tuple[int, int] | None) -> range:
     return range(i * n_shards // n, (i + 1) * n_shards // n)
 
 
-def _versions() -> dict:
-    import platform
-
-    out = {"python": platform.python_version(), "numpy": np.__version__}
-    try:
-        from . import __version__
-
-        out["attnflow"] = __version__
-    except Exception:  # pragma: no cover
-        pass
-    return out
-
-
 # ------------------------------------------------------------------------ sweep
 @dataclasses.dataclass(frozen=True)
 class Sweep:
@@ -282,7 +271,7 @@ class Sweep:
         digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
         kern = f"{getattr(self.kernel, '__module__', '?')}.{getattr(self.kernel, '__qualname__', '?')}"
         return {**ident, "digest": digest[:16], "n_shards": self.n_shards, "kernel": kern,
-                "versions": _versions()}
+                "versions": run_metadata()}
 
 
 @dataclasses.dataclass

@@ -271,7 +271,7 @@ def predict_regime(Q, K=None, V=None, *, rtol: float = 1e-8) -> Regime:
         A ``Regime``. "unclassified" means no proved theorem covers the triple; its
         reason names the failing hypothesis.
     """
-    from .model import Attention
+    from ..dynamics.model import Attention
 
     rect = False
     if isinstance(Q, Attention):

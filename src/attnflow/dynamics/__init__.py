@@ -1,0 +1,12 @@
+"""The particle system itself: attention kernels, models, frames, the solver and its result.
+
+This layer imports nothing from the layers above it (``analysis``, ``studies``, ``io``,
+``plotting``, ``cli``); ``tests/test_layers.py`` checks it.
+"""
+
+from .model import Attention
+from .propagator import Propagator
+from .simulate import SOLVERS, simulate
+from .trajectory import SimulationError, Trajectory
+
+__all__ = ["Attention", "Propagator", "SOLVERS", "SimulationError", "Trajectory", "simulate"]

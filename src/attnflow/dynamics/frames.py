@@ -1,0 +1,256 @@
+"""Frames and time discretisations: the one vector field of the code base.
+
+A **frame** says what state the solver holds and how attention acts on it:
+
+``Original``   the tokens ``x``: ``dx/dt = value_map(P(x) x)``.
+``Rescaled``   ``z = e^{-tV} x``: ``dz/dt = (P(x) z - z) V^T`` with ``x = e^{tV} z`` (the
+               theory's frame, which replaces layer normalisation). In V's real modal
+               basis (``coords="modal"``, a diagonalisable V) the state is
+               ``w = T^{-1} z`` and every power of V acts mode by mode, exactly.
+
+A **time discretisation** says how tokens are propagated between the frames and what
+multiplies the averaged values:
+
+``Continuous``       ``x = e^{tV} z``; the values are multiplied by ``V`` (an ODE solver
+                     integrates the rate).
+``Layers(dt)``       the discrete transformer, one residual layer per step:
+                     ``x^k = R^k z^k`` with ``R = I + dt V``; the values are multiplied by
+                     ``R^{-1} V``, so ``z^{k+1} = z^k + dt (P z^k - z^k) (R^{-1} V)^T``
+                     is exactly ``x^{k+1} = x^k + dt P x^k V^T`` rescaled.
+
+A frame evaluates ``field(y, scale, factor)`` (the rate an ODE solver integrates) and
+``step(y, scale, dt, factor)`` (one layer), where ``scale`` maps the state to tokens at
+the current time and ``factor`` multiplies the values; the time discretisation supplies
+both. In the original frame both are the model's own (``vector_field``, ``layer``), so
+any model family runs there; the rescaled frame needs an attention system with one
+value matrix. The adaptive solve, the layer loop and the ``Trajectory`` share these
+objects.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array
+
+from . import kernels as _kernels
+from .base import AbstractAttentionSystem, AbstractModel
+
+__all__ = ["AbstractFrame", "Original", "Rescaled", "make_frame", "FRAMES",
+           "AbstractTime", "Continuous", "Layers"]
+
+FRAMES = ("rescaled", "original")
+
+
+# ------------------------------------------------------------------------- frames
+class AbstractFrame(eqx.Module):
+    """The state a solver integrates, its rate of change and one layer of it.
+
+    ``scale`` maps the state to the tokens at the current time and ``factor`` multiplies
+    the averaged values; the time discretisation supplies both (``None`` in the original
+    frame, where the state is the tokens)."""
+
+    model: eqx.AbstractVar[AbstractModel]
+    name: eqx.AbstractClassVar[str]
+
+    @property
+    @abc.abstractmethod
+    def coords(self) -> str:
+        """``"standard"`` (the state is tokens of this frame) or ``"modal"``."""
+
+    @abc.abstractmethod
+    def initial_state(self, x0: Array) -> Array:
+        """The state at ``t = 0`` from tokens ``x0`` (the frames coincide there)."""
+
+    @abc.abstractmethod
+    def field(self, y: Array, scale: Any, factor: Any) -> Array:
+        """``dy/dt`` at the state ``y``."""
+
+    @abc.abstractmethod
+    def step(self, y: Array, scale: Any, dt: Any, factor: Any) -> Array:
+        """The state one layer of step ``dt`` later."""
+
+    @abc.abstractmethod
+    def log_bound(self, y: Array, scale: Any) -> Array:
+        """Overflow guard: ``log`` of a bound of what the model exponentiates at ``y``."""
+
+
+class Original(AbstractFrame):
+    """The tokens themselves: the model's own field and layer; any model."""
+
+    model: AbstractModel
+    name: ClassVar[str] = "original"
+
+    @property
+    def coords(self) -> str:
+        return "standard"
+
+    def initial_state(self, x0: Array) -> Array:
+        return x0
+
+    def field(self, y: Array, scale: Any, factor: Any) -> Array:
+        del scale, factor
+        return self.model.vector_field(y)
+
+    def step(self, y: Array, scale: Any, dt: Any, factor: Any) -> Array:
+        del scale, factor
+        return self.model.layer(y, dt)
+
+    def log_bound(self, y: Array, scale: Any) -> Array:
+        del scale
+        return self.model.log_logit_bound(y)
+
+
+class Rescaled(AbstractFrame):
+    """``z = e^{-tV} x``: ``dz/dt = (P z - z) V^T`` with ``P`` taken at ``x = e^{tV} z``;
+    in standard coordinates or V's real modal coordinates (``w = T^{-1} z``, a
+    diagonalisable V). Needs an attention system with one value matrix (a
+    ``propagator``)."""
+
+    model: AbstractAttentionSystem
+    QT: Array | None  # Q T and K T: queries and keys straight from modal coordinates
+    KT: Array | None
+    _coords: str = eqx.field(static=True)
+    name: ClassVar[str] = "rescaled"
+
+    def __init__(self, model: AbstractAttentionSystem, coords: str | None = None):
+        prop = getattr(model, "propagator", None)
+        if not isinstance(model, AbstractAttentionSystem) or prop is None:
+            raise ValueError(
+                f"the rescaled frame z = e^(-tV) x needs an attention system with one "
+                f"value matrix V; {type(model).__name__} has none: use frame='original'.")
+        if not _kernels.row_stochastic(model.kernel):
+            raise ValueError(
+                f"kernel {model.kernel!r} is not row-stochastic (its rows need not sum to "
+                f"1), and the rescaled frame dz_i/dt = sum_j P_ij V (z_j - z_i) assumes "
+                f"they do; use frame='original' with kernel {model.kernel!r}.")
+        if coords is None:
+            coords = "modal" if prop.has_modal else "standard"
+        if coords == "modal" and not prop.has_modal:
+            raise ValueError("modal coordinates need a diagonalisable V (propagator eig/eigh).")
+        self.model = model
+        self._coords = coords
+        if coords == "modal":
+            Q, K = model.query_key_maps()
+            self.QT = Q @ prop.T
+            self.KT = K @ prop.T
+        else:
+            self.QT = self.KT = None
+
+    @property
+    def coords(self) -> str:
+        return self._coords
+
+    def initial_state(self, x0: Array) -> Array:
+        return self.model.propagator.to_modal(x0) if self._coords == "modal" else x0
+
+    def queries_keys(self, y: Array, scale: Any) -> tuple[Array, Array]:
+        """Queries and keys of the tokens ``x`` that the state ``y`` stands for."""
+        if self._coords == "modal":  # scale: per-mode factors (re, im) of the flow
+            we = self.model.propagator.modal_scale(y, *scale)
+            assert self.QT is not None and self.KT is not None
+            return we @ self.QT.T, we @ self.KT.T
+        return self.model.queries_keys(y @ scale.T)  # scale: the (d, d) flow matrix
+
+    def _increment(self, y: Array, scale: Any) -> Array:
+        return self.model.weigh(*self.queries_keys(y, scale), y) - y
+
+    def field(self, y: Array, scale: Any, factor: Any) -> Array:
+        u = self._increment(y, scale)
+        if self._coords == "modal":
+            return self.model.propagator.modal_scale(u, *factor)
+        return u @ factor.T
+
+    def step(self, y: Array, scale: Any, dt: Any, factor: Any) -> Array:
+        u = self._increment(y, scale)
+        if self._coords == "modal":
+            return y + dt * self.model.propagator.modal_scale(u, *factor)
+        return y + (dt * u) @ factor.T
+
+    def log_bound(self, y: Array, scale: Any) -> Array:
+        return self.model.log_bound(*self.queries_keys(y, scale))
+
+
+def make_frame(name: str, model: AbstractModel, coords: str | None = None
+               ) -> AbstractFrame:
+    """The frame called ``name`` (``"rescaled"`` or ``"original"``) for ``model``."""
+    if name == "original":
+        return Original(model)
+    if name == "rescaled":
+        return Rescaled(model, coords)
+    raise ValueError(f"frame must be one of {FRAMES}; got {name!r}.")
+
+
+# ----------------------------------------------------------- time discretisations
+class AbstractTime(eqx.Module):
+    """How tokens are propagated between the frames, and what multiplies the values."""
+
+    name: eqx.AbstractClassVar[str]
+
+    @abc.abstractmethod
+    def multipliers(self, prop, ts: Array, sign: int) -> tuple[Array, Array]:
+        """Per-mode factors ``(re, im)`` of the flow (``sign=+1``) or its inverse at the
+        saved times ``ts``, ``(m, d)`` each."""
+
+
+class Continuous(AbstractTime):
+    """Continuous time: ``x = e^{tV} z``, values multiplied by V."""
+
+    name: ClassVar[str] = "continuous"
+
+    def scale(self, frame: AbstractFrame, t: Array) -> Any:
+        if frame.name == "original":
+            return None
+        prop = frame.model.propagator
+        return prop.exp_multipliers(t) if frame.coords == "modal" else prop(t)
+
+    def factor(self, frame: AbstractFrame) -> Any:
+        if frame.name == "original":
+            return None
+        prop = frame.model.propagator
+        if frame.coords == "modal":
+            return prop.mu_re, prop.mu_im
+        return prop.V
+
+    def field(self, frame: AbstractFrame, t: Array, y: Array) -> Array:
+        """``dy/dt`` at time ``t``: the vector field an ODE solver integrates."""
+        return frame.field(y, self.scale(frame, t), self.factor(frame))
+
+    def log_bound(self, frame: AbstractFrame, t: Array, y: Array) -> Array:
+        return frame.log_bound(y, self.scale(frame, t))
+
+    def multipliers(self, prop, ts: Array, sign: int) -> tuple[Array, Array]:
+        return jax.vmap(lambda t: prop.exp_multipliers(sign * t))(ts)
+
+    def maps(self, prop, ts: Array) -> Array:
+        """``(m, d, d)``: ``e^{tV}`` at the saved times (standard coordinates)."""
+        return jax.vmap(prop)(ts)
+
+
+class Layers(AbstractTime):
+    """The discrete transformer: residual layers of step ``dt``, ``x^k = R^k z^k`` with
+    ``R = I + dt V``; values multiplied by ``R^{-1} V`` in the rescaled frame.
+
+    The layer loop carries ``R^k`` as a matrix in standard coordinates and computes
+    ``R^{-1} V`` from ``R``; in modal coordinates both act mode by mode
+    (``power_multipliers`` and ``modal_factor``)."""
+
+    dt: float = eqx.field(static=True)
+    name: ClassVar[str] = "layers"
+
+    def modal_factor(self, prop, dtype) -> tuple[Array, Array]:
+        """Per-mode ``mu / (1 + dt mu)`` as ``(re, im)``: ``R^{-1} V`` in modal
+        coordinates, computed in float64 (exact to rounding) and cast to ``dtype``."""
+        mu = np.asarray(prop.mu_re, np.float64) + 1j * np.asarray(prop.mu_im, np.float64)
+        c = mu / (1.0 + self.dt * mu)
+        re, im = (jnp.asarray(v, dtype) for v in (c.real, c.imag))
+        return re, im
+
+    def multipliers(self, prop, ts: Array, sign: int) -> tuple[Array, Array]:
+        k = jnp.round(ts / self.dt)
+        return jax.vmap(lambda kk: prop.power_multipliers(sign * kk, self.dt))(k)

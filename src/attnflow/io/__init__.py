@@ -1,0 +1,1 @@
+"""Reading and writing what lies outside the library: named and file matrices."""

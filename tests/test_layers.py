@@ -1,0 +1,115 @@
+"""The package's layers import only downwards.
+
+``dynamics`` (the particle system) < ``analysis`` (functions of trajectories) < ``io``
+(files) < ``studies`` < ``plotting`` < ``experiments`` (figure scripts) < ``cli``. A
+module may import its own layer and the layers below it, never one above; private
+modules at the top of the package (``attnflow._*``) sit below every layer, and the
+package root (``import attnflow``, the public API) is open to the figure scripts and the
+command line only. Lazy imports inside functions count too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import attnflow
+
+PKG = Path(attnflow.__file__).resolve().parent
+ORDER = ["dynamics", "analysis", "io", "studies", "plotting", "experiments", "cli"]
+
+
+def _layer(module: str) -> int | None:
+    """Rank of a module ``attnflow.x.y``; -1 for private root modules, None if external."""
+    parts = module.split(".")
+    if parts[0] != "attnflow":
+        return None
+    if len(parts) == 1:
+        # the root package re-exports every layer: only the scripts and the command line,
+        # consumers of the public API like a user's own script, may import it
+        return ORDER.index("experiments")
+    if parts[1] in ORDER:
+        return ORDER.index(parts[1])
+    if parts[1].startswith("_") and parts[1] != "__main__":
+        return -1
+    raise AssertionError(f"module {module} belongs to no layer; add it to ORDER")
+
+
+def _module_name(path: Path) -> tuple[str, str]:
+    """(dotted module name, its package) of a file of the package."""
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+        return ".".join(parts), ".".join(parts)
+    return ".".join(parts), ".".join(parts[:-1])
+
+
+def _imports(path: Path):
+    """Absolute names of every module imported by a file (top level and lazy)."""
+    _, package = _module_name(path)
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            # ``from attnflow.x import y`` imports the submodule x.y when there is one,
+            # else the name y of module x
+            for alias in node.names:
+                full = f"{mod}.{alias.name}"
+                yield (full if _resolve(full) == full else mod), node.lineno
+
+
+def _resolve(name: str) -> str:
+    """The longest prefix of ``name`` that is a module or package of attnflow."""
+    parts = name.split(".")
+    while parts:
+        cand = PKG.parent.joinpath(*parts)
+        if cand.with_suffix(".py").is_file() or (cand / "__init__.py").is_file():
+            return ".".join(parts)
+        parts = parts[:-1]
+    return name
+
+
+def test_layers_import_only_downwards():
+    violations = []
+    for path in sorted(PKG.rglob("*.py")):
+        me, _ = _module_name(path)
+        if me in ("attnflow", "attnflow.__main__"):
+            continue
+        mine = _layer(me)
+        for name, line in _imports(path):
+            target = _resolve(name)
+            theirs = _layer(target)
+            if theirs is None or theirs <= mine:
+                continue
+            violations.append(f"{path.relative_to(PKG.parent)}:{line} imports {target}")
+    assert not violations, "imports that go up a layer:\n" + "\n".join(sorted(set(violations)))
+
+
+def test_every_module_has_a_layer():
+    for path in PKG.rglob("*.py"):
+        me, _ = _module_name(path)
+        if me not in ("attnflow", "attnflow.__main__"):
+            assert _layer(me) is not None
+
+
+def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
+    """The checker itself: a dynamics module that imports the analysis layer is caught."""
+    fake = tmp_path / "attnflow" / "dynamics"
+    fake.mkdir(parents=True)
+    (tmp_path / "attnflow" / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    (tmp_path / "attnflow" / "analysis").mkdir()
+    (tmp_path / "attnflow" / "analysis" / "__init__.py").write_text("")
+    (tmp_path / "attnflow" / "analysis" / "rank.py").write_text("")
+    bad = fake / "model.py"
+    bad.write_text("def f():\n    from ..analysis.rank import x\n")
+    monkeypatch.setitem(globals(), "PKG", tmp_path / "attnflow")
+    found = [(_resolve(n), _layer(_resolve(n))) for n, _ in _imports(bad)]
+    assert ("attnflow.analysis.rank", 1) in found
