@@ -27,10 +27,15 @@ def machine() -> dict:
     import jax
     import numpy as np
 
-    return {"python": platform.python_version(), "jax": jax.__version__,
-            "numpy": np.__version__, "cpus": os.cpu_count(),
-            "devices": [str(d) for d in jax.devices()], "x64": bool(jax.config.jax_enable_x64),
-            "load_avg_1min": os.getloadavg()[0]}
+    return {
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "numpy": np.__version__,
+        "cpus": os.cpu_count(),
+        "devices": [str(d) for d in jax.devices()],
+        "x64": bool(jax.config.jax_enable_x64),
+        "load_avg_1min": os.getloadavg()[0],
+    }
 
 
 def save(name: str, result: dict) -> Path:

@@ -50,8 +50,7 @@ print(json.dumps({"import_s": t_import, "first_simulate_s": first, "later_simula
 
 
 def main():
-    p = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
-                       timeout=600)
+    p = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
         raise RuntimeError(p.stderr)
     save("compile", json.loads(p.stdout.strip().splitlines()[-1]))

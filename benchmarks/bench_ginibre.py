@@ -105,25 +105,32 @@ def bench_vs_loop(dims, rounds, seconds):
             stacked.append(_timed(np.linalg.eigvals, mats))
             gen.append(_timed(_generate_V, r, d, 0, n))
         ref, mine = np.array(ref), np.array(mine)
-        row = {"d": d, "samples": n, "rounds": rounds,
-               "loop_us": 1e6 * float(np.min(ref[:, 0])) / n,
-               "ours_us": 1e6 * float(np.min(mine[:, 0])) / n,
-               "ratio_min_wall": float(np.min(mine[:, 0]) / np.min(ref[:, 0])),
-               "ratio_median_wall": float(np.median(mine[:, 0]) / np.median(ref[:, 0])),
-               "ratio_min_cpu": float(np.min(mine[:, 1]) / np.min(ref[:, 1])),
-               "ratio_paired_median": float(np.median(mine[:, 0] / ref[:, 0])),
-               "ratio_paired_median_cpu": float(np.median(mine[:, 1] / ref[:, 1])),
-               "stacked_eigvals_us": 1e6 * min(stacked) / n,
-               "generate_V_us": 1e6 * min(gen) / n,
-               "wall": {"loop": ref[:, 0].tolist(), "ours": mine[:, 0].tolist()},
-               "cpu": {"loop": ref[:, 1].tolist(), "ours": mine[:, 1].tolist()}}
+        row = {
+            "d": d,
+            "samples": n,
+            "rounds": rounds,
+            "loop_us": 1e6 * float(np.min(ref[:, 0])) / n,
+            "ours_us": 1e6 * float(np.min(mine[:, 0])) / n,
+            "ratio_min_wall": float(np.min(mine[:, 0]) / np.min(ref[:, 0])),
+            "ratio_median_wall": float(np.median(mine[:, 0]) / np.median(ref[:, 0])),
+            "ratio_min_cpu": float(np.min(mine[:, 1]) / np.min(ref[:, 1])),
+            "ratio_paired_median": float(np.median(mine[:, 0] / ref[:, 0])),
+            "ratio_paired_median_cpu": float(np.median(mine[:, 1] / ref[:, 1])),
+            "stacked_eigvals_us": 1e6 * min(stacked) / n,
+            "generate_V_us": 1e6 * min(gen) / n,
+            "wall": {"loop": ref[:, 0].tolist(), "ours": mine[:, 0].tolist()},
+            "cpu": {"loop": ref[:, 1].tolist(), "ours": mine[:, 1].tolist()},
+        }
         rows.append(row)
-        print(f"d={d:4d} n={n:7d}: loop {row['loop_us']:10.2f} us/matrix, "
-              f"ginibre_fraction {row['ours_us']:10.2f} us/matrix (best of {rounds}); "
-              f"ratio: median of paired rounds {row['ratio_paired_median']:.3f} (cpu "
-              f"{row['ratio_paired_median_cpu']:.3f}), best/best {row['ratio_min_wall']:.3f}; "
-              f"parts: stacked eigvals {row['stacked_eigvals_us']:.2f}, generating V "
-              f"{row['generate_V_us']:.2f} us/matrix", flush=True)
+        print(
+            f"d={d:4d} n={n:7d}: loop {row['loop_us']:10.2f} us/matrix, "
+            f"ginibre_fraction {row['ours_us']:10.2f} us/matrix (best of {rounds}); "
+            f"ratio: median of paired rounds {row['ratio_paired_median']:.3f} (cpu "
+            f"{row['ratio_paired_median_cpu']:.3f}), best/best {row['ratio_min_wall']:.3f}; "
+            f"parts: stacked eigvals {row['stacked_eigvals_us']:.2f}, generating V "
+            f"{row['generate_V_us']:.2f} us/matrix",
+            flush=True,
+        )
     return rows
 
 
@@ -155,19 +162,29 @@ def bench_workers(dims, rounds, seconds):
             two.append(_timed_cores(d, n, r, 2))
         k1 = int(np.argmin([w for w, _ in one]))
         k2 = int(np.argmin([w for w, _ in two]))
-        row = {"d": d, "samples": n, "rounds": rounds, "one_s": one[k1][0],
-               "two_s": two[k2][0], "cores_one": one[k1][1], "cores_two": two[k2][1],
-               "speedup_min": one[k1][0] / two[k2][0],
-               "speedup_median": statistics.median(w for w, _ in one)
-               / statistics.median(w for w, _ in two),
-               "load_before": load, "load_after": os.getloadavg()[0],
-               "wall": {"one": [w for w, _ in one], "two": [w for w, _ in two]}}
+        row = {
+            "d": d,
+            "samples": n,
+            "rounds": rounds,
+            "one_s": one[k1][0],
+            "two_s": two[k2][0],
+            "cores_one": one[k1][1],
+            "cores_two": two[k2][1],
+            "speedup_min": one[k1][0] / two[k2][0],
+            "speedup_median": statistics.median(w for w, _ in one)
+            / statistics.median(w for w, _ in two),
+            "load_before": load,
+            "load_after": os.getloadavg()[0],
+            "wall": {"one": [w for w, _ in one], "two": [w for w, _ in two]},
+        }
         rows.append(row)
-        print(f"d={d:4d} n={n:6d}: 1 worker {row['one_s']:.2f} s ({row['cores_one']:.2f} "
-              f"cores busy), 2 workers {row['two_s']:.2f} s ({row['cores_two']:.2f} cores "
-              f"busy) (best of {rounds}); speed-up {row['speedup_min']:.2f}x (medians "
-              f"{row['speedup_median']:.2f}x; load {load:.1f} -> {row['load_after']:.1f})",
-              flush=True)
+        print(
+            f"d={d:4d} n={n:6d}: 1 worker {row['one_s']:.2f} s ({row['cores_one']:.2f} "
+            f"cores busy), 2 workers {row['two_s']:.2f} s ({row['cores_two']:.2f} cores "
+            f"busy) (best of {rounds}); speed-up {row['speedup_min']:.2f}x (medians "
+            f"{row['speedup_median']:.2f}x; load {load:.1f} -> {row['load_after']:.1f})",
+            flush=True,
+        )
     return rows
 
 
@@ -176,17 +193,32 @@ def bench_jax_devices(d, rounds, seconds):
     out, busy = {}, {}
     for ndev in (1, 2):
         env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={ndev}")
-        res = subprocess.run([sys.executable, "-c", _JAX_CHILD, str(d), str(n), str(rounds)],
-                             env=env, capture_output=True, text=True, check=True)
+        res = subprocess.run(
+            [sys.executable, "-c", _JAX_CHILD, str(d), str(n), str(rounds)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         rec = json.loads(res.stdout.strip().splitlines()[-1])
         k = int(np.argmin(rec["seconds"]))
         out[ndev] = rec["seconds"][k]
         busy[ndev] = rec["cpu"][k] / rec["seconds"][k]  # cores kept busy on average
-    row = {"d": d, "samples": n, "one_device_s": out[1], "two_devices_s": out[2],
-           "speedup": out[1] / out[2], "cores_busy_one": busy[1], "cores_busy_two": busy[2]}
-    print(f"jax backend d={d} n={n}: 1 device {out[1]:.2f} s, 2 forced devices "
-          f"{out[2]:.2f} s (best of {rounds}), speed-up {row['speedup']:.2f}x; cpu/wall "
-          f"{busy[1]:.2f} and {busy[2]:.2f}", flush=True)
+    row = {
+        "d": d,
+        "samples": n,
+        "one_device_s": out[1],
+        "two_devices_s": out[2],
+        "speedup": out[1] / out[2],
+        "cores_busy_one": busy[1],
+        "cores_busy_two": busy[2],
+    }
+    print(
+        f"jax backend d={d} n={n}: 1 device {out[1]:.2f} s, 2 forced devices "
+        f"{out[2]:.2f} s (best of {rounds}), speed-up {row['speedup']:.2f}x; cpu/wall "
+        f"{busy[1]:.2f} and {busy[2]:.2f}",
+        flush=True,
+    )
     return row
 
 
@@ -194,31 +226,40 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", type=str, default=None, help="write the numbers here")
-    ap.add_argument("--only", choices=["loop", "workers", "jax"], default=None,
-                    help="run one section only")
+    ap.add_argument(
+        "--only", choices=["loop", "workers", "jax"], default=None, help="run one section only"
+    )
     args = ap.parse_args()
     rounds, seconds = (3, 0.3) if args.quick else (9, 1.0)
     dims = [2, 8, 32, 128] if args.quick else [2, 8, 32, 64, 128, 256]
     load0 = os.getloadavg()
-    print(f"cores {len(os.sched_getaffinity(0))}, load average {load0[0]:.2f}, "
-          f"OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}", flush=True)
+    print(
+        f"cores {len(os.sched_getaffinity(0))}, load average {load0[0]:.2f}, "
+        f"OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}",
+        flush=True,
+    )
     res = {}
     if args.only in (None, "loop"):
         res["vs_loop"] = bench_vs_loop(dims, rounds, seconds)
     if args.only in (None, "workers"):
-        res["workers"] = bench_workers([d for d in dims if d >= 64] or dims[-1:], rounds,
-                                       2 * seconds)
+        res["workers"] = bench_workers(
+            [d for d in dims if d >= 64] or dims[-1:], rounds, 2 * seconds
+        )
     if args.only in (None, "jax"):
-        res["jax_devices"] = bench_jax_devices(128 if not args.quick else 32, rounds,
-                                               seconds)
+        res["jax_devices"] = bench_jax_devices(128 if not args.quick else 32, rounds, seconds)
     import jax
 
-    res["meta"] = {"python": platform.python_version(), "numpy": np.__version__,
-                   "jax": jax.__version__, "machine": platform.machine(),
-                   "cores": len(os.sched_getaffinity(0)), "load_before": load0,
-                   "load_after": os.getloadavg(), "quick": args.quick,
-                   "command": "python benchmarks/bench_ginibre.py"
-                              + (" --quick" if args.quick else "")}
+    res["meta"] = {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "jax": jax.__version__,
+        "machine": platform.machine(),
+        "cores": len(os.sched_getaffinity(0)),
+        "load_before": load0,
+        "load_after": os.getloadavg(),
+        "quick": args.quick,
+        "command": "python benchmarks/bench_ginibre.py" + (" --quick" if args.quick else ""),
+    }
     print(f"load average after: {res['meta']['load_after'][0]:.2f}")
     if args.json:
         with open(args.json, "w") as f:

@@ -20,10 +20,10 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import save  # noqa: E402
 
 import attnflow as af  # noqa: E402
 from attnflow.dynamics.frames import Continuous, make_frame  # noqa: E402
-from _common import save  # noqa: E402
 
 
 def interleaved(fns: dict, rounds: int = 15, per_round: int = 10) -> dict:
@@ -71,14 +71,17 @@ def main():
             y = dyn.initial_state(x)
             fns[frame] = lambda dyn=dyn, y=y: field(dyn, t, y).block_until_ready()
         times = interleaved(fns)
-        row = {"plain_ms": 1e3 * min(times["plain"]),
-               "plain_median_ms": 1e3 * float(np.median(times["plain"]))}
+        row = {
+            "plain_ms": 1e3 * min(times["plain"]),
+            "plain_median_ms": 1e3 * float(np.median(times["plain"])),
+        }
         for frame in ("original", "rescaled"):
             row[f"{frame}_ms"] = 1e3 * min(times[frame])
             row[f"{frame}_median_ms"] = 1e3 * float(np.median(times[frame]))
             row[f"{frame}_fraction_of_limit"] = min(times["plain"]) / min(times[frame])
-            row[f"{frame}_fraction_of_limit_median"] = (float(np.median(times["plain"]))
-                                                      / float(np.median(times[frame])))
+            row[f"{frame}_fraction_of_limit_median"] = float(np.median(times["plain"])) / float(
+                np.median(times[frame])
+            )
         out[np.dtype(dtype).name] = row
     save("limit", out)
 

@@ -30,7 +30,8 @@ base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t0 = time.perf_counter()
 if mode == "field":
     dyn = make_frame("rescaled", model)
-    out = jax.jit(lambda dyn, t, y: Continuous().field(dyn, t, y))(dyn, jnp.float32(0.5), dyn.initial_state(x))
+    field = jax.jit(lambda dyn, t, y: Continuous().field(dyn, t, y))
+    out = field(dyn, jnp.float32(0.5), dyn.initial_state(x))
     out.block_until_ready()
     extra = {"finite": bool(jnp.all(jnp.isfinite(out)))}
 else:
@@ -45,16 +46,19 @@ print(json.dumps({"mode": mode, "n": n, "d": d, "seconds": el, "peak_rss_mib": p
 
 
 def child(mode, n, d):
-    p = subprocess.run([sys.executable, "-c", CHILD, mode, str(n), str(d)],
-                       capture_output=True, text=True, timeout=3600)
+    p = subprocess.run(
+        [sys.executable, "-c", CHILD, mode, str(n), str(d)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     if p.returncode != 0:
         raise RuntimeError(p.stderr)
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def main():
-    out = {"field_65536": child("field", 65536, 16),
-           "simulate_16384": child("simulate", 16384, 16)}
+    out = {"field_65536": child("field", 65536, 16), "simulate_16384": child("simulate", 16384, 16)}
     out["field_65536"]["under_2_GiB"] = out["field_65536"]["peak_rss_mib"] < 2048
     save("memory", out)
 

@@ -27,7 +27,7 @@ jax.config.update("jax_enable_x64", True)
 
 import numpy as np  # noqa: E402
 
-import attnflow as af
+import attnflow as af  # noqa: E402
 from attnflow._meta import run_metadata  # noqa: E402
 
 

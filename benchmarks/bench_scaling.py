@@ -13,7 +13,6 @@ Writes benchmarks/results/scaling.json and benchmarks/scaling.png.
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 
@@ -21,10 +20,10 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import RESULTS, best_of, save  # noqa: E402
 
 import attnflow as af  # noqa: E402
 from attnflow.dynamics.frames import Continuous, make_frame  # noqa: E402
-from _common import RESULTS, best_of, save  # noqa: E402
 
 
 def fit(xs, ys):
@@ -84,19 +83,31 @@ def main():
     xx = np.array([ns[0], ns[-1]], float)
     a1.loglog(xx, np.exp(c_n) * xx**slope_n, "--", label=f"fit $n^{{{slope_n:.2f}}}$")
     a1.axvline(af.kernels.DENSE_MAX_N, color="0.6", lw=0.8)
-    a1.set(xlabel="tokens $n$", ylabel="s per field evaluation",
-           title="vector field ($d=16$, float32)")
+    a1.set(
+        xlabel="tokens $n$", ylabel="s per field evaluation", title="vector field ($d=16$, float32)"
+    )
     a1.legend(fontsize=8)
     a2.loglog(bs, tb, "o-", label="measured")
     xx = np.array([bs[0], bs[-1]], float)
     a2.loglog(xx, np.exp(c_b) * xx**slope_b, "--", label=f"fit $b^{{{slope_b:.2f}}}$")
-    a2.set(xlabel="systems $b$", ylabel="s per batched simulate",
-           title="batch ($n=32$, $d=2$, $t_1=10$)")
+    a2.set(
+        xlabel="systems $b$",
+        ylabel="s per batched simulate",
+        title="batch ($n=32$, $d=2$, $t_1=10$)",
+    )
     a2.legend(fontsize=8)
     fig.savefig(RESULTS.parent / "scaling.png", dpi=150)
-    save("scaling", {"n": ns, "seconds_per_field": tn, "exponent_n (n >= 1024)": slope_n,
-                     "batch": bs, "seconds_per_simulate": tb,
-                     "exponent_b (b >= 16)": slope_b})
+    save(
+        "scaling",
+        {
+            "n": ns,
+            "seconds_per_field": tn,
+            "exponent_n (n >= 1024)": slope_n,
+            "batch": bs,
+            "seconds_per_simulate": tb,
+            "exponent_b (b >= 16)": slope_b,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -25,10 +25,10 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import numpy as np  # noqa: E402
+from _common import best_of, save  # noqa: E402
 from scipy.integrate import solve_ivp  # noqa: E402
 
 import attnflow as af  # noqa: E402
-from _common import best_of, save  # noqa: E402
 
 
 def numpy_field(Q, K, V, beta):
@@ -55,8 +55,7 @@ def numpy_field(Q, K, V, beta):
 
 def scipy_solve(Q, K, V, beta, x0, t1, rtol, atol):
     f = numpy_field(Q, K, V, beta)(x0.shape)
-    sol = solve_ivp(f, (0.0, t1), x0.ravel(), method="RK45", rtol=rtol, atol=atol,
-                    t_eval=[t1])
+    sol = solve_ivp(f, (0.0, t1), x0.ravel(), method="RK45", rtol=rtol, atol=atol, t_eval=[t1])
     return sol.y[:, -1].reshape(x0.shape), sol.nfev
 
 
@@ -95,41 +94,63 @@ def main():
     x0 = np.random.default_rng(1).standard_normal((n, d))
     model = af.Attention(Q, K, V, beta=beta)
     t = time.perf_counter()
-    traj = af.simulate(model, x0, t1, frame="original", method="dopri5", rtol=rtol,
-                       atol=atol)
+    traj = af.simulate(model, x0, t1, frame="original", method="dopri5", rtol=rtol, atol=atol)
     jax.block_until_ready(traj.x)
     first = time.perf_counter() - t
-    say(f"single n={n} d={d}: attnflow first call {first:.2f} s, "
-        f"{int(traj.stats['num_steps'])} steps")
-    t_af = best_of(lambda: jax.block_until_ready(
-        af.simulate(model, x0, t1, frame="original", method="dopri5", rtol=rtol,
-                    atol=atol).x), repeats=3)
+    say(
+        f"single n={n} d={d}: attnflow first call {first:.2f} s, "
+        f"{int(traj.stats['num_steps'])} steps"
+    )
+    t_af = best_of(
+        lambda: jax.block_until_ready(
+            af.simulate(model, x0, t1, frame="original", method="dopri5", rtol=rtol, atol=atol).x
+        ),
+        repeats=3,
+    )
     say(f"attnflow compiled {t_af:.3f} s; scipy ...")
     x_sp, nfev = scipy_solve(Q, K, V, beta, x0, t1, rtol, atol)
-    t_sp = best_of(lambda: scipy_solve(Q, K, V, beta, x0, t1, rtol, atol), repeats=2,
-                   warmup=0)
+    t_sp = best_of(lambda: scipy_solve(Q, K, V, beta, x0, t1, rtol, atol), repeats=2, warmup=0)
     say(f"scipy {t_sp:.3f} s ({nfev} field evaluations): ratio {t_sp / t_af:.1f}x")
     diff = float(np.abs(np.asarray(traj.x[-1]) - x_sp).max() / np.abs(x_sp).max())
-    out["single"] = {"n": n, "d": d, "t1": t1, "method": "dopri5", "frame": "original",
-                     "attnflow_s": t_af, "attnflow_first_call_s": first,
-                     "scipy_s": t_sp, "speedup": t_sp / t_af,
-                     "attnflow_steps": int(traj.stats["num_steps"]),
-                     "attnflow_field_evals": 6 * int(traj.stats["num_steps"]) + 1,
-                     "scipy_field_evals": int(nfev), "relative_difference": diff,
-                     "status": traj.status}
+    out["single"] = {
+        "n": n,
+        "d": d,
+        "t1": t1,
+        "method": "dopri5",
+        "frame": "original",
+        "attnflow_s": t_af,
+        "attnflow_first_call_s": first,
+        "scipy_s": t_sp,
+        "speedup": t_sp / t_af,
+        "attnflow_steps": int(traj.stats["num_steps"]),
+        "attnflow_field_evals": 6 * int(traj.stats["num_steps"]) + 1,
+        "scipy_field_evals": int(nfev),
+        "relative_difference": diff,
+        "status": traj.status,
+    }
     # attnflow's defaults (Tsit5, rescaled frame in V's modal basis) on the same
     # problem: the same x(t1) to the same tolerances
     traj_r = af.simulate(model, x0, t1, rtol=rtol, atol=atol)
     jax.block_until_ready(traj_r.x)
-    t_r = best_of(lambda: jax.block_until_ready(
-        af.simulate(model, x0, t1, rtol=rtol, atol=atol).x), repeats=3)
+    t_r = best_of(
+        lambda: jax.block_until_ready(af.simulate(model, x0, t1, rtol=rtol, atol=atol).x), repeats=3
+    )
     diff_r = float(np.abs(np.asarray(traj_r.x[-1]) - x_sp).max() / np.abs(x_sp).max())
-    say(f"attnflow default (rescaled) frame {t_r:.3f} s, "
-        f"{int(traj_r.stats['num_steps'])} steps: ratio {t_sp / t_r:.1f}x")
+    say(
+        f"attnflow default (rescaled) frame {t_r:.3f} s, "
+        f"{int(traj_r.stats['num_steps'])} steps: ratio {t_sp / t_r:.1f}x"
+    )
     out["single_default_frame"] = {
-        "method": "adaptive (Tsit5)", "frame": "rescaled", "coords": traj_r.coords, "attnflow_s": t_r, "scipy_s": t_sp,
-        "speedup": t_sp / t_r, "attnflow_steps": int(traj_r.stats["num_steps"]),
-        "relative_difference": diff_r, "status": traj_r.status}
+        "method": "adaptive (Tsit5)",
+        "frame": "rescaled",
+        "coords": traj_r.coords,
+        "attnflow_s": t_r,
+        "scipy_s": t_sp,
+        "speedup": t_sp / t_r,
+        "attnflow_steps": int(traj_r.stats["num_steps"]),
+        "relative_difference": diff_r,
+        "status": traj_r.status,
+    }
 
     # 2. an ensemble
     b, n, d, t1 = (32, 32, 2, 10.0) if args.quick else (256, 32, 2, 10.0)
@@ -138,8 +159,12 @@ def main():
     model = af.Attention(Q, K, V)
     batch = af.simulate(model, xs, t1, frame="original", rtol=rtol, atol=atol)
     jax.block_until_ready(batch.x)
-    t_af = best_of(lambda: jax.block_until_ready(
-        af.simulate(model, xs, t1, frame="original", rtol=rtol, atol=atol).x), repeats=3)
+    t_af = best_of(
+        lambda: jax.block_until_ready(
+            af.simulate(model, xs, t1, frame="original", rtol=rtol, atol=atol).x
+        ),
+        repeats=3,
+    )
 
     def loop():
         return [scipy_solve(Q, K, V, 1.0, xs[i], t1, rtol, atol)[0] for i in range(b)]
@@ -149,11 +174,21 @@ def main():
     res = loop()
     t_sp = time.perf_counter() - t
     say(f"scipy loop {t_sp:.3f} s: ratio {t_sp / t_af:.1f}x")
-    diff = max(float(np.abs(np.asarray(batch.x[i, -1]) - res[i]).max()
-                     / np.abs(res[i]).max()) for i in range(b))
-    out["ensemble"] = {"systems": b, "n": n, "d": d, "t1": t1, "attnflow_s": t_af,
-                       "scipy_loop_s": t_sp, "speedup": t_sp / t_af,
-                       "max_relative_difference": diff, "status": batch.status}
+    diff = max(
+        float(np.abs(np.asarray(batch.x[i, -1]) - res[i]).max() / np.abs(res[i]).max())
+        for i in range(b)
+    )
+    out["ensemble"] = {
+        "systems": b,
+        "n": n,
+        "d": d,
+        "t1": t1,
+        "attnflow_s": t_af,
+        "scipy_loop_s": t_sp,
+        "speedup": t_sp / t_af,
+        "max_relative_difference": diff,
+        "status": batch.status,
+    }
     save("scipy_quick" if args.quick else "scipy", out)
 
 

@@ -4,6 +4,6 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 
-import jax  # noqa: E402
+import jax
 
 jax.config.update("jax_enable_x64", True)

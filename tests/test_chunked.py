@@ -3,21 +3,25 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import reference as ref
 
 import attnflow as af
-import reference as ref
 
 
 def test_attend_tiles_equal_dense_and_numpy():
     rng = np.random.default_rng(0)
     q, k, v = (rng.normal(size=(301, 3)) for _ in range(3))
-    dense = np.asarray(af.kernels.attend("softmax", jnp.asarray(q), jnp.asarray(k), 0.8,
-                                         jnp.asarray(v), block=0))
+    dense = np.asarray(
+        af.kernels.attend("softmax", jnp.asarray(q), jnp.asarray(k), 0.8, jnp.asarray(v), block=0)
+    )
     want = ref.softmax_rows(0.8 * q @ k.T) @ v
     np.testing.assert_allclose(dense, want, rtol=1e-12, atol=1e-14)
     for block in (1, 16, 100, 300, 301, 1000):  # padding, exact fit, one tile
-        tiled = np.asarray(af.kernels.attend("softmax", jnp.asarray(q), jnp.asarray(k), 0.8,
-                                             jnp.asarray(v), block=block))
+        tiled = np.asarray(
+            af.kernels.attend(
+                "softmax", jnp.asarray(q), jnp.asarray(k), 0.8, jnp.asarray(v), block=block
+            )
+        )
         np.testing.assert_allclose(tiled, dense, rtol=1e-12, atol=1e-14)
 
 
@@ -37,14 +41,14 @@ def test_simulate_tiled_equals_dense(frame):
     ts = [0.0, 1.0, 2.0]
     dense = af.simulate(af.Attention(Q, np.eye(2), V, block=0), x0, 2.0, ts=ts, frame=frame)
     tiled = af.simulate(af.Attention(Q, np.eye(2), V, block=8), x0, 2.0, ts=ts, frame=frame)
-    np.testing.assert_allclose(np.asarray(tiled.z), np.asarray(dense.z), rtol=1e-12,
-                               atol=1e-12)
-    eul_d = af.simulate(af.Attention(Q, np.eye(2), V, block=0), x0, 2.0, method="euler",
-                        dt=0.1, frame=frame)
-    eul_t = af.simulate(af.Attention(Q, np.eye(2), V, block=7), x0, 2.0, method="euler",
-                        dt=0.1, frame=frame)
-    np.testing.assert_allclose(np.asarray(eul_t.z), np.asarray(eul_d.z), rtol=1e-12,
-                               atol=1e-12)
+    np.testing.assert_allclose(np.asarray(tiled.z), np.asarray(dense.z), rtol=1e-12, atol=1e-12)
+    eul_d = af.simulate(
+        af.Attention(Q, np.eye(2), V, block=0), x0, 2.0, method="euler", dt=0.1, frame=frame
+    )
+    eul_t = af.simulate(
+        af.Attention(Q, np.eye(2), V, block=7), x0, 2.0, method="euler", dt=0.1, frame=frame
+    )
+    np.testing.assert_allclose(np.asarray(eul_t.z), np.asarray(eul_d.z), rtol=1e-12, atol=1e-12)
 
 
 def test_bad_block():

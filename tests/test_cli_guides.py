@@ -29,8 +29,13 @@ def run(capsys, *args):
 
 
 def run_subprocess(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "attnflow", *args], capture_output=True,
-                          text=True, timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "attnflow", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 def one_line(err: str) -> str:
@@ -53,19 +58,22 @@ def no_work(monkeypatch):
 
 
 # ------------------------------------------------------------------------- choices
-@pytest.mark.parametrize("args,choices", [
-    (("simulate", "--frame", "rescled"), ("rescaled", "original")),
-    (("simulate", "--method", "rk4"), ("adaptive", "euler", "tsit5", "dopri5")),
-    (("rank", "--norm", "l2"), ("inf", "l1")),
-    (("rank", "--frame", "sphere-ish"), ("rescaled", "original")),
-    (("classify", "--method", "rk4"), ("adaptive", "euler")),
-    (("ginibre", "--interval", "exactish"), ("wilson", "clopper-pearson")),
-    (("ginibre", "--backend", "torch"), ("numpy", "jax")),
-    (("animate", "--case", "spiral"), ("polytope", "hyperplanes", "origin")),
-    (("dispersion", "--kernels", "softmax,flash"), ("softmax", "qknorm", "ssmax")),
-    (("simulate", "--x0", "gaussian"), ("uniform", "normal", ".npy/.txt")),
-    (("dispersion", "--tokens", "ball"), ("sphere", "uniform", "normal")),
-])
+@pytest.mark.parametrize(
+    "args,choices",
+    [
+        (("simulate", "--frame", "rescled"), ("rescaled", "original")),
+        (("simulate", "--method", "rk4"), ("adaptive", "euler", "tsit5", "dopri5")),
+        (("rank", "--norm", "l2"), ("inf", "l1")),
+        (("rank", "--frame", "sphere-ish"), ("rescaled", "original")),
+        (("classify", "--method", "rk4"), ("adaptive", "euler")),
+        (("ginibre", "--interval", "exactish"), ("wilson", "clopper-pearson")),
+        (("ginibre", "--backend", "torch"), ("numpy", "jax")),
+        (("animate", "--case", "spiral"), ("polytope", "hyperplanes", "origin")),
+        (("dispersion", "--kernels", "softmax,flash"), ("softmax", "qknorm", "ssmax")),
+        (("simulate", "--x0", "gaussian"), ("uniform", "normal", ".npy/.txt")),
+        (("dispersion", "--tokens", "ball"), ("sphere", "uniform", "normal")),
+    ],
+)
 def test_bad_choice_exits_2_at_once_naming_the_choices(capsys, no_work, args, choices):
     start = time.perf_counter()
     code, out, err = run(capsys, *args)
@@ -90,16 +98,20 @@ def test_bad_choice_fails_fast_from_the_shell():
     assert elapsed < 60
 
 
-@pytest.mark.parametrize("args,word", [
-    (("simulate", "--x0", "missing.npy"), "does not exist"),
-    (("simulate", "--V", "missing.npy"), "does not exist"),
-    (("simulate", "--V", "nonsense"), "unknown matrix name"),
-    (("simulate", "--out", "."), "is a folder"),
-    (("dispersion", "--n", "16,32,...,100"), "--n"),
-    (("ginibre", "--d", "2,4,...,9"), "--d"),
-])
-def test_files_and_comma_lists_are_checked_before_any_work(capsys, no_work, tmp_path,
-                                                            monkeypatch, args, word):
+@pytest.mark.parametrize(
+    "args,word",
+    [
+        (("simulate", "--x0", "missing.npy"), "does not exist"),
+        (("simulate", "--V", "missing.npy"), "does not exist"),
+        (("simulate", "--V", "nonsense"), "unknown matrix name"),
+        (("simulate", "--out", "."), "is a folder"),
+        (("dispersion", "--n", "16,32,...,100"), "--n"),
+        (("ginibre", "--d", "2,4,...,9"), "--d"),
+    ],
+)
+def test_files_and_comma_lists_are_checked_before_any_work(
+    capsys, no_work, tmp_path, monkeypatch, args, word
+):
     monkeypatch.chdir(tmp_path)
     code, out, err = run(capsys, *args)
     assert code == 2 and out == "" and word in one_line(err)
@@ -141,8 +153,12 @@ def all_params():
 
 
 def test_every_option_has_help():
-    missing = [f"{name} {'/'.join(p.opts)}" for name, params in all_params()
-               for p in params if not (getattr(p, "help", None) or "").strip()]
+    missing = [
+        f"{name} {'/'.join(p.opts)}"
+        for name, params in all_params()
+        for p in params
+        if not (getattr(p, "help", None) or "").strip()
+    ]
     assert not missing, missing
     for name, cmd in COMMAND.commands.items():
         assert (cmd.short_help or "").strip(), name
@@ -160,8 +176,16 @@ def test_help_of_every_subcommand(capsys, name):
 def test_app_help_documents_the_exit_codes(capsys):
     code, out, _ = run(capsys, "--help")
     assert code == 0
-    for word in ("Exit status", "0   success", "1   runtime failure", "2   usage error",
-                 "internal error", "--traceback", "ATTNFLOW_TRACEBACK=1", "--version"):
+    for word in (
+        "Exit status",
+        "0   success",
+        "1   runtime failure",
+        "2   usage error",
+        "internal error",
+        "--traceback",
+        "ATTNFLOW_TRACEBACK=1",
+        "--version",
+    ):
         assert word in out
     assert "Exit status" in cli.__doc__ and "internal error" in cli.__doc__
 
@@ -191,8 +215,7 @@ def test_x64_is_the_default_from_the_shell():
 
 
 def test_no_x64_computes_in_float32_without_the_cast_warning():
-    p = run_subprocess("simulate", "--n", "3", "--t1", "1", "--saves", "2", "--json",
-                       "--no-x64")
+    p = run_subprocess("simulate", "--n", "3", "--t1", "1", "--saves", "2", "--json", "--no-x64")
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout)
     assert res["metadata"]["versions"]["x64"] is False
@@ -243,8 +266,7 @@ def test_library_value_errors_are_usage_errors(capsys):
 
 
 def test_failed_solve_exits_1_only_with_strict(capsys):
-    args = ("simulate", "--n", "4", "--t1", "5", "--saves", "2", "--max-steps", "2",
-            "--json")
+    args = ("simulate", "--n", "4", "--t1", "5", "--saves", "2", "--max-steps", "2", "--json")
     code, out, err = run(capsys, *args)
     assert code == 0, err
     assert json.loads(out)["status"] == "max_steps"
@@ -260,14 +282,23 @@ def test_failed_figure_script_exits_1(capsys, tmp_path):
     exp = tmp_path / "exp"
     exp.mkdir()
     (exp / "fig_broken.py").write_text(
-        "def make(out_dir, quick=False):\n    raise RuntimeError('no figure today')\n")
-    code, out, err = run(capsys, "figures", "--experiments", str(exp), "--jobs", "1",
-                         "--out", str(tmp_path / "out"), "--json")
+        "def make(out_dir, quick=False):\n    raise RuntimeError('no figure today')\n"
+    )
+    code, out, err = run(
+        capsys,
+        "figures",
+        "--experiments",
+        str(exp),
+        "--jobs",
+        "1",
+        "--out",
+        str(tmp_path / "out"),
+        "--json",
+    )
     assert code == 1
     index = json.loads(out)
     assert "fig_broken" in index["failed"]
-    assert err.strip().splitlines()[-1].startswith("attnflow: error: 1 figure script(s) "
-                                                   "failed")
+    assert err.strip().splitlines()[-1].startswith("attnflow: error: 1 figure script(s) failed")
 
 
 def test_missing_experiments_folder_is_a_usage_error(capsys, tmp_path):
@@ -300,26 +331,32 @@ def test_float32_cast_warning_once_per_process(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
     script = tmp_path / "cast.py"
     script.write_text(WARNING_SCRIPT)
-    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                       timeout=300, env=env)
+    p = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env
+    )
     assert p.returncode == 0, p.stderr
     count, message, filename = p.stdout.strip().splitlines()
     assert count == "1"
-    assert message == ("float64 input cast to float32 because JAX's x64 mode is off; enable "
-                       "it with jax.config.update('jax_enable_x64', True) or --x64")
+    assert message == (
+        "float64 input cast to float32 because JAX's x64 mode is off; enable "
+        "it with jax.config.update('jax_enable_x64', True) or --x64"
+    )
     assert filename == str(script)  # points at the user's line, not the library
 
 
 def test_float32_inputs_are_not_warned_about(tmp_path):
-    code = ("import warnings, numpy as np, attnflow as af\n"
-            "with warnings.catch_warnings(record=True) as caught:\n"
-            "    warnings.simplefilter('always')\n"
-            "    m = af.Attention(*(np.eye(2, dtype=np.float32),) * 3)\n"
-            "    af.simulate(m, np.ones((3, 2), np.float32), 0.5)\n"
-            "bad = [w for w in caught if 'cast to float32' in str(w.message)]\n"
-            "print('quiet' if not bad else bad)\n")
+    code = (
+        "import warnings, numpy as np, attnflow as af\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    m = af.Attention(*(np.eye(2, dtype=np.float32),) * 3)\n"
+        "    af.simulate(m, np.ones((3, 2), np.float32), 0.5)\n"
+        "bad = [w for w in caught if 'cast to float32' in str(w.message)]\n"
+        "print('quiet' if not bad else bad)\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=300, env=env)
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "quiet"

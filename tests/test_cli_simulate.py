@@ -9,14 +9,30 @@ import pytest
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "attnflow", *args], capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "attnflow", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_simulate_json_and_out(tmp_path):
     out = tmp_path / "r.npz"
-    p = run("simulate", "--V", "paper-2d", "--n", "6", "--t1", "2", "--x64", "--seed", "4",
-            "--saves", "3", "--json", "--out", str(out))
+    p = run(
+        "simulate",
+        "--V",
+        "paper-2d",
+        "--n",
+        "6",
+        "--t1",
+        "2",
+        "--x64",
+        "--seed",
+        "4",
+        "--saves",
+        "3",
+        "--json",
+        "--out",
+        str(out),
+    )
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout)  # exactly one JSON object on stdout
     assert res["status"] == "ok" and res["n"] == 6 and res["d"] == 2
@@ -35,8 +51,21 @@ def test_simulate_json_and_out(tmp_path):
 def test_simulate_matrix_from_file_and_euler(tmp_path):
     V = np.array([[0.5, 0.2], [0.0, -0.3]])
     np.save(tmp_path / "V.npy", V)
-    p = run("simulate", "--V", str(tmp_path / "V.npy"), "--n", "4", "--t1", "1",
-            "--method", "euler", "--dt", "0.25", "--json", "--x64")
+    p = run(
+        "simulate",
+        "--V",
+        str(tmp_path / "V.npy"),
+        "--n",
+        "4",
+        "--t1",
+        "1",
+        "--method",
+        "euler",
+        "--dt",
+        "0.25",
+        "--json",
+        "--x64",
+    )
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout)
     assert res["metadata"]["V"] == V.tolist()
@@ -53,13 +82,16 @@ def run_inprocess(capsys, *args):
     return exc.value.code, cap.out, cap.err
 
 
-@pytest.mark.parametrize("args,word", [
-    (("--V", "nonsense"), "unknown matrix name"),
-    (("--n", "0"), "x0"),
-    (("--t1", "-1"), "t1"),
-    (("--method", "euler"), "--dt"),
-    (("--bogus",), "bogus"),
-])
+@pytest.mark.parametrize(
+    "args,word",
+    [
+        (("--V", "nonsense"), "unknown matrix name"),
+        (("--n", "0"), "x0"),
+        (("--t1", "-1"), "t1"),
+        (("--method", "euler"), "--dt"),
+        (("--bogus",), "bogus"),
+    ],
+)
 def test_simulate_errors_are_one_line_exit_2(capsys, args, word):
     code, out, err = run_inprocess(capsys, "simulate", "--x64", *args)
     assert code == 2

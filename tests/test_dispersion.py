@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import attnflow as af
-from attnflow.dynamics import kernels as K
 from attnflow.analysis.dispersion import qknorm_delta_bound
+from attnflow.dynamics import kernels as K
 
 POLY = [-0.037, 0.481, -2.3, 4.917, -1.791]
 
@@ -30,8 +30,9 @@ def test_bound_never_fails_on_random_logits():
     for n in (2, 3, 10, 100, 1000, 5000):
         for scale in (1e-3, 0.3, 1.0, 5.0, 40.0, 1e3):
             for draw in (rng.normal, rng.uniform, rng.standard_cauchy):
-                L = scale * (draw(size=(6, n)) if draw is not rng.uniform
-                             else draw(-1, 1, size=(6, n)))
+                L = scale * (
+                    draw(size=(6, n)) if draw is not rng.uniform else draw(-1, 1, size=(6, n))
+                )
                 P = np.asarray(K.softmax(jnp.asarray(L)))
                 rep = af.dispersion(P, logits=L)
                 assert rep.max.shape == (6,)
@@ -63,8 +64,17 @@ def test_bound_never_fails_on_adversarial_logits():
             assert np.all(rep.max <= rep.bound_tight * (1 + 1e-13))
 
 
-@pytest.mark.parametrize("n,M,m", [(2, 1.0, 0.0), (16, 3.0, -1.0), (1000, 5.0, 2.0),
-                                   (16384, 9.0, 0.0), (7, 0.0, 0.0), (50, 700.0, -5.0)])
+@pytest.mark.parametrize(
+    "n,M,m",
+    [
+        (2, 1.0, 0.0),
+        (16, 3.0, -1.0),
+        (1000, 5.0, 2.0),
+        (16384, 9.0, 0.0),
+        (7, 0.0, 0.0),
+        (50, 700.0, -5.0),
+    ],
+)
 def test_adversarial_row_attains_the_tight_bound(n, M, m):
     L = adversarial_row(n, M, m)[None]
     for P in (np_softmax(L), np.asarray(K.softmax(jnp.asarray(L)))):
@@ -89,11 +99,11 @@ def test_temperature_inside_the_logits():
 @pytest.mark.parametrize("eps", [0.2, 0.01])
 def test_many_tokens_force_every_coefficient_below_eps(delta, eps):
     rng = np.random.default_rng(3)
-    n = int(math.exp(delta) / eps) + 1            # n > e^delta / eps
+    n = int(math.exp(delta) / eps) + 1  # n > e^delta / eps
     rows = [adversarial_row(n, delta, 0.0)]
     for _ in range(4):
         r = rng.uniform(0, delta, n)
-        r[:2] = (0.0, delta)                      # spread exactly delta
+        r[:2] = (0.0, delta)  # spread exactly delta
         rows.append(r)
     L = np.stack(rows)
     assert np.allclose(np.ptp(L, -1), delta)
@@ -120,7 +130,7 @@ def test_qknorm_delta_stays_within_its_analytic_bound():
         assert np.all(rep.delta <= bound * (1 + 1e-12))
         soft = af.dispersion(af.Attention(Q, Kk, np.eye(d), beta=beta, rectangular=True), x=x)
         if scale >= 1e3:
-            assert np.min(soft.delta) > bound       # raw logits are not bounded
+            assert np.min(soft.delta) > bound  # raw logits are not bounded
     # attained: a key along the query and one against it (Q = K = I, p = d)
     m = af.Attention(np.eye(3), np.eye(3), np.eye(3), beta=beta, kernel="qknorm")
     x = np.array([[2.0, 0, 0], [-5.0, 0, 0], [0, 1.0, 0]])
@@ -174,8 +184,9 @@ def _row_with_entropy(n, H):
 
 
 def test_adaptive_leaves_low_and_high_entropy_rows_unchanged():
-    roots = np.sort(np.roots(np.polysub(POLY, [1])).real[np.isreal(np.roots(np.polysub(POLY,
-                                                                                   [1])))])
+    roots = np.sort(
+        np.roots(np.polysub(POLY, [1])).real[np.isreal(np.roots(np.polysub(POLY, [1])))]
+    )
     np.testing.assert_allclose(roots, [0.848582, 5.944521], atol=1e-6)
     rows, Hs = [], []
     n = 2000
@@ -183,11 +194,11 @@ def test_adaptive_leaves_low_and_high_entropy_rows_unchanged():
         r = _row_with_entropy(n, H)
         rows.append(r)
         Hs.append(H)
-    rows.append(np.zeros(n))            # uniform: H = log 2000 = 7.6
+    rows.append(np.zeros(n))  # uniform: H = log 2000 = 7.6
     rows.append(adversarial_row(n, 60.0, 0.0))  # one-hot: H ~ 0
     L = np.stack(rows)
     H = _entropy(L)
-    np.testing.assert_allclose(H[:len(Hs)], Hs, atol=1e-9)
+    np.testing.assert_allclose(H[: len(Hs)], Hs, atol=1e-9)
     assert np.all((H <= 0.8485 + 1e-9) | (H >= 5.945 - 1e-9))
     inv = np.asarray(K.adaptive_inverse_temperature(jnp.asarray(L)))
     np.testing.assert_array_equal(inv, 1.0)
@@ -230,18 +241,26 @@ def test_report_fields_on_simple_matrices():
     one = af.dispersion(np.array([0.5, 0.25, 0.25]))
     assert one.max.shape == () and float(one.max) == 0.5
     d = rep.to_dict()
-    assert {"max", "delta", "bound_tight", "bound_loose", "entropy", "entropy_normalized",
-            "sink_mass", "mean_sink_mass"} <= set(d)
+    assert {
+        "max",
+        "delta",
+        "bound_tight",
+        "bound_loose",
+        "entropy",
+        "entropy_normalized",
+        "sink_mass",
+        "mean_sink_mass",
+    } <= set(d)
 
 
 def test_dispersion_of_a_trajectory_and_of_a_model():
     rng = np.random.default_rng(5)
     x0 = rng.uniform(-1, 1, (30, 2))
     for kern in af.KERNELS:
-        m = af.Attention(np.eye(2), np.array([[1.0, 0.4], [0.0, 1.0]]), 0.5 * np.eye(2),
-                         beta=1.5, kernel=kern)
-        traj = af.simulate(m, x0, 1.0, frame="original", method="euler", dt=0.1,
-                           ts=[0.0, 0.5, 1.0])
+        m = af.Attention(
+            np.eye(2), np.array([[1.0, 0.4], [0.0, 1.0]]), 0.5 * np.eye(2), beta=1.5, kernel=kern
+        )
+        traj = af.simulate(m, x0, 1.0, frame="original", method="euler", dt=0.1, ts=[0.0, 0.5, 1.0])
         rep = af.dispersion(traj, k=1)
         xk = traj.x[1]
         ref = af.dispersion(np.asarray(traj.attention(1)), logits=np.asarray(m.logits(xk)))
@@ -251,25 +270,39 @@ def test_dispersion_of_a_trajectory_and_of_a_model():
         sub = af.dispersion(m, x=xk, rows=[3, 7, 29], block=2)
         np.testing.assert_allclose(sub.max, rep.max[[3, 7, 29]], rtol=1e-13)
         np.testing.assert_allclose(sub.delta, rep.delta[[3, 7, 29]], rtol=1e-13)
-    batch = af.simulate(af.Attention(np.eye(2), np.eye(2), np.eye(2)),
-                        np.stack([x0, 0.5 * x0]), 1.0, method="euler", dt=0.1)
+    batch = af.simulate(
+        af.Attention(np.eye(2), np.eye(2), np.eye(2)),
+        np.stack([x0, 0.5 * x0]),
+        1.0,
+        method="euler",
+        dt=0.1,
+    )
     rep = af.dispersion(batch)
     assert rep.max.shape == (2, 30) and rep.mean_sink_mass.shape == (2,)
 
 
-@pytest.mark.parametrize("call,word", [
-    (lambda: af.dispersion(np.ones((2, 3)) / 3, logits=np.ones((2, 4))), "logits"),
-    (lambda: af.dispersion(-np.ones((2, 3))), "negative"),
-    (lambda: af.dispersion(np.ones((2, 3)) / 3, sink=4), "sink"),
-    (lambda: af.dispersion(np.ones((2, 3)) / 3, sink=True), "sink"),
-    (lambda: af.dispersion(np.ones((2, 3)) / 3, x=np.ones((3, 2))), "model"),
-    (lambda: af.dispersion(af.Attention(np.eye(2), np.eye(2), np.eye(2))), "x"),
-    (lambda: af.dispersion(af.Attention(np.eye(2), np.eye(2), np.eye(2)),
-                           x=np.ones((4, 3))), "x"),
-    (lambda: af.dispersion(af.Attention(np.eye(2), np.eye(2), np.eye(2)),
-                           x=np.ones((4, 2)), rows=[9]), "rows"),
-    (lambda: af.dispersion(np.array([["a"]])), "P"),
-])
+@pytest.mark.parametrize(
+    "call,word",
+    [
+        (lambda: af.dispersion(np.ones((2, 3)) / 3, logits=np.ones((2, 4))), "logits"),
+        (lambda: af.dispersion(-np.ones((2, 3))), "negative"),
+        (lambda: af.dispersion(np.ones((2, 3)) / 3, sink=4), "sink"),
+        (lambda: af.dispersion(np.ones((2, 3)) / 3, sink=True), "sink"),
+        (lambda: af.dispersion(np.ones((2, 3)) / 3, x=np.ones((3, 2))), "model"),
+        (lambda: af.dispersion(af.Attention(np.eye(2), np.eye(2), np.eye(2))), "x"),
+        (
+            lambda: af.dispersion(af.Attention(np.eye(2), np.eye(2), np.eye(2)), x=np.ones((4, 3))),
+            "x",
+        ),
+        (
+            lambda: af.dispersion(
+                af.Attention(np.eye(2), np.eye(2), np.eye(2)), x=np.ones((4, 2)), rows=[9]
+            ),
+            "rows",
+        ),
+        (lambda: af.dispersion(np.array([["a"]])), "P"),
+    ],
+)
 def test_bad_dispersion_input(call, word):
     with pytest.raises(ValueError, match=word):
         call()
@@ -278,8 +311,15 @@ def test_bad_dispersion_input(call, word):
 def test_dispersion_scan_table():
     rng = np.random.default_rng(6)
     x = rng.uniform(-1, 1, (512, 3))
-    res = af.dispersion_scan(np.eye(3), np.eye(3), x, [4, 64, 512], beta=2.0, queries=32,
-                             kernel_params={"ssmax": {"s": 0.5}})
+    res = af.dispersion_scan(
+        np.eye(3),
+        np.eye(3),
+        x,
+        [4, 64, 512],
+        beta=2.0,
+        queries=32,
+        kernel_params={"ssmax": {"s": 0.5}},
+    )
     assert res["kernels"] == list(af.KERNELS) and len(res["rows"]) == 15
     for kern in ("softmax", "qknorm"):
         r = res["results"][kern]
@@ -294,15 +334,29 @@ def _run(*args):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "attnflow", *args], capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "attnflow", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_cli_dispersion_json_matches_the_library():
     import json
 
-    p = _run("dispersion", "--n", "16,64", "--kernels", "softmax,ssmax", "--d", "3",
-             "--queries", "8", "--s", "0.5", "--x64", "--json")
+    p = _run(
+        "dispersion",
+        "--n",
+        "16,64",
+        "--kernels",
+        "softmax,ssmax",
+        "--d",
+        "3",
+        "--queries",
+        "8",
+        "--s",
+        "0.5",
+        "--x64",
+        "--json",
+    )
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout)  # exactly one JSON object on stdout
     assert res["n"] == [16, 64] and res["kernels"] == ["softmax", "ssmax"]
@@ -312,22 +366,34 @@ def test_cli_dispersion_json_matches_the_library():
     Kk = rng.normal(size=(3, 3)) / np.sqrt(3)
     x = rng.normal(size=(64, 3))
     x /= np.linalg.norm(x, axis=1, keepdims=True)
-    want = af.dispersion_scan(Q, Kk, x, [16, 64], kernels=["softmax", "ssmax"], beta=2.5,
-                              queries=8, kernel_params={"ssmax": {"s": 0.5}})
+    want = af.dispersion_scan(
+        Q,
+        Kk,
+        x,
+        [16, 64],
+        kernels=["softmax", "ssmax"],
+        beta=2.5,
+        queries=8,
+        kernel_params={"ssmax": {"s": 0.5}},
+    )
     for kern in ("softmax", "ssmax"):
         for f in ("max", "bound_tight", "bound_loose", "delta", "sink_mass"):
-            np.testing.assert_allclose(res["results"][kern][f], want["results"][kern][f],
-                                       rtol=1e-12)
+            np.testing.assert_allclose(
+                res["results"][kern][f], want["results"][kern][f], rtol=1e-12
+            )
     r = res["results"]["softmax"]
     assert all(m <= b for m, b in zip(r["max"], r["bound_tight"]))
 
 
-@pytest.mark.parametrize("args,word", [
-    (("--kernels", "flash"), "--kernels"),
-    (("--n", "16,32,...,100"), "--n"),
-    (("--sink", "40", "--n", "16,32"), "--sink"),
-    (("--s", "0"), "s"),
-])
+@pytest.mark.parametrize(
+    "args,word",
+    [
+        (("--kernels", "flash"), "--kernels"),
+        (("--n", "16,32,...,100"), "--n"),
+        (("--sink", "40", "--n", "16,32"), "--sink"),
+        (("--s", "0"), "s"),
+    ],
+)
 def test_cli_dispersion_errors_are_one_line(args, word):
     p = _run("dispersion", *args)
     assert p.returncode == 2

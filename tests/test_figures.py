@@ -18,18 +18,55 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # The nine figures of the phase-figures issue (attnflow/experiments/fig_<name>.py).
-ISSUE_FIGURES = ["polytope", "hyperplanes", "subspace", "origin", "conjecture", "leaders",
-                 "paper128", "ginibre", "phase_diagram"]
+ISSUE_FIGURES = [
+    "polytope",
+    "hyperplanes",
+    "subspace",
+    "origin",
+    "conjecture",
+    "leaders",
+    "paper128",
+    "ginibre",
+    "phase_diagram",
+]
 # Scripts built on attnflow/experiments/_plotting.py: their sidecars share these keys.
-SIDECAR_SCRIPTS = ["polytope", "hyperplanes", "subspace", "origin", "conjecture",
-                   "paper128", "phase_diagram"]
-REQUIRED = {"script", "quick", "seed", "n", "d", "t1", "Q", "K", "V", "solver",
-            "tolerances", "x64", "versions", "runtime_seconds", "figures", "runs"}
+SIDECAR_SCRIPTS = [
+    "polytope",
+    "hyperplanes",
+    "subspace",
+    "origin",
+    "conjecture",
+    "paper128",
+    "phase_diagram",
+]
+REQUIRED = {
+    "script",
+    "quick",
+    "seed",
+    "n",
+    "d",
+    "t1",
+    "Q",
+    "K",
+    "V",
+    "solver",
+    "tolerances",
+    "x64",
+    "versions",
+    "runtime_seconds",
+    "figures",
+    "runs",
+}
 
 
 def run(*args, timeout=1800):
-    return subprocess.run([sys.executable, "-m", "attnflow", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "attnflow", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
 
 
 def gif_frames(path) -> int:
@@ -68,8 +105,17 @@ def check_sidecar(path: Path, quick: bool = True) -> dict:
 
 # ------------------------------------------------------------------ default suite
 def test_figures_quick_subset(tmp_path):
-    p = run("figures", "--quick", "--out", str(tmp_path), "--only", "polytope",
-            "--only", "subspace", "--json")
+    p = run(
+        "figures",
+        "--quick",
+        "--out",
+        str(tmp_path),
+        "--only",
+        "polytope",
+        "--only",
+        "subspace",
+        "--json",
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     index = json.loads(p.stdout)  # one JSON object on stdout
     assert set(index["figures"]) == {"fig_polytope", "fig_subspace"}
@@ -99,8 +145,19 @@ def test_figures_in_process_matches_workers(tmp_path):
     worker processes (default), and --jobs 0 is refused naming the option."""
     a, b = tmp_path / "a", tmp_path / "b"
     for out, jobs in ((a, "1"), (b, "2")):
-        p = run("figures", "--quick", "--out", str(out), "--only", "subspace",
-                "--only", "phase_diagram", "--jobs", jobs, "--json")
+        p = run(
+            "figures",
+            "--quick",
+            "--out",
+            str(out),
+            "--only",
+            "subspace",
+            "--only",
+            "phase_diagram",
+            "--jobs",
+            jobs,
+            "--json",
+        )
         assert p.returncode == 0, p.stderr[-3000:]
         index = json.loads(p.stdout)
         assert index["jobs"] == int(jobs) and not index["failed"]
@@ -116,8 +173,22 @@ def test_figures_in_process_matches_workers(tmp_path):
 
 def test_animate_writes_gif(tmp_path):
     out = tmp_path / "m" / "h.gif"
-    p = run("animate", "--case", "hyperplanes", "--n", "6", "--t1", "2", "--frames", "5",
-            "--dpi", "40", "--out", str(out), "--json")
+    p = run(
+        "animate",
+        "--case",
+        "hyperplanes",
+        "--n",
+        "6",
+        "--t1",
+        "2",
+        "--frames",
+        "5",
+        "--dpi",
+        "40",
+        "--out",
+        str(out),
+        "--json",
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     info = json.loads(p.stdout)
     assert info["path"] == str(out) and info["frames"] > 1
@@ -125,11 +196,14 @@ def test_animate_writes_gif(tmp_path):
     assert gif_frames(out) == info["frames"] > 1
 
 
-@pytest.mark.parametrize("args,word", [
-    (("--case", "nonsense"), "--case"),
-    (("--frames", "1"), "--frames"),
-    (("--out", "movie.mp4"), ".gif"),
-])
+@pytest.mark.parametrize(
+    "args,word",
+    [
+        (("--case", "nonsense"), "--case"),
+        (("--frames", "1"), "--frames"),
+        (("--out", "movie.mp4"), ".gif"),
+    ],
+)
 def test_animate_errors(capsys, args, word):
     from attnflow.cli import main
 
@@ -178,10 +252,10 @@ def test_find_experiments_installed_and_external(tmp_path):
         "def make(out_dir, quick=False):\n"
         "    p = Path(out_dir) / 'tiny.txt'\n"
         "    p.write_text('quick' if quick else 'full')\n"
-        "    return {'figures': [p]}\n")
+        "    return {'figures': [p]}\n"
+    )
     assert find_experiments(ext) == ext and list_figures(ext) == ["fig_tiny"]
-    index = run_figures(tmp_path / "out", quick=True, experiments=ext, jobs=1,
-                        progress=False)
+    index = run_figures(tmp_path / "out", quick=True, experiments=ext, jobs=1, progress=False)
     assert not index["failed"] and (tmp_path / "out" / "tiny.txt").read_text() == "quick"
     with pytest.raises(ValueError, match="--experiments"):
         find_experiments(tmp_path / "empty")
@@ -193,11 +267,24 @@ def test_wheel_ships_the_figures_and_draws_outside_the_checkout(tmp_path):
     import importlib.util
     import zipfile
 
-    isolation = [] if importlib.util.find_spec("hatchling") is None else \
-        ["--no-build-isolation"]
-    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation,
-                        "-w", str(tmp_path / "dist"), str(ROOT)],
-                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    isolation = [] if importlib.util.find_spec("hatchling") is None else ["--no-build-isolation"]
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            *isolation,
+            "-w",
+            str(tmp_path / "dist"),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     (wheel,) = (tmp_path / "dist").glob("attnflow-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -209,22 +296,57 @@ def test_wheel_ships_the_figures_and_draws_outside_the_checkout(tmp_path):
 
     site, work = tmp_path / "site", tmp_path / "work"
     work.mkdir()
-    p = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index",
-                        "--target", str(site), str(wheel)],
-                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     env = {**os.environ, "PYTHONPATH": str(site)}
-    p = subprocess.run([sys.executable, "-c", "import attnflow.experiments as e; "
-                        "print(e.__file__)"], capture_output=True, text=True, env=env,
-                       cwd=work, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", "import attnflow.experiments as e; print(e.__file__)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=work,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert Path(p.stdout.strip()).resolve().is_relative_to(site.resolve()), p.stdout
-    p = subprocess.run([sys.executable, "-m", "attnflow", "figures", "--quick", "--only",
-                        "polytope", "--out", "figs", "--jobs", "1"],
-                       capture_output=True, text=True, env=env, cwd=work, timeout=1800)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "attnflow",
+            "figures",
+            "--quick",
+            "--only",
+            "polytope",
+            "--out",
+            "figs",
+            "--jobs",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=work,
+        timeout=1800,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
-    for f in ("fig_polytope.png", "fig_polytope.pdf", "fig_polytope.json",
-              "movies/polytope.gif"):
+    for f in ("fig_polytope.png", "fig_polytope.pdf", "fig_polytope.json", "movies/polytope.gif"):
         assert (work / "figs" / f).stat().st_size > 0, f
     side = check_sidecar(work / "figs" / "fig_polytope.json")
     assert side["script"] == "attnflow.experiments.fig_polytope"
@@ -272,8 +394,13 @@ print(json.dumps({
 def test_plotting_and_runner_leave_matplotlib_and_x64_alone(tmp_path):
     """Drawing functions and run_figures(jobs=1) in a caller's process (a notebook, say)
     keep its backend, rcParams and x64 setting, and leave no pyplot figure open."""
-    p = subprocess.run([sys.executable, "-c", MANNERS, str(tmp_path)], capture_output=True,
-                       text=True, timeout=1800, cwd=tmp_path)
+    p = subprocess.run(
+        [sys.executable, "-c", MANNERS, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout.strip().splitlines()[-1])
     assert not r["failed"], r["failed"]

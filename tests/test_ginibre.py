@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import attnflow
+from attnflow.cli import main
 from attnflow.studies import ginibre as G
 from attnflow.studies import sweep as S
-from attnflow.cli import main
 
 EXACT_D2 = 1 / (2 * math.sqrt(2))
 
@@ -56,8 +56,9 @@ def test_interval_coverage_is_about_95_percent_at_d2():
 
 
 # -------------------------------------------------------------------- intervals
-@pytest.mark.parametrize("k,n", [(0, 10), (3, 10), (14, 100), (50, 100), (100, 100),
-                                 (1412, 10_000)])
+@pytest.mark.parametrize(
+    "k,n", [(0, 10), (3, 10), (14, 100), (50, 100), (100, 100), (1412, 10_000)]
+)
 def test_wilson_interval_solves_its_quadratic(k, n):
     # Wilson's bounds are the roots p of (k/n - p)^2 = z^2 p (1 - p) / n.
     z = 1.959963984540054
@@ -105,7 +106,7 @@ def test_clopper_pearson_large_n_solves_its_equations():
     lp = _log_binom_pmf(n, low)
     hp = _log_binom_pmf(n, high)
     np.testing.assert_allclose(np.exp(lp[k:]).sum(), 0.005, rtol=1e-7)
-    np.testing.assert_allclose(np.exp(hp[:k + 1]).sum(), 0.005, rtol=1e-7)
+    np.testing.assert_allclose(np.exp(hp[: k + 1]).sum(), 0.005, rtol=1e-7)
     wl, wh = G.binomial_interval(k, n, level=0.99)
     assert abs(low - wl) < 2e-5 and abs(high - wh) < 2e-5
 
@@ -125,18 +126,21 @@ def _decide(V):
     return G._analyse(V, 0, 0, V.shape[1] * np.finfo(float).eps, "numpy")
 
 
-@pytest.mark.parametrize("V,spectral,borderline", [
-    (np.diag([3.0, -2.0, 1.0]), True, False),            # real, positive, simple
-    (np.diag([-3.0, 2.0, 1.0]), False, False),           # negative
-    (np.diag([2.0, -2.0, 1.0]), False, True),            # |lambda_1| = |lambda_2|: tie
-    (np.diag([2.0, 2.0, 1.0]), False, True),             # double eigenvalue
-    ([[1.0, -2.0, 0], [2.0, 1.0, 0], [0, 0, 0.5]], False, False),  # complex top pair
-    (np.diag([2.0, 2.0 - 1e-13, 1.0]), True, True),      # simple, but within 1000 tol
-    (np.diag([2.0, 2.0 - 1e-17, 1.0]), False, True),     # equal in floating point
-    ([[0.0, 3.0], [1.0, 0.0]], False, True),             # +-sqrt 3: tie in modulus
-    ([[5.0]], True, False),
-    ([[-5.0]], False, False),
-])
+@pytest.mark.parametrize(
+    "V,spectral,borderline",
+    [
+        (np.diag([3.0, -2.0, 1.0]), True, False),  # real, positive, simple
+        (np.diag([-3.0, 2.0, 1.0]), False, False),  # negative
+        (np.diag([2.0, -2.0, 1.0]), False, True),  # |lambda_1| = |lambda_2|: tie
+        (np.diag([2.0, 2.0, 1.0]), False, True),  # double eigenvalue
+        ([[1.0, -2.0, 0], [2.0, 1.0, 0], [0, 0, 0.5]], False, False),  # complex top pair
+        (np.diag([2.0, 2.0 - 1e-13, 1.0]), True, True),  # simple, but within 1000 tol
+        (np.diag([2.0, 2.0 - 1e-17, 1.0]), False, True),  # equal in floating point
+        ([[0.0, 3.0], [1.0, 0.0]], False, True),  # +-sqrt 3: tie in modulus
+        ([[5.0]], True, False),
+        ([[-5.0]], False, False),
+    ],
+)
 def test_spectral_decision_on_constructed_matrices(V, spectral, borderline):
     out = _decide(V)
     assert bool(out["spectral"][0]) is spectral
@@ -145,8 +149,9 @@ def test_spectral_decision_on_constructed_matrices(V, spectral, borderline):
 
 def test_good_triples_against_numpy_eig():
     d, n, seed = 6, 400, 2
-    arr = G.ginibre_kernel({"d": d, "tol": d * 2.0**-52, "backend": "numpy", "version": 1},
-                           0, n, seed)
+    arr = G.ginibre_kernel(
+        {"d": d, "tol": d * 2.0**-52, "backend": "numpy", "version": 1}, 0, n, seed
+    )
     checked = 0
     for i in np.nonzero(arr["spectral"])[0][:40]:
         V, Q, K = G.ginibre_sample(d, int(i), seed=seed)
@@ -190,8 +195,9 @@ def test_jax_backend_sharded_over_two_devices_equals_unsharded(monkeypatch):
     sw = G.ginibre_sweep(12, 301, seed=3, backend="jax")  # 301: padded to the devices
     two = S.compute(sw).arrays
     real = S.map_devices
-    monkeypatch.setattr(S, "map_devices",
-                        lambda fn, *a, devices=None: real(fn, *a, devices=jax.devices()[:1]))
+    monkeypatch.setattr(
+        S, "map_devices", lambda fn, *a, devices=None: real(fn, *a, devices=jax.devices()[:1])
+    )
     one = S.compute(sw).arrays
     same(two, one)
     # and the decisions agree with the numpy backend
@@ -220,13 +226,16 @@ def test_on_disk_sweep_equals_in_memory_and_resumes(tmp_path):
 
 
 def test_arguments_are_checked():
-    for kw, word in [(dict(d=0, samples=10), "d"), (dict(d=2, samples=0), "samples"),
-                     (dict(d=2, samples=10, seed=-1), "seed"),
-                     (dict(d=2, samples=10, level=95), "level"),
-                     (dict(d=2, samples=10, interval="bayes"), "interval"),
-                     (dict(d=2, samples=10, tol=-1.0), "tol"),
-                     (dict(d=2, samples=10, backend="torch"), "backend"),
-                     (dict(d=2.5, samples=10), "d")]:
+    for kw, word in [
+        (dict(d=0, samples=10), "d"),
+        (dict(d=2, samples=0), "samples"),
+        (dict(d=2, samples=10, seed=-1), "seed"),
+        (dict(d=2, samples=10, level=95), "level"),
+        (dict(d=2, samples=10, interval="bayes"), "interval"),
+        (dict(d=2, samples=10, tol=-1.0), "tol"),
+        (dict(d=2, samples=10, backend="torch"), "backend"),
+        (dict(d=2.5, samples=10), "d"),
+    ]:
         with pytest.raises(ValueError, match=word):
             G.ginibre_fraction(**kw)
     with pytest.raises(ValueError, match="workers"):
@@ -276,9 +285,12 @@ def test_cli_job_array_then_merge_equals_one_run(tmp_path, capsys):
 
 
 def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
-    for args in (["--d", "2,4,...,9"], ["--d", "2", "--samples", "0"],
-                 ["--d", "2", "--shard", "0/2"], ["--d", "2", "--out", str(tmp_path),
-                                                   "--merge"]):
+    for args in (
+        ["--d", "2,4,...,9"],
+        ["--d", "2", "--samples", "0"],
+        ["--d", "2", "--shard", "0/2"],
+        ["--d", "2", "--out", str(tmp_path), "--merge"],
+    ):
         with pytest.raises(SystemExit) as exc:
             main(["ginibre", *args])
         cap = capsys.readouterr()
@@ -303,8 +315,23 @@ def test_cli_sweep_killed_and_rerun_equals_uninterrupted(tmp_path):
     import time
 
     out = tmp_path / "runs"
-    cmd = [sys.executable, "-m", "attnflow", "ginibre", "--d", "64", "--samples", "16000",
-           "--seed", "4", "--out", str(out), "--workers", "1", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "attnflow",
+        "ginibre",
+        "--d",
+        "64",
+        "--samples",
+        "16000",
+        "--seed",
+        "4",
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+        "--json",
+    ]
     assert G.default_shard_size(64) == 4096  # so 4 shards
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

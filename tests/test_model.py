@@ -4,10 +4,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import reference as ref
 
 import attnflow as af
 from attnflow.dynamics.frames import Continuous, Rescaled
-import reference as ref
 
 I2 = np.eye(2)
 
@@ -46,14 +46,17 @@ def test_model_is_a_pytree_with_dtype_promotion():
     assert m32.dtype == jnp.float32
 
 
-@pytest.mark.parametrize("V,method", [
-    (np.array([[0.8, 0.3], [0.3, -0.4]]), "eigh"),
-    (np.array([[1.0, 2.0], [0.0, 0.5]]), "eig"),
-    (np.array([[0.3, -1.0], [1.0, 0.3]]), "eig"),
-    (np.array([[0.7, 1.0], [0.0, 0.7]]), "expm"),           # Jordan block
-    (np.array([[2.0, 1.0, 0.0], [0.0, 2.0, 1.0], [0.0, 0.0, 2.0]]), "expm"),
-    (np.array([[1.0, 1e4], [0.0, 1.0 + 1e-6]]), "expm"),    # nearly defective
-])
+@pytest.mark.parametrize(
+    "V,method",
+    [
+        (np.array([[0.8, 0.3], [0.3, -0.4]]), "eigh"),
+        (np.array([[1.0, 2.0], [0.0, 0.5]]), "eig"),
+        (np.array([[0.3, -1.0], [1.0, 0.3]]), "eig"),
+        (np.array([[0.7, 1.0], [0.0, 0.7]]), "expm"),  # Jordan block
+        (np.array([[2.0, 1.0, 0.0], [0.0, 2.0, 1.0], [0.0, 0.0, 2.0]]), "expm"),
+        (np.array([[1.0, 1e4], [0.0, 1.0 + 1e-6]]), "expm"),  # nearly defective
+    ],
+)
 def test_propagator_matches_taylor_exponential(V, method):
     p = af.Propagator(jnp.asarray(V))
     assert p.method == method
@@ -74,12 +77,14 @@ def test_jordan_block_closed_form():
 
 def test_propagator_inside_jit_is_guarded():
     """A model built from traced weights still gets e^{tV} right, Jordan block included."""
+
     def f(V):
         return af.Attention(jnp.eye(2), jnp.eye(2), V).propagator(1.5)
 
     for V in [np.array([[0.7, 1.0], [0.0, 0.7]]), np.array([[0.3, -1.0], [1.0, 0.3]])]:
-        np.testing.assert_allclose(np.asarray(jax.jit(f)(jnp.asarray(V))), ref.expm(1.5 * V),
-                                   rtol=1e-10)
+        np.testing.assert_allclose(
+            np.asarray(jax.jit(f)(jnp.asarray(V))), ref.expm(1.5 * V), rtol=1e-10
+        )
 
 
 def test_vector_fields_match_reference():
@@ -87,16 +92,20 @@ def test_vector_fields_match_reference():
     Q, K, V = (rng.standard_normal((3, 3)) for _ in range(3))
     z = rng.standard_normal((5, 3))
     m = af.Attention(Q, K, V, beta=0.5)
-    np.testing.assert_allclose(np.asarray(m.vector_field(jnp.asarray(z))),
-                               ref.field_original(0.0, z, Q, K, V, 0.5), rtol=1e-12)
+    np.testing.assert_allclose(
+        np.asarray(m.vector_field(jnp.asarray(z))),
+        ref.field_original(0.0, z, Q, K, V, 0.5),
+        rtol=1e-12,
+    )
     # the rescaled frame's field, in standard and in modal coordinates
     zj = jnp.asarray(z)
     for coords in ("standard", "modal"):
         fr = Rescaled(m, coords)
         w = Continuous().field(fr, 0.8, fr.initial_state(zj))
         dz = w if coords == "standard" else m.propagator.from_modal(w)
-        np.testing.assert_allclose(np.asarray(dz), ref.field_rescaled(0.8, z, Q, K, V, 0.5),
-                                   rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(
+            np.asarray(dz), ref.field_rescaled(0.8, z, Q, K, V, 0.5), rtol=1e-9, atol=1e-12
+        )
 
 
 def test_softmax_survives_huge_logits_inside_jit():
@@ -116,8 +125,9 @@ def test_softmax_survives_huge_logits_inside_jit():
 
 def test_softmax_matches_reference_and_its_gradient():
     L = jnp.asarray(np.random.default_rng(3).normal(size=(5, 7)) * 4)
-    np.testing.assert_allclose(np.asarray(af.kernels.softmax(L)),
-                               ref.softmax_rows(np.asarray(L)), rtol=1e-14)
+    np.testing.assert_allclose(
+        np.asarray(af.kernels.softmax(L)), ref.softmax_rows(np.asarray(L)), rtol=1e-14
+    )
     f = lambda s: lambda L: jnp.sum(s(L) ** 2 * jnp.arange(7.0))  # noqa: E731
     g = jax.grad(f(af.kernels.softmax))(L)
     g_ref = jax.grad(f(lambda L: jax.nn.softmax(L, axis=-1)))(L)
@@ -153,5 +163,8 @@ def test_rectangular_head_equals_bilinear_form():
     ta, tb = af.simulate(a, x0, 1.0), af.simulate(b, x0, 1.0)
     np.testing.assert_allclose(np.asarray(ta.x), np.asarray(tb.x), rtol=1e-9, atol=1e-10)
     z = rng.normal(size=(6, d))
-    np.testing.assert_allclose(np.asarray(a.vector_field(jnp.asarray(z))),
-                               ref.field_original(0.0, z, Q, K, V, 0.5), rtol=1e-12)
+    np.testing.assert_allclose(
+        np.asarray(a.vector_field(jnp.asarray(z))),
+        ref.field_original(0.0, z, Q, K, V, 0.5),
+        rtol=1e-12,
+    )

@@ -8,8 +8,13 @@ import numpy as np
 import pytest
 
 import attnflow as af
-from attnflow.analysis.rank import (boolean_distance, leaders_of, nearest_boolean, rank_of,
-                           track_rank)
+from attnflow.analysis.rank import (
+    boolean_distance,
+    leaders_of,
+    nearest_boolean,
+    rank_of,
+    track_rank,
+)
 
 
 def np_softmax_rows(L):
@@ -118,8 +123,9 @@ def test_d1_rate_scales_with_lambda():
 def test_log_distance_matches_float_distance(d1):
     _, _, rt = d1
     ok = (rt.boolean_distance > 1e-300) & (rt.boolean_distance < 0.5)
-    np.testing.assert_allclose(rt.log_boolean_distance[ok], np.log(rt.boolean_distance[ok]),
-                               rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(
+        rt.log_boolean_distance[ok], np.log(rt.boolean_distance[ok]), rtol=1e-10, atol=1e-10
+    )
     # the logit-based log keeps going after the float distance underflows
     gone = rt.boolean_distance == 0
     assert gone.any() and np.all(np.isfinite(rt.log_boolean_distance[gone]))
@@ -230,8 +236,13 @@ def test_randomized_rank_above_svd_limit():
     P /= P.sum(1, keepdims=True)  # row-stochastic, rank exactly 3
     r, how = rank_of(P, 1e-8, svd_max_n=10, return_method=True)
     assert str(how) == "randomized" and int(r) == 3
-    r, how = rank_of(np_softmax_rows(rng.standard_normal((n, n))), 1e-8, svd_max_n=10,
-                     rank_cap=8, return_method=True)
+    r, how = rank_of(
+        np_softmax_rows(rng.standard_normal((n, n))),
+        1e-8,
+        svd_max_n=10,
+        rank_cap=8,
+        return_method=True,
+    )
     assert int(r) == 8  # capped: "at least rank_cap"
 
 
@@ -290,12 +301,20 @@ def test_d2_identity_value_leaders_are_hull_vertices():
 
 
 # ------------------------------------------------------------------------ errors
-@pytest.mark.parametrize("kwargs, word", [
-    (dict(tol=0.0), "tol"), (dict(tol=1.5), "tol"), (dict(norm="l2"), "norm"),
-    (dict(leader_threshold=0), "leader_threshold"), (dict(fit_max=1.0), "fit_max"),
-    (dict(fit_min=0.5), "fit_min"), (dict(min_fit_points=1), "min_fit_points"),
-    (dict(method="qr"), "method"), (dict(svd_max_n=0), "svd_max_n"),
-])
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        (dict(tol=0.0), "tol"),
+        (dict(tol=1.5), "tol"),
+        (dict(norm="l2"), "norm"),
+        (dict(leader_threshold=0), "leader_threshold"),
+        (dict(fit_max=1.0), "fit_max"),
+        (dict(fit_min=0.5), "fit_min"),
+        (dict(min_fit_points=1), "min_fit_points"),
+        (dict(method="qr"), "method"),
+        (dict(svd_max_n=0), "svd_max_n"),
+    ],
+)
 def test_track_rank_bad_arguments(d1, kwargs, word):
     with pytest.raises(ValueError, match=word):
         track_rank(d1[1], **kwargs)
@@ -327,8 +346,26 @@ def run_cli(args, capsys):
 
 
 def test_cli_rank_json(capsys):
-    code, out, err = run_cli(["rank", "--d", "1", "--n", "8", "--t1", "10", "--saves", "101",
-                              "--scale", "1", "--seed", "2", "--x64", "--json"], capsys)
+    code, out, err = run_cli(
+        [
+            "rank",
+            "--d",
+            "1",
+            "--n",
+            "8",
+            "--t1",
+            "10",
+            "--saves",
+            "101",
+            "--scale",
+            "1",
+            "--seed",
+            "2",
+            "--x64",
+            "--json",
+        ],
+        capsys,
+    )
     assert code == 0, err
     res = json.loads(out)
     x0 = np.random.default_rng(2).uniform(-1, 1, size=(8, 1))  # the CLI's "uniform" start
@@ -337,8 +374,16 @@ def test_cli_rank_json(capsys):
     assert all(a in res["leaders"] for a in res["attends_to"][-1])
     assert len(res["ts"]) == len(res["rank"]) == len(res["boolean_distance"]) == 101
     assert res["rate"] > 0 and res["r2"] > 0.99
-    for key in ("rank_method", "log_boolean_distance", "fit_window", "column_mass",
-                "intercept", "tol", "norm", "metadata"):
+    for key in (
+        "rank_method",
+        "log_boolean_distance",
+        "fit_window",
+        "column_mass",
+        "intercept",
+        "tol",
+        "norm",
+        "metadata",
+    ):
         assert key in res
 
 
@@ -404,8 +449,9 @@ def test_huge_logits_give_exact_rows_not_nan():
 def test_track_rank_uses_kernel_parameters():
     """ssmax with s = 3: the tracked distance is the one of the model's own P."""
     m = af.Attention(np.eye(1), np.eye(1), np.eye(1), kernel="ssmax", kernel_params={"s": 3.0})
-    traj = af.simulate(m, np.random.default_rng(0).uniform(-1, 1, (8, 1)), 1.0,
-                       method="euler", dt=0.1)
+    traj = af.simulate(
+        m, np.random.default_rng(0).uniform(-1, 1, (8, 1)), 1.0, method="euler", dt=0.1
+    )
     want = (1 - np.asarray(traj.attention(-1)).max(axis=1)).max()
     assert float(af.track_rank(traj).boolean_distance[-1]) == pytest.approx(want, rel=1e-10)
     assert traj.metadata()["kernel_params"] == {"s": 3.0}

@@ -4,9 +4,9 @@ import json
 
 import numpy as np
 import pytest
+import reference
 
 import attnflow as af
-import reference
 from attnflow.analysis.regimes import observe_limit, predict_regime, spectral_structure
 
 PAPER = af.matrices.PAPER
@@ -40,8 +40,7 @@ def test_labels(name, Q, K, V, label):
     assert isinstance(r.reason, str) and len(r.reason) > 20
     # spectrum sorted by decreasing modulus, as numpy computes it
     want = np.linalg.eigvals(np.asarray(V, float))
-    np.testing.assert_allclose(np.sort_complex(r.eigenvalues), np.sort_complex(want),
-                               atol=1e-12)
+    np.testing.assert_allclose(np.sort_complex(r.eigenvalues), np.sort_complex(want), atol=1e-12)
     assert np.all(np.diff(np.abs(r.eigenvalues)) <= 1e-12)
     assert r.eigenvalues.dtype == np.complex128
 
@@ -87,13 +86,16 @@ def test_left_eigenvector_and_accepts_model():
     assert predict_regime(af.Attention(I3, I3, V)).label == "hyperplanes"
 
 
-@pytest.mark.parametrize("args,word", [
-    ((I2, I2, np.ones((2, 3))), "V"),
-    ((I2, np.eye(3), I2), "K"),
-    ((np.full((2, 2), np.nan), I2, I2), "Q"),
-    ((I2, I2, [[np.inf, 0], [0, 1]]), "V"),
-    ((I2, I2, 1j * I2), "V"),
-])
+@pytest.mark.parametrize(
+    "args,word",
+    [
+        ((I2, I2, np.ones((2, 3))), "V"),
+        ((I2, np.eye(3), I2), "K"),
+        ((np.full((2, 2), np.nan), I2, I2), "Q"),
+        ((I2, I2, [[np.inf, 0], [0, 1]]), "V"),
+        ((I2, I2, 1j * I2), "V"),
+    ],
+)
 def test_bad_input(args, word):
     with pytest.raises(ValueError, match=word):
         predict_regime(*args)
@@ -154,8 +156,14 @@ def test_observe_levels_in_solver_coordinates_when_negative_modes_diverge():
     V = S @ np.diag([2.0, -1.7]) @ np.linalg.inv(S)
     x0 = np.random.default_rng(3).uniform(-1, 1, (20, 2))
     dt, layers = 0.1, 200
-    traj = af.simulate(af.Attention(I2, I2, V), x0, dt * layers, method="euler", dt=dt,
-                       ts=np.linspace(0, dt * layers, 11))
+    traj = af.simulate(
+        af.Attention(I2, I2, V),
+        x0,
+        dt * layers,
+        method="euler",
+        dt=dt,
+        ts=np.linspace(0, dt * layers, 11),
+    )
     assert traj.coords == "modal"
     assert np.abs(np.asarray(traj.state[-1])).max() > 1e14  # the diverging mode
     left = np.linalg.inv(S)[0]  # left eigenvector of lambda_1 = 2
@@ -195,13 +203,13 @@ def test_observe_one_system_of_a_batch():
     left = np.linalg.inv(np.linalg.eig(V)[1])[np.argmax(np.linalg.eigvals(V).real)]
     whole = np.asarray(batch.project(left[None]))
     for i in range(3):
-        np.testing.assert_array_equal(np.asarray(batch.project(left[None], system=i)),
-                                      whole[i])
+        np.testing.assert_array_equal(np.asarray(batch.project(left[None], system=i)), whole[i])
         obs = observe_limit(batch, system=i)
         one = observe_limit(af.simulate(af.Attention(I2, I2, V), x0[i], 12.0, ts=ts))
         assert obs.label == one.label == "hyperplanes"
-        np.testing.assert_allclose(obs.details["levels"], one.details["levels"],
-                                   rtol=1e-8, atol=1e-8)
+        np.testing.assert_allclose(
+            obs.details["levels"], one.details["levels"], rtol=1e-8, atol=1e-8
+        )
 
 
 def test_classify_cli(capsys):

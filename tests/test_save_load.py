@@ -42,8 +42,21 @@ def _check_round_trip(traj, path, **extra):
     assert meta["coords"] == traj.coords
     # the metadata written equals the metadata of the run, extras included
     fresh = traj.metadata(seed=7, **extra)
-    for key in ("frame", "solver", "t1", "status", "statuses", "n", "d", "batch", "dtype",
-                "kernel", "Q", "V", "stats"):
+    for key in (
+        "frame",
+        "solver",
+        "t1",
+        "status",
+        "statuses",
+        "n",
+        "d",
+        "batch",
+        "dtype",
+        "kernel",
+        "Q",
+        "V",
+        "stats",
+    ):
         assert meta[key] == json.loads(json.dumps(fresh[key])), key
     return back
 
@@ -91,8 +104,15 @@ def test_x0_kept_when_t0_not_saved(tmp_path):
     back = af.Trajectory.load(traj.save(tmp_path / "r.npz"))
     np.testing.assert_array_equal(np.asarray(back.x0), x0)
     # the run can be reproduced from the file alone
-    again = af.simulate(back.model, back.x0, back.t1, ts=np.asarray(back.ts),
-                        frame=back.frame, rtol=back.solver["rtol"], atol=back.solver["atol"])
+    again = af.simulate(
+        back.model,
+        back.x0,
+        back.t1,
+        ts=np.asarray(back.ts),
+        frame=back.frame,
+        rtol=back.solver["rtol"],
+        atol=back.solver["atol"],
+    )
     _same(again.z, traj.z)
 
 

@@ -3,9 +3,9 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import reference as ref
 
 import attnflow as af
-import reference as ref
 
 RNG = np.random.default_rng(20231)
 
@@ -48,8 +48,9 @@ def test_matches_numpy_reference(name, frame):
     # The other frame is the exact change of variables x = e^{tV} z.
     for k, t in enumerate(ts):
         E = ref.expm(t * V)
-        np.testing.assert_allclose(np.asarray(traj.x[k]), np.asarray(traj.z[k]) @ E.T,
-                                   rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(
+            np.asarray(traj.x[k]), np.asarray(traj.z[k]) @ E.T, rtol=1e-10, atol=1e-10
+        )
 
 
 def test_both_frames_agree():
@@ -82,8 +83,9 @@ def test_euler_matches_numpy_and_discrete_rescaling_is_exact(name):
         zk = np.linalg.solve(np.linalg.matrix_power(R, k), want[k].T).T
         scale = max(1.0, np.abs(zk).max())
         np.testing.assert_allclose(np.asarray(resc.z[k]), zk, rtol=0, atol=1e-12 * scale)
-        np.testing.assert_allclose(np.asarray(resc.x[k]), want[k], rtol=0,
-                                   atol=1e-12 * max(1, np.abs(want[k]).max()))
+        np.testing.assert_allclose(
+            np.asarray(resc.x[k]), want[k], rtol=0, atol=1e-12 * max(1, np.abs(want[k]).max())
+        )
 
 
 def test_hull_never_grows_for_identity():
@@ -143,8 +145,9 @@ def test_batch_equals_one_by_one():
     for b in range(3):
         one = af.simulate(m, x0[b], 4.0, ts=ts)
         # same steps, same arithmetic up to the blocking of batched matmuls
-        np.testing.assert_allclose(np.asarray(batch.z[b]), np.asarray(one.z), rtol=1e-10,
-                                   atol=1e-10)
+        np.testing.assert_allclose(
+            np.asarray(batch.z[b]), np.asarray(one.z), rtol=1e-10, atol=1e-10
+        )
         assert int(batch.stats["num_steps"][b]) == int(one.stats["num_steps"])
         steps.append(int(one.stats["num_steps"]))
     assert len(set(steps)) > 1  # each system adapted its own steps
@@ -158,8 +161,9 @@ def test_euler_batch_equals_one_by_one():
     batch = af.simulate(m, x0, 2.0, method="euler", dt=0.05)
     for b in range(4):
         one = af.simulate(m, x0[b], 2.0, method="euler", dt=0.05)
-        np.testing.assert_allclose(np.asarray(batch.z[b]), np.asarray(one.z), rtol=1e-11,
-                                   atol=1e-12)
+        np.testing.assert_allclose(
+            np.asarray(batch.z[b]), np.asarray(one.z), rtol=1e-11, atol=1e-12
+        )
 
 
 def test_attention_matrix_matches_reference():
@@ -170,8 +174,9 @@ def test_attention_matrix_matches_reference():
     traj = af.simulate(m, x0, 1.0, ts=[0.0, 0.5, 1.0])
     for k in range(3):
         P = np.asarray(traj.attention(k))
-        np.testing.assert_allclose(P, ref.attention(np.asarray(traj.x[k]), Q, K, 2.0),
-                                   rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(
+            P, ref.attention(np.asarray(traj.x[k]), Q, K, 2.0), rtol=1e-12, atol=1e-14
+        )
         np.testing.assert_allclose(P.sum(axis=1), 1.0, rtol=1e-13)
     batch = af.simulate(m, np.stack([x0, -x0]), 1.0)
     assert batch.attention(-1).shape == (2, 6, 6)
@@ -279,8 +284,7 @@ def test_singular_discrete_rescaling_is_refused():
     with pytest.raises(ValueError, match="singular"):
         af.simulate(m, np.ones((2, 2)), 1.0, method="euler", dt=0.1)
     # the original frame is fine
-    assert af.simulate(m, np.ones((2, 2)), 1.0, method="euler", dt=0.1,
-                       frame="original").ok
+    assert af.simulate(m, np.ones((2, 2)), 1.0, method="euler", dt=0.1, frame="original").ok
 
 
 def test_rescaled_frame_keeps_precision_with_mixed_spectrum():

@@ -33,14 +33,14 @@ def toy_kernel(config, start, stop, seed):
     block = np.empty(stop - start)
     for i in range(start, stop):
         block[i - start] = S.Substreams(seed, 12, i // 4)[i % 4].random()
-    return {"x": rows, "index": np.arange(start, stop), "block": block,
-            "flag": rows[:, 0] > 0}
+    return {"x": rows, "index": np.arange(start, stop), "block": block, "flag": rows[:, 0] > 0}
 
 
 def toy(size=50, shard_size=8, seed=3, **config):
     cfg = {"width": 3, **config}
-    return S.Sweep(name="toy", kernel=toy_kernel, config=cfg, size=size, seed=seed,
-                   shard_size=shard_size)
+    return S.Sweep(
+        name="toy", kernel=toy_kernel, config=cfg, size=size, seed=seed, shard_size=shard_size
+    )
 
 
 def same(a, b):
@@ -51,8 +51,10 @@ def same(a, b):
 
 
 def stats(out_dir):
-    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns)
-            for p in sorted(Path(out_dir).glob("shard-*.npz"))}
+    return {
+        p.name: (p.stat().st_ino, p.stat().st_mtime_ns)
+        for p in sorted(Path(out_dir).glob("shard-*.npz"))
+    }
 
 
 # ------------------------------------------------------------------- streams
@@ -208,8 +210,9 @@ def test_sweep_killed_halfway_resumes_without_recomputing(tmp_path):
         from attnflow.studies import sweep as S
         S.run(toy(size=80, shard_size=8, sleep=0.25), {str(out)!r})
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         deadline = time.time() + 60
         while len(list(out.glob("shard-*.npz"))) < 3:
@@ -254,8 +257,9 @@ def test_process_with_a_cached_pool_exits():
             if p.exitcode is None:
                 p.kill()
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=180
+    )
     assert "exitcode 0" in proc.stdout, proc.stdout + proc.stderr[-2000:]
 
 
@@ -282,6 +286,7 @@ def _heavy_row(a):
     # a few nonlinear steps per row (no cross-row mixing)
     def body(c, _):
         return jnp.tanh(c @ a) + 0.1 * c, None
+
     return jax.lax.scan(body, jnp.ones(a.shape[0]), None, length=20)[0]
 
 

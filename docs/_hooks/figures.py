@@ -24,6 +24,5 @@ def on_files(files, config):
             continue
         rel = path.relative_to(root).as_posix()
         if files.get_file_from_path(rel) is None:
-            files.append(File(rel, str(root), config["site_dir"],
-                              config["use_directory_urls"]))
+            files.append(File(rel, str(root), config["site_dir"], config["use_directory_urls"]))
     return files

@@ -29,12 +29,10 @@ from .analysis import (
     spectral_structure,
     track_rank,
 )
-from .dynamics import SOLVERS, Attention, Propagator, SimulationError, Trajectory, simulate
-from .dynamics import kernels
+from .dynamics import SOLVERS, Attention, Propagator, SimulationError, Trajectory, kernels, simulate
 from .dynamics.kernels import KERNELS
 from .io import matrices
-from .studies import GinibreEstimate, HeadsAnalysis, analyze_heads, ginibre_fraction
-from .studies import sweep
+from .studies import GinibreEstimate, HeadsAnalysis, analyze_heads, ginibre_fraction, sweep
 
 # The modules that the public API names as ``attnflow.<module>`` stay importable under
 # those names (``from attnflow.sweep import run``, ``import attnflow.matrices``).
@@ -44,10 +42,30 @@ del _name, _module, _sys
 
 __all__ = [
     "__version__",
-    "Attention", "Propagator", "SOLVERS", "SimulationError", "Trajectory", "simulate",
-    "KERNELS", "kernels", "matrices", "sweep",
-    "DispersionReport", "dispersion", "dispersion_scan",
-    "Observation", "Regime", "observe_limit", "predict_regime", "spectral_structure",
-    "RankTrack", "boolean_distance", "rank_of", "track_rank",
-    "GinibreEstimate", "ginibre_fraction", "HeadsAnalysis", "analyze_heads",
+    "Attention",
+    "Propagator",
+    "SOLVERS",
+    "SimulationError",
+    "Trajectory",
+    "simulate",
+    "KERNELS",
+    "kernels",
+    "matrices",
+    "sweep",
+    "DispersionReport",
+    "dispersion",
+    "dispersion_scan",
+    "Observation",
+    "Regime",
+    "observe_limit",
+    "predict_regime",
+    "spectral_structure",
+    "RankTrack",
+    "boolean_distance",
+    "rank_of",
+    "track_rank",
+    "GinibreEstimate",
+    "ginibre_fraction",
+    "HeadsAnalysis",
+    "analyze_heads",
 ]

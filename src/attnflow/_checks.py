@@ -11,13 +11,21 @@ from __future__ import annotations
 import math
 import numbers
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
 __all__ = [
-    "number", "positive", "integer", "choice", "real_array", "index", "OutOfRange", "output_file",
+    "number",
+    "positive",
+    "integer",
+    "choice",
+    "real_array",
+    "index",
+    "OutOfRange",
+    "output_file",
     "output_dir",
 ]
 
@@ -27,8 +35,16 @@ def _show(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def number(name: str, value: Any, *, lo: float | None = None, hi: float | None = None,
-           lo_open: bool = False, hi_open: bool = False, what: str | None = None) -> float:
+def number(
+    name: str,
+    value: Any,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    what: str | None = None,
+) -> float:
     """A finite real scalar within ``[lo, hi]`` (ends open on request) -> ``float``.
 
     Rejects booleans, strings, sequences, complex numbers, NaN and infinities."""
@@ -81,13 +97,20 @@ def choice(name: str, value: Any, choices: Iterable[str]) -> str:
     """One of ``choices`` (compared as strings, so str-valued enums pass)."""
     options = tuple(choices)
     if not isinstance(value, str) or value not in options:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, options))}; "
-                         f"got {_show(value)}.")
+        raise ValueError(
+            f"{name} must be one of {', '.join(map(repr, options))}; got {_show(value)}."
+        )
     return str(value)
 
 
-def real_array(name: str, value: Any, *, ndim: int | tuple[int, ...] | None = None,
-               finite: bool = True, shape_hint: str = "") -> np.ndarray:
+def real_array(
+    name: str,
+    value: Any,
+    *,
+    ndim: int | tuple[int, ...] | None = None,
+    finite: bool = True,
+    shape_hint: str = "",
+) -> np.ndarray:
     """A real numeric array (integers and booleans allowed), ``ndim`` as asked, at least
     one entry per axis, finite unless ``finite=False``. Returns ``np.asarray(value)``
     with its own dtype (the caller casts)."""
@@ -98,19 +121,23 @@ def real_array(name: str, value: Any, *, ndim: int | tuple[int, ...] | None = No
         raise ValueError(f"{name} must be a real array{hint}: {exc}") from None
     if np.iscomplexobj(arr):
         raise ValueError(f"{name} must be real; got a complex array.")
-    if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
-            or arr.dtype == np.bool_):
+    if not (
+        np.issubdtype(arr.dtype, np.floating)
+        or np.issubdtype(arr.dtype, np.integer)
+        or arr.dtype == np.bool_
+    ):
         raise ValueError(f"{name} must be a real numeric array{hint}; got dtype {arr.dtype}.")
     if ndim is not None:
         dims = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if arr.ndim not in dims:
-            raise ValueError(f"{name} must have {' or '.join(map(str, dims))} dimensions"
-                             f"{hint}; got shape {arr.shape}.")
+            raise ValueError(
+                f"{name} must have {' or '.join(map(str, dims))} dimensions"
+                f"{hint}; got shape {arr.shape}."
+            )
     if any(s < 1 for s in arr.shape):
         raise ValueError(f"{name} must not be empty{hint}; got shape {arr.shape}.")
     if finite and not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} has non-finite entries (NaN or inf); all entries must be "
-                         f"finite.")
+        raise ValueError(f"{name} has non-finite entries (NaN or inf); all entries must be finite.")
     return arr
 
 
@@ -124,8 +151,9 @@ def index(name: str, value: Any, size: int, *, what: str = "entries") -> int:
     (``OutOfRange``)."""
     k = integer(name, value)
     if not -size <= k < size:
-        raise OutOfRange(f"{name} = {k} is out of range for {size} {what} "
-                         f"(valid: {-size} ... {size - 1}).")
+        raise OutOfRange(
+            f"{name} = {k} is out of range for {size} {what} (valid: {-size} ... {size - 1})."
+        )
     return k % size
 
 
@@ -139,8 +167,10 @@ def output_file(name: str, path: Any, *, suffix: str | None = None) -> Path:
     if str(p) in ("", "."):
         raise ValueError(f"{name} must be a file path; got {_show(path)}.")
     if p.is_dir():
-        raise ValueError(f"{name} {str(p)!r} is a directory; give a file name such as "
-                         f"{str(p / ('run' + (suffix or '')))!r}.")
+        raise ValueError(
+            f"{name} {str(p)!r} is a directory; give a file name such as "
+            f"{str(p / ('run' + (suffix or '')))!r}."
+        )
     if suffix is not None and p.suffix != suffix:
         p = p.with_name(p.name + suffix)
     _writable_parent(name, p.parent)
@@ -165,7 +195,8 @@ def _writable_parent(name: str, folder: Path) -> None:
             break
         probe = probe.parent
     if probe.exists() and not probe.is_dir():
-        raise ValueError(f"{name}: {str(probe)!r} is a file, so {str(folder)!r} cannot be "
-                         f"a folder.")
+        raise ValueError(
+            f"{name}: {str(probe)!r} is a file, so {str(folder)!r} cannot be a folder."
+        )
     if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
         raise ValueError(f"{name}: cannot write in {str(probe)!r} (permission denied).")

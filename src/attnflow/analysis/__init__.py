@@ -8,7 +8,16 @@ from .rank import RankTrack, boolean_distance, rank_of, track_rank
 from .regimes import Observation, Regime, observe_limit, predict_regime, spectral_structure
 
 __all__ = [
-    "DispersionReport", "dispersion", "dispersion_scan",
-    "RankTrack", "boolean_distance", "rank_of", "track_rank",
-    "Observation", "Regime", "observe_limit", "predict_regime", "spectral_structure",
+    "DispersionReport",
+    "dispersion",
+    "dispersion_scan",
+    "RankTrack",
+    "boolean_distance",
+    "rank_of",
+    "track_rank",
+    "Observation",
+    "Regime",
+    "observe_limit",
+    "predict_regime",
+    "spectral_structure",
 ]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import equinox as eqx
 import jax
@@ -36,8 +36,14 @@ import numpy as np
 
 from ..dynamics import kernels as _kernels
 
-__all__ = ["DispersionReport", "dispersion", "dispersion_scan", "bound_tight", "bound_loose",
-           "qknorm_delta_bound"]
+__all__ = [
+    "DispersionReport",
+    "dispersion",
+    "dispersion_scan",
+    "bound_tight",
+    "bound_loose",
+    "qknorm_delta_bound",
+]
 
 
 # -------------------------------------------------------------------------- bounds
@@ -117,11 +123,13 @@ class DispersionReport:
     def summary(self) -> str:
         mx = np.nanmax(self.max)
         bt = np.nanmax(self.bound_tight) if np.any(np.isfinite(self.bound_tight)) else np.nan
-        return (f"n = {self.n}{'' if self.kernel is None else f', kernel {self.kernel}'}: "
-                f"largest coefficient {mx:.4g} (tight bound {bt:.4g}, max delta "
-                f"{np.nanmax(self.delta) if np.any(np.isfinite(self.delta)) else np.nan:.4g}), "
-                f"mean normalised entropy {np.nanmean(self.entropy_normalized):.4g}, "
-                f"mean sink mass {np.nanmean(self.sink_mass):.4g} (first {self.sink})")
+        return (
+            f"n = {self.n}{'' if self.kernel is None else f', kernel {self.kernel}'}: "
+            f"largest coefficient {mx:.4g} (tight bound {bt:.4g}, max delta "
+            f"{np.nanmax(self.delta) if np.any(np.isfinite(self.delta)) else np.nan:.4g}), "
+            f"mean normalised entropy {np.nanmean(self.entropy_normalized):.4g}, "
+            f"mean sink mass {np.nanmean(self.sink_mass):.4g} (first {self.sink})"
+        )
 
 
 # ---------------------------------------------------------------------- row stats
@@ -131,8 +139,14 @@ def _row_stats(P, L, sink: int):
     mx = jnp.max(P, axis=-1)
     a = P / rs[..., None]
     ent = -jnp.sum(jnp.where(a > 0, a * jnp.log(jnp.where(a > 0, a, 1.0)), 0.0), axis=-1)
-    out = dict(max=mx, argmax=jnp.argmax(P, axis=-1), entropy=ent,
-               sink_mass=jnp.sum(P[..., :sink], axis=-1), row_sum=rs, share_max=mx / rs)
+    out = dict(
+        max=mx,
+        argmax=jnp.argmax(P, axis=-1),
+        entropy=ent,
+        sink_mass=jnp.sum(P[..., :sink], axis=-1),
+        row_sum=rs,
+        share_max=mx / rs,
+    )
     if L is not None:
         out["delta"] = jnp.max(L, axis=-1) - jnp.min(L, axis=-1)
     return out
@@ -168,16 +182,27 @@ def _report(st: dict, n: int, sink: int, kernel) -> DispersionReport:
     with np.errstate(divide="ignore", invalid="ignore"):
         ent_n = ent / math.log(n) if n > 1 else np.full(ent.shape, np.nan)
     return DispersionReport(
-        max=mx, argmax=st["argmax"], delta=delta, bound_tight=bound_tight(delta, n),
-        bound_loose=bound_loose(delta, n), entropy=ent, entropy_normalized=ent_n,
-        sink_mass=st["sink_mass"], row_sum=st["row_sum"], share_max=st["share_max"],
-        n=int(n), sink=int(sink), kernel=kernel)
+        max=mx,
+        argmax=st["argmax"],
+        delta=delta,
+        bound_tight=bound_tight(delta, n),
+        bound_loose=bound_loose(delta, n),
+        entropy=ent,
+        entropy_normalized=ent_n,
+        sink_mass=st["sink_mass"],
+        row_sum=st["row_sum"],
+        share_max=st["share_max"],
+        n=int(n),
+        sink=int(sink),
+        kernel=kernel,
+    )
 
 
 def _check_sink(sink, n: int) -> int:
     if isinstance(sink, bool) or not isinstance(sink, (int, np.integer)) or not 0 <= sink <= n:
-        raise ValueError(f"sink must be an integer number of leading tokens in [0, n = {n}]; "
-                         f"got {sink!r}.")
+        raise ValueError(
+            f"sink must be an integer number of leading tokens in [0, n = {n}]; got {sink!r}."
+        )
     return int(sink)
 
 
@@ -188,8 +213,10 @@ def _auto_rows_block(n: int) -> int:
 def _model_report(model, x, rows, sink, block) -> DispersionReport:
     x = jnp.asarray(x, model.dtype)
     if x.ndim not in (2, 3) or x.shape[-1] != model.d:
-        raise ValueError(f"x must be tokens (n, {model.d}) or a batch (b, n, {model.d}); "
-                         f"got shape {tuple(x.shape)}.")
+        raise ValueError(
+            f"x must be tokens (n, {model.d}) or a batch (b, n, {model.d}); "
+            f"got shape {tuple(x.shape)}."
+        )
     n = x.shape[-2]
     sink = _check_sink(sink, n)
     if rows is None:
@@ -197,23 +224,24 @@ def _model_report(model, x, rows, sink, block) -> DispersionReport:
     else:
         idx = np.arange(n)[rows] if isinstance(rows, slice) else np.asarray(rows, np.int64)
         if idx.ndim != 1 or idx.size < 1 or np.any((idx < -n) | (idx >= n)):
-            raise ValueError(f"rows must be a slice or a 1-d array of query indices in "
-                             f"[0, {n}); got {rows!r}.")
+            raise ValueError(
+                f"rows must be a slice or a 1-d array of query indices in [0, {n}); got {rows!r}."
+            )
     block = _auto_rows_block(n) if block is None else int(block)
     idx = jnp.asarray(idx % n)
 
     def one(xi):
         q, k = model.queries_keys(xi)
-        return _qk_stats(model.kernel, q, k, model.beta, model.kernel_params, idx, sink,
-                         block)
+        return _qk_stats(model.kernel, q, k, model.beta, model.kernel_params, idx, sink, block)
 
     st = one(x) if x.ndim == 2 else jax.vmap(one)(x)
     return _report(st, n, sink, model.kernel)
 
 
 # ---------------------------------------------------------------------- public
-def dispersion(P, *, logits=None, sink: int = 1, k: int = -1, x=None, rows=None,
-               block: int | None = None) -> DispersionReport:
+def dispersion(
+    P, *, logits=None, sink: int = 1, k: int = -1, x=None, rows=None, block: int | None = None
+) -> DispersionReport:
     """Dispersion statistics of attention rows: largest coefficient, bounds, entropy, sink.
 
     Args:
@@ -264,10 +292,15 @@ def dispersion(P, *, logits=None, sink: int = 1, k: int = -1, x=None, rows=None,
         Pa = np.asarray(P)
     except Exception as exc:
         raise ValueError(f"P must be an attention matrix (rows, n); {exc}") from None
-    if Pa.ndim < 1 or Pa.shape[-1] < 1 or not np.issubdtype(Pa.dtype, np.number) \
-            or np.iscomplexobj(Pa):
-        raise ValueError(f"P must be a real (rows, n) attention matrix; got shape "
-                         f"{Pa.shape}, dtype {Pa.dtype}.")
+    if (
+        Pa.ndim < 1
+        or Pa.shape[-1] < 1
+        or not np.issubdtype(Pa.dtype, np.number)
+        or np.iscomplexobj(Pa)
+    ):
+        raise ValueError(
+            f"P must be a real (rows, n) attention matrix; got shape {Pa.shape}, dtype {Pa.dtype}."
+        )
     if np.any(Pa < 0):
         raise ValueError("P has negative entries; attention weights are >= 0.")
     La = None
@@ -291,17 +324,32 @@ def _row_stats_np(P, L, sink):
         a = P / rs[..., None]
         ent = -np.sum(np.where(a > 0, a * np.log(np.where(a > 0, a, 1.0)), 0.0), axis=-1)
         share = mx / rs
-    out = dict(max=mx, argmax=P.argmax(-1), entropy=ent, sink_mass=P[..., :sink].sum(-1),
-               row_sum=rs, share_max=share)
+    out = dict(
+        max=mx,
+        argmax=P.argmax(-1),
+        entropy=ent,
+        sink_mass=P[..., :sink].sum(-1),
+        row_sum=rs,
+        share_max=share,
+    )
     if L is not None:
         out["delta"] = L.max(-1).astype(np.float64) - L.min(-1).astype(np.float64)
     return out
 
 
-def dispersion_scan(Q, K, x, ns: Sequence[int], *, kernels: Sequence[str] | None = None,
-                    beta=1.0, kernel_params: Mapping[str, Mapping] | None = None,
-                    queries: int | None = 256, sink: int = 1,
-                    rectangular: bool = False) -> dict:
+def dispersion_scan(
+    Q,
+    K,
+    x,
+    ns: Sequence[int],
+    *,
+    kernels: Sequence[str] | None = None,
+    beta=1.0,
+    kernel_params: Mapping[str, Mapping] | None = None,
+    queries: int | None = 256,
+    sink: int = 1,
+    rectangular: bool = False,
+) -> dict:
     """The largest coefficient and the bounds against ``n``, for several kernels.
 
     For each ``n`` in ``ns`` the keys are the first ``n`` tokens of ``x`` (so the token
@@ -332,33 +380,65 @@ def dispersion_scan(Q, K, x, ns: Sequence[int], *, kernels: Sequence[str] | None
     x = np.asarray(x)
     ns = [int(v) for v in ns]
     if not ns or min(ns) < 1 or max(ns) > x.shape[0]:
-        raise ValueError(f"ns must be positive and at most the {x.shape[0]} tokens given; "
-                         f"got {ns}.")
+        raise ValueError(
+            f"ns must be positive and at most the {x.shape[0]} tokens given; got {ns}."
+        )
     kernels = list(_kernels.KERNELS if kernels is None else kernels)
     kernel_params = dict(kernel_params or {})
     d = x.shape[-1]
     results, rows_out = {}, []
     for kern in kernels:
-        model = Attention(Q, K, np.eye(d), beta=beta, kernel=kern, rectangular=rectangular,
-                          kernel_params=kernel_params.get(kern), propagator="eigh")
-        res = {key: [] for key in ("max", "mean_max", "bound_tight", "bound_loose", "delta",
-                                   "entropy_normalized", "sink_mass", "share_max")}
+        model = Attention(
+            Q,
+            K,
+            np.eye(d),
+            beta=beta,
+            kernel=kern,
+            rectangular=rectangular,
+            kernel_params=kernel_params.get(kern),
+            propagator="eigh",
+        )
+        res = {
+            key: []
+            for key in (
+                "max",
+                "mean_max",
+                "bound_tight",
+                "bound_loose",
+                "delta",
+                "entropy_normalized",
+                "sink_mass",
+                "share_max",
+            )
+        }
         for n in ns:
             r = n if queries is None else min(n, int(queries))
             rep = dispersion(model, x=x[:n], rows=slice(0, r), sink=min(sink, n))
-            row = dict(kernel=kern, n=n, queries=r,
-                       max=float(np.max(rep.max)), mean_max=float(np.mean(rep.max)),
-                       bound_tight=float(np.max(rep.bound_tight)),
-                       bound_loose=float(np.max(rep.bound_loose)),
-                       delta=float(np.max(rep.delta)),
-                       entropy_normalized=float(np.mean(rep.entropy_normalized))
-                       if n > 1 else float("nan"),
-                       sink_mass=float(np.mean(rep.sink_mass)),
-                       share_max=float(np.max(rep.share_max)))
+            row = dict(
+                kernel=kern,
+                n=n,
+                queries=r,
+                max=float(np.max(rep.max)),
+                mean_max=float(np.mean(rep.max)),
+                bound_tight=float(np.max(rep.bound_tight)),
+                bound_loose=float(np.max(rep.bound_loose)),
+                delta=float(np.max(rep.delta)),
+                entropy_normalized=float(np.mean(rep.entropy_normalized))
+                if n > 1
+                else float("nan"),
+                sink_mass=float(np.mean(rep.sink_mass)),
+                share_max=float(np.max(rep.share_max)),
+            )
             for key in res:
                 res[key].append(row[key])
             rows_out.append(row)
         results[kern] = res
-    return {"n": ns, "kernels": kernels, "queries": queries, "beta": float(beta),
-            "kernel_params": {k: dict(v) for k, v in kernel_params.items()},
-            "results": results, "rows": rows_out}
+    return {
+        "n": ns,
+        "kernels": kernels,
+        "queries": queries,
+        "beta": float(beta),
+        "kernel_params": {k: dict(v) for k, v in kernel_params.items()},
+        "results": results,
+        "rows": rows_out,
+    }

@@ -64,7 +64,8 @@ noise. That is why the fit stops at ``fit_min`` by default; pass ``fit_min=0`` t
 the logit-based values to the end of the run (with tight ``rtol``/``atol``).
 
 Measured (not proved), ``Q = K = I``, ``lambda`` the leading eigenvalue of ``V``
-(``python -m attnflow.experiments.fig_leaders``, 16 seeds per case, ``figures/fig_leaders.json``): the
+(``python -m attnflow.experiments.fig_leaders``, 16 seeds per case,
+``figures/fig_leaders.json``): the
 slope of ``log(-log D)`` is ``lambda``, not ``2 lambda`` (d = 1: ``r / lambda`` = 1.000
 to 1.010, R^2 >= 0.99998). The logits grow like ``e^{2 lambda t}`` but a follower
 collapses onto its leader at rate ``e^{-lambda t}`` in the rescaled frame, so the gap
@@ -163,13 +164,15 @@ def _check_P(P, name: str = "P") -> np.ndarray:
         raise ValueError(f"{name} must be an array of shape (..., r, n): {exc}") from None
     if np.iscomplexobj(arr):
         raise ValueError(f"{name} must be real; got a complex array.")
-    if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
-            or arr.dtype == np.bool_):
+    if not (
+        np.issubdtype(arr.dtype, np.floating)
+        or np.issubdtype(arr.dtype, np.integer)
+        or arr.dtype == np.bool_
+    ):
         raise ValueError(f"{name} must be a real numeric array; got dtype {arr.dtype}.")
     if arr.ndim < 2:
         raise ValueError(
-            f"{name} must have shape (n, n), (r, n) or a stack (..., r, n); got shape "
-            f"{arr.shape}."
+            f"{name} must have shape (n, n), (r, n) or a stack (..., r, n); got shape {arr.shape}."
         )
     if arr.shape[-1] < 1 or arr.shape[-2] < 1:
         raise ValueError(f"{name} must have at least one row and one column; got {arr.shape}.")
@@ -178,9 +181,7 @@ def _check_P(P, name: str = "P") -> np.ndarray:
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} has non-finite entries (NaN or inf).")
     if np.any(arr < 0):
-        raise ValueError(
-            f"{name} has negative entries; an attention matrix has entries in [0, 1]."
-        )
+        raise ValueError(f"{name} has negative entries; an attention matrix has entries in [0, 1].")
     return arr
 
 
@@ -203,8 +204,9 @@ def _row_stats_np(P: np.ndarray, stochastic: bool):
     return k, d_inf, d_l1, gap * gap + sq
 
 
-def boolean_distance(P, *, norm: str = "inf", stochastic: bool = True,
-                     per_row: bool = False) -> np.ndarray:
+def boolean_distance(
+    P, *, norm: str = "inf", stochastic: bool = True, per_row: bool = False
+) -> np.ndarray:
     """Distance of ``P`` to the nearest Boolean row-stochastic matrix.
 
     Args:
@@ -270,7 +272,9 @@ def _check_threshold(threshold) -> float:
     try:
         th = float(threshold)
     except Exception:
-        raise ValueError(f"leader_threshold must be a positive number; got {threshold!r}.") from None
+        raise ValueError(
+            f"leader_threshold must be a positive number; got {threshold!r}."
+        ) from None
     if not math.isfinite(th) or th <= 0:
         raise ValueError(f"leader_threshold must be a positive number; got {threshold!r}.")
     return th
@@ -322,8 +326,17 @@ def _rank_randomized(P: np.ndarray, tol: float, cap: int, rng) -> int:
     return int(min((s > tol * s[0]).sum(), cap))
 
 
-def _rank_stack(Ps: np.ndarray, k: np.ndarray, fro2: np.ndarray, tol: float, *,
-                svd_max_n: int, rank_cap: int, rng, method: str):
+def _rank_stack(
+    Ps: np.ndarray,
+    k: np.ndarray,
+    fro2: np.ndarray,
+    tol: float,
+    *,
+    svd_max_n: int,
+    rank_cap: int,
+    rng,
+    method: str,
+):
     """Ranks of a stack ``(N, r, n)`` with per-row stats; returns (rank, method codes)."""
     N, r, n = Ps.shape
     rank = np.zeros(N, dtype=np.int64)
@@ -340,7 +353,7 @@ def _rank_stack(Ps: np.ndarray, k: np.ndarray, fro2: np.ndarray, tol: float, *,
     if method == "svd" or (method in ("auto", "boolean") and max(r, n) <= svd_max_n):
         step = max(1, _CHUNK_ELEMENTS // (r * n))
         for a in range(0, todo.size, step):
-            idx = todo[a:a + step]
+            idx = todo[a : a + step]
             rank[idx] = _rank_svd(Ps[idx], tol)
         code[todo] = RANK_METHODS.index("svd")
     else:
@@ -350,8 +363,16 @@ def _rank_stack(Ps: np.ndarray, k: np.ndarray, fro2: np.ndarray, tol: float, *,
     return rank, code
 
 
-def rank_of(P, tol: float = 1e-6, *, method: str = "auto", svd_max_n: int = 1024,
-            rank_cap: int = 64, seed: int = 0, return_method: bool = False):
+def rank_of(
+    P,
+    tol: float = 1e-6,
+    *,
+    method: str = "auto",
+    svd_max_n: int = 1024,
+    rank_cap: int = 64,
+    seed: int = 0,
+    return_method: bool = False,
+):
     """Numerical rank of an attention matrix or a stack of them.
 
     ``rank = #{k : sigma_k(P) > tol * sigma_1(P)}``.
@@ -382,8 +403,16 @@ def rank_of(P, tol: float = 1e-6, *, method: str = "auto", svd_max_n: int = 1024
     lead = P.shape[:-2]
     Ps = P.reshape((-1,) + P.shape[-2:])
     k, _, _, fro2 = _row_stats_np(Ps, stochastic=bool(np.allclose(Ps.sum(-1), 1.0)))
-    rank, code = _rank_stack(Ps, k, fro2, tol, svd_max_n=svd_max_n, rank_cap=rank_cap,
-                             rng=np.random.default_rng(seed), method=method)
+    rank, code = _rank_stack(
+        Ps,
+        k,
+        fro2,
+        tol,
+        svd_max_n=svd_max_n,
+        rank_cap=rank_cap,
+        rng=np.random.default_rng(seed),
+        method=method,
+    )
     rank = rank.reshape(lead)
     if return_method:
         return rank, np.asarray(RANK_METHODS, dtype=object)[code].reshape(lead).astype(str)
@@ -456,18 +485,32 @@ def _traj_stats(model, x, stochastic: bool):
         gap = s if stochastic else jnp.abs(1.0 - pk)
         d_inf = s if stochastic else jnp.maximum(gap, second)
         d_l1 = 2.0 * s if stochastic else gap + s
-        return dict(P=P, k=k, d_inf=d_inf, d_l1=d_l1, fro2=gap * gap + sq,
-                    log_off=log_off, out=out_mass, log_out=log_out, colmass=P.sum(0))
+        return dict(
+            P=P,
+            k=k,
+            d_inf=d_inf,
+            d_l1=d_l1,
+            fro2=gap * gap + sq,
+            log_off=log_off,
+            out=out_mass,
+            log_out=log_out,
+            colmass=P.sum(0),
+        )
 
     return jax.vmap(one)(x)
 
 
-def _fit_double_exponential(ts: np.ndarray, logD: np.ndarray, valid: np.ndarray,
-                            fit_min: float, fit_max: float, min_points: int) -> dict:
+def _fit_double_exponential(
+    ts: np.ndarray,
+    logD: np.ndarray,
+    valid: np.ndarray,
+    fit_min: float,
+    fit_max: float,
+    min_points: int,
+) -> dict:
     """Least-squares line through ``log(-log D)`` on the last run within the window."""
     nan = float("nan")
-    out = dict(rate=nan, intercept=nan, r2=nan, rate_stderr=nan,
-               window=(nan, nan), points=0)
+    out = dict(rate=nan, intercept=nan, r2=nan, rate_stderr=nan, window=(nan, nan), points=0)
     log_lo = -np.inf if fit_min == 0 else math.log(fit_min)
     inside = valid & (logD <= math.log(fit_max)) & (logD >= log_lo) & np.isfinite(logD)
     idx = np.flatnonzero(inside)
@@ -475,7 +518,7 @@ def _fit_double_exponential(ts: np.ndarray, logD: np.ndarray, valid: np.ndarray,
         return out
     # last maximal run of consecutive saved indices
     breaks = np.flatnonzero(np.diff(idx) != 1)
-    run = idx[breaks[-1] + 1:] if breaks.size else idx
+    run = idx[breaks[-1] + 1 :] if breaks.size else idx
     out["points"] = int(run.size)
     out["window"] = (float(ts[run[0]]), float(ts[run[-1]]))
     if run.size < min_points:
@@ -489,11 +532,14 @@ def _fit_double_exponential(ts: np.ndarray, logD: np.ndarray, valid: np.ndarray,
     slope = float(((t - tm) * (y - ym)).sum() / sxx)
     icpt = float(ym - slope * tm)
     res = y - (slope * t + icpt)
-    ss_res = float((res ** 2).sum())
+    ss_res = float((res**2).sum())
     ss_tot = float(((y - ym) ** 2).sum())
-    out.update(rate=slope, intercept=icpt,
-               r2=1.0 - ss_res / ss_tot if ss_tot > 0 else nan,
-               rate_stderr=math.sqrt(ss_res / (run.size - 2) / sxx) if run.size > 2 else nan)
+    out.update(
+        rate=slope,
+        intercept=icpt,
+        r2=1.0 - ss_res / ss_tot if ss_tot > 0 else nan,
+        rate_stderr=math.sqrt(ss_res / (run.size - 2) / sxx) if run.size > 2 else nan,
+    )
     return out
 
 
@@ -597,7 +643,7 @@ class RankTrack:
         lines = []
         systems = range(len(self.statuses)) if self.batched else [None]
         for i in systems:
-            g = (lambda a: a[i]) if self.batched else (lambda a: a)
+            g = (lambda a, i=i: a[i]) if self.batched else (lambda a: a)
             rank = g(self.rank)
             reached = rank >= 0
             last = int(np.flatnonzero(reached)[-1]) if reached.any() else 0
@@ -607,18 +653,22 @@ class RankTrack:
                 f"distance {float(g(self.boolean_distance)[last]):.3e} "
                 f"(log {float(g(self.log_boolean_distance)[last]):.4g}), leaders "
                 f"{np.asarray(g(self.leaders)).tolist()}"
-                f"{'' if bool(g(self.leaders_settled)) else ' (not settled)'}")
+                f"{'' if bool(g(self.leaders_settled)) else ' (not settled)'}"
+            )
             w = g(self.fit_window)
             lines.append(
                 f"{pre}fit log(-log D) = {float(g(self.rate)):.4f} t + "
                 f"{float(g(self.intercept)):.4f}, r2 = {float(g(self.r2)):.6f}, "
                 f"window [{float(w[0]):.4g}, {float(w[1]):.4g}], "
-                f"{int(g(self.fit_points))} points (lambda_max = {self.lambda_max:.4g})")
+                f"{int(g(self.fit_points))} points (lambda_max = {self.lambda_max:.4g})"
+            )
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        return (f"RankTrack(m={len(self.ts)}, batched={self.batched}, "
-                f"final_rank={self.final_rank!r}, tol={self.tol:g}, norm={self.norm!r})")
+        return (
+            f"RankTrack(m={len(self.ts)}, batched={self.batched}, "
+            f"final_rank={self.final_rank!r}, tol={self.tol:g}, norm={self.norm!r})"
+        )
 
 
 def _last_reached(reached2d) -> np.ndarray:
@@ -629,11 +679,20 @@ def _last_reached(reached2d) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------ main
-def track_rank(traj, *, tol: float = 1e-6, norm: str = "inf",
-               leader_threshold: float = 0.5, fit_max: float = 1e-10,
-               fit_min: float | None = None, min_fit_points: int = 3,
-               method: str = "auto", svd_max_n: int = 1024, rank_cap: int = 64,
-               seed: int = 0) -> RankTrack:
+def track_rank(
+    traj,
+    *,
+    tol: float = 1e-6,
+    norm: str = "inf",
+    leader_threshold: float = 0.5,
+    fit_max: float = 1e-10,
+    fit_min: float | None = None,
+    min_fit_points: int = 3,
+    method: str = "auto",
+    svd_max_n: int = 1024,
+    rank_cap: int = 64,
+    seed: int = 0,
+) -> RankTrack:
     """Follow the attention matrix of a trajectory to its Boolean limit.
 
     Args:
@@ -659,8 +718,10 @@ def track_rank(traj, *, tol: float = 1e-6, norm: str = "inf",
     from ..dynamics.trajectory import Trajectory
 
     if not isinstance(traj, Trajectory):
-        raise ValueError(f"traj must be an attnflow.Trajectory; got {type(traj).__name__}. "
-                         f"For a plain matrix use rank_of / boolean_distance.")
+        raise ValueError(
+            f"traj must be an attnflow.Trajectory; got {type(traj).__name__}. "
+            f"For a plain matrix use rank_of / boolean_distance."
+        )
     tol = _check_tol(tol)
     norm = _check_norm(norm)
     th = _check_threshold(leader_threshold)
@@ -682,7 +743,9 @@ def track_rank(traj, *, tol: float = 1e-6, norm: str = "inf",
         try:
             fmin = float(fit_min)
         except Exception:
-            raise ValueError(f"fit_min must be a number in [0, fit_max); got {fit_min!r}.") from None
+            raise ValueError(
+                f"fit_min must be a number in [0, fit_max); got {fit_min!r}."
+            ) from None
         if not (0.0 <= fmin < fmax):
             raise ValueError(f"fit_min must be in [0, fit_max = {fmax}); got {fit_min!r}.")
 
@@ -709,16 +772,24 @@ def track_rank(traj, *, tol: float = 1e-6, norm: str = "inf",
     flat_reached = reached.reshape(-1)
     todo = np.flatnonzero(flat_reached)
     for a in range(0, todo.size, chunk):
-        idx = todo[a:a + chunk]
+        idx = todo[a : a + chunk]
         # pad to a fixed chunk size so that one compilation serves every chunk
         pad = np.concatenate([idx, np.full(min(chunk, todo.size) - idx.size, idx[-1])])
         st = jax.device_get(_traj_stats(model, flat_x[pad], stochastic))
-        st = {key: np.asarray(v)[:idx.size] for key, v in st.items()}
+        st = {key: np.asarray(v)[: idx.size] for key, v in st.items()}
         bi, mi = np.divmod(idx, m)
         Pc = np.asarray(st["P"])
         kc = np.asarray(st["k"])
-        r_c, code_c = _rank_stack(Pc, kc, np.asarray(st["fro2"]), tol, svd_max_n=svd_max_n,
-                                  rank_cap=rank_cap, rng=rng, method=method)
+        r_c, code_c = _rank_stack(
+            Pc,
+            kc,
+            np.asarray(st["fro2"]),
+            tol,
+            svd_max_n=svd_max_n,
+            rank_cap=rank_cap,
+            rng=rng,
+            method=method,
+        )
         rank[bi, mi] = r_c
         code[bi, mi] = code_c
         dr = np.asarray(st["d_inf"] if norm == "inf" else st["d_l1"])
@@ -749,26 +820,32 @@ def track_rank(traj, *, tol: float = 1e-6, norm: str = "inf",
     D_last_inf = D_last / (2.0 if norm == "l1" else 1.0)
     settled = reached.any(-1) & (D_last_inf < th / n)
 
-    fits = [_fit_double_exponential(ts, logD[i], reached[i], fmin, fmax, min_fit_points)
-            for i in range(b)]
-    cfits = [_fit_double_exponential(ts, log_out[i], reached[i], fmin, fmax, min_fit_points)
-             for i in range(b)]
+    fits = [
+        _fit_double_exponential(ts, logD[i], reached[i], fmin, fmax, min_fit_points)
+        for i in range(b)
+    ]
+    cfits = [
+        _fit_double_exponential(ts, log_out[i], reached[i], fmin, fmax, min_fit_points)
+        for i in range(b)
+    ]
 
     def col(fs, key, dt=np.float64):
         return np.asarray([f[key] for f in fs], dt)
 
     # the growth rate of the rescaling (V's largest real part), the scale of the fit
     prop = getattr(model, "propagator", None)
-    lam = (float(np.max(np.linalg.eigvals(np.asarray(prop.V, np.float64)).real))
-           if prop is not None else float("nan"))
+    lam = (
+        float(np.max(np.linalg.eigvals(np.asarray(prop.V, np.float64)).real))
+        if prop is not None
+        else float("nan")
+    )
 
     one = (lambda a: a) if traj.batched else (lambda a: a[0])
     return RankTrack(
         ts=ts,
         rank=one(rank),
         rank_method=one(np.asarray(RANK_METHODS)[code]),
-        rank_exact=one(np.isin(code, [RANK_METHODS.index("boolean"),
-                                      RANK_METHODS.index("svd")])),
+        rank_exact=one(np.isin(code, [RANK_METHODS.index("boolean"), RANK_METHODS.index("svd")])),
         boolean_distance=one(D),
         log_boolean_distance=one(logD),
         row_distance=one(d_row),

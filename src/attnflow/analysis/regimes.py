@@ -62,11 +62,11 @@ LABELS = ("polytope", "hyperplanes", "subspace", "origin", "unclassified")
 THEOREMS = {
     "origin": "[E] V = -I with Q^T K = I: every token tends to 0 (one cluster at the origin)",
     "polytope": "[E] V = I_d with Q^T K positive definite: clustering to the boundary of a "
-                "convex polytope (or 0)",
+    "convex polytope (or 0)",
     "hyperplanes": "[E] simple, real, positive dominant eigenvalue with <Q phi_1, K phi_1> "
-                   "> 0: clustering to at most three parallel hyperplanes",
+    "> 0: clustering to at most three parallel hyperplanes",
     "subspace": "[E] paranormal V with Q^T K positive definite: polytope in F times the "
-                "free subspace G",
+    "free subspace G",
 }
 
 
@@ -122,8 +122,7 @@ def _sorted_eigenvalues(V: np.ndarray) -> np.ndarray:
     return w[order]
 
 
-def _validate_matrix(name: str, A, d: int | None = None,
-                     rectangular: bool = False) -> np.ndarray:
+def _validate_matrix(name: str, A, d: int | None = None, rectangular: bool = False) -> np.ndarray:
     try:
         arr = np.asarray(A)
     except Exception as exc:
@@ -141,8 +140,7 @@ def _validate_matrix(name: str, A, d: int | None = None,
         if arr.ndim != 2 or arr.shape[0] != arr.shape[1] or arr.shape[0] < 1:
             raise ValueError(f"{name} must be a square (d, d) matrix; got shape {arr.shape}.")
         if d is not None and arr.shape[0] != d:
-            raise ValueError(f"{name} has shape {arr.shape}; Q, K and V must all be "
-                             f"({d}, {d}).")
+            raise ValueError(f"{name} has shape {arr.shape}; Q, K and V must all be ({d}, {d}).")
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} has non-finite entries (NaN or inf).")
     return arr
@@ -157,25 +155,43 @@ def spectral_structure(V, *, rtol: float = 1e-8) -> SpectralStructure:
     lam1 = complex(w[0])
     scale = max(abs(lam1), normV, np.finfo(float).tiny)
     tol = rtol * scale
-    base = dict(eigenvalues=w, lambda1=lam1, F=None, F_coords=None, phi1=None,
-                phi1_left=None, scalar=None, scale=scale, rho_G=None)
+    base = dict(
+        eigenvalues=w,
+        lambda1=lam1,
+        F=None,
+        F_coords=None,
+        phi1=None,
+        phi1_left=None,
+        scalar=None,
+        scale=scale,
+        rho_G=None,
+    )
     c = float(np.trace(V)) / d
     if np.linalg.norm(V - c * np.eye(d)) <= rtol * max(np.linalg.norm(V), np.finfo(float).tiny):
         if c > tol:
-            return SpectralStructure(kind="scalar-positive", why="", **{
-                **base, "scalar": c, "F": np.eye(d), "F_coords": np.eye(d), "rho_G": 0.0})
+            return SpectralStructure(
+                kind="scalar-positive",
+                why="",
+                **{**base, "scalar": c, "F": np.eye(d), "F_coords": np.eye(d), "rho_G": 0.0},
+            )
         if c < -tol:
             return SpectralStructure(kind="scalar-negative", why="", **{**base, "scalar": c})
         return SpectralStructure(kind="other", why="V = 0: nothing moves", **base)
     if abs(lam1.imag) > tol:
         return SpectralStructure(
-            kind="other", why=f"the eigenvalue of largest modulus is complex "
-            f"({lam1.real:.4g} {'+' if lam1.imag >= 0 else '-'} {abs(lam1.imag):.4g}i)", **base)
+            kind="other",
+            why=f"the eigenvalue of largest modulus is complex "
+            f"({lam1.real:.4g} {'+' if lam1.imag >= 0 else '-'} {abs(lam1.imag):.4g}i)",
+            **base,
+        )
     l1 = lam1.real
     if l1 <= tol:
         return SpectralStructure(
-            kind="other", why=f"the eigenvalue of largest modulus is {'negative' if l1 < 0 else 'zero'} "
-            f"({l1:.4g})", **base)
+            kind="other",
+            why=f"the eigenvalue of largest modulus is {'negative' if l1 < 0 else 'zero'} "
+            f"({l1:.4g})",
+            **base,
+        )
     cluster_tol = math.sqrt(rtol) * scale
     in_cluster = np.abs(w - l1) <= cluster_tol
     k = int(in_cluster.sum())
@@ -183,29 +199,38 @@ def spectral_structure(V, *, rtol: float = 1e-8) -> SpectralStructure:
     rho_G = float(np.abs(others).max()) if others.size else 0.0
     if others.size and not (l1 - rho_G > tol):
         return SpectralStructure(
-            kind="other", why=f"lambda_1 = {l1:.4g} does not dominate: another eigenvalue "
-            f"has modulus {rho_G:.4g}", **{**base, "rho_G": rho_G})
+            kind="other",
+            why=f"lambda_1 = {l1:.4g} does not dominate: another eigenvalue "
+            f"has modulus {rho_G:.4g}",
+            **{**base, "rho_G": rho_G},
+        )
     A = V - l1 * np.eye(d)
     U, sv, Wt = np.linalg.svd(A)
     rank = int((sv > cluster_tol).sum())
     if d - rank != k:
         return SpectralStructure(
-            kind="other", why=f"lambda_1 = {l1:.4g} has algebraic multiplicity {k} but "
+            kind="other",
+            why=f"lambda_1 = {l1:.4g} has algebraic multiplicity {k} but "
             f"geometric multiplicity {d - rank}: V is not lambda_1 Id on its leading "
-            f"eigenspace (a Jordan block)", **{**base, "rho_G": rho_G})
-    F = Wt[rank:].T            # (d, k) orthonormal basis of ker(V - l1 I)
-    G = U[:, :rank]            # (d, d-k) orthonormal basis of range(V - l1 I) = G
+            f"eigenspace (a Jordan block)",
+            **{**base, "rho_G": rho_G},
+        )
+    F = Wt[rank:].T  # (d, k) orthonormal basis of ker(V - l1 I)
+    G = U[:, :rank]  # (d, d-k) orthonormal basis of range(V - l1 I) = G
     basis = np.concatenate([F, G], axis=1)
     coords = np.linalg.inv(basis)[:k]  # z -> F-coordinates along G
     if k == 1:
         phi1 = F[:, 0]
         # left eigenvector: the functional vanishing on G, normalised on phi1
         left = coords[0] / (coords[0] @ phi1)
-        return SpectralStructure(kind="simple", why="", **{
-            **base, "F": F, "F_coords": coords, "phi1": phi1, "phi1_left": left,
-            "rho_G": rho_G})
-    return SpectralStructure(kind="paranormal", why="", **{
-        **base, "F": F, "F_coords": coords, "rho_G": rho_G})
+        return SpectralStructure(
+            kind="simple",
+            why="",
+            **{**base, "F": F, "F_coords": coords, "phi1": phi1, "phi1_left": left, "rho_G": rho_G},
+        )
+    return SpectralStructure(
+        kind="paranormal", why="", **{**base, "F": F, "F_coords": coords, "rho_G": rho_G}
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,8 +279,12 @@ def _qk_facts(Q, K, rtol):
     S = (M + M.T) / 2
     scale = max(float(np.linalg.norm(Q, 2) * np.linalg.norm(K, 2)), np.finfo(float).tiny)
     lmin = float(np.linalg.eigvalsh(S).min())
-    pd = Hypothesis("sym(Q^T K) positive definite", lmin > rtol * scale, lmin / scale,
-                    f"smallest eigenvalue of sym(Q^T K) = {lmin:.4g}")
+    pd = Hypothesis(
+        "sym(Q^T K) positive definite",
+        lmin > rtol * scale,
+        lmin / scale,
+        f"smallest eigenvalue of sym(Q^T K) = {lmin:.4g}",
+    )
     return M, pd, scale
 
 
@@ -297,24 +326,39 @@ def predict_regime(Q, K=None, V=None, *, rtol: float = 1e-8) -> Regime:
     hyps: list[Hypothesis] = []
 
     def result(label, reason, also=()):
-        return Regime(label=label, theorem=THEOREMS.get(label), eigenvalues=w,
-                      reason=reason, hypotheses=tuple(hyps), structure=st, also=tuple(also),
-                      rtol=rtol)
+        return Regime(
+            label=label,
+            theorem=THEOREMS.get(label),
+            eigenvalues=w,
+            reason=reason,
+            hypotheses=tuple(hyps),
+            structure=st,
+            also=tuple(also),
+            rtol=rtol,
+        )
 
     if st.kind == "scalar-negative":
         c = st.scalar
         hyps.append(Hypothesis("V = -c I, c > 0", True, c))
         s = float(np.trace(M)) / d
-        is_id = (np.linalg.norm(M - s * np.eye(d)) <= rtol * max(np.linalg.norm(M), 1e-300)
-                 and s > rtol * qk_scale)
+        is_id = (
+            np.linalg.norm(M - s * np.eye(d)) <= rtol * max(np.linalg.norm(M), 1e-300)
+            and s > rtol * qk_scale
+        )
         hyps.append(Hypothesis("Q^T K = s I, s > 0", bool(is_id), s))
         if is_id:
-            return result("origin", f"V = {c:.4g} I and Q^T K = {s:.4g} I: every token tends "
-                          f"to the origin in the original frame (the theorem is stated for "
-                          f"V = -I, Q^T K = I; positive scalings of time and of the "
-                          f"temperature reduce to it).")
-        return result("unclassified", f"V = {c:.4g} I but Q^T K is not a positive multiple "
-                      f"of the identity, which the origin theorem assumes.")
+            return result(
+                "origin",
+                f"V = {c:.4g} I and Q^T K = {s:.4g} I: every token tends "
+                f"to the origin in the original frame (the theorem is stated for "
+                f"V = -I, Q^T K = I; positive scalings of time and of the "
+                f"temperature reduce to it).",
+            )
+        return result(
+            "unclassified",
+            f"V = {c:.4g} I but Q^T K is not a positive multiple "
+            f"of the identity, which the origin theorem assumes.",
+        )
     if st.kind == "scalar-positive":
         c = st.scalar
         hyps.append(Hypothesis("V = lambda I, lambda > 0", True, c))
@@ -324,17 +368,27 @@ def predict_regime(Q, K=None, V=None, *, rtol: float = 1e-8) -> Regime:
             extra = ""
             if d == 1:
                 also.append("hyperplanes (d = 1)")
-                extra = (" In d = 1 this is also the hyperplane case, and the attention "
-                         "matrix tends to a Boolean matrix with the extreme tokens as leaders.")
-            return result("polytope", f"V = {c:.4g} I with sym(Q^T K) positive definite: the "
-                          f"polytope theorem applies (more specific than the paranormal one)."
-                          + extra, also)
-        why = (f"V = {c:.4g} I but sym(Q^T K) is not positive definite (smallest eigenvalue "
-               f"{pd.value * qk_scale:.4g}), which the polytope theorem needs")
+                extra = (
+                    " In d = 1 this is also the hyperplane case, and the attention "
+                    "matrix tends to a Boolean matrix with the extreme tokens as leaders."
+                )
+            return result(
+                "polytope",
+                f"V = {c:.4g} I with sym(Q^T K) positive definite: the "
+                f"polytope theorem applies (more specific than the paranormal one)." + extra,
+                also,
+            )
+        why = (
+            f"V = {c:.4g} I but sym(Q^T K) is not positive definite (smallest eigenvalue "
+            f"{pd.value * qk_scale:.4g}), which the polytope theorem needs"
+        )
         if d == 1:
             return result("unclassified", why + "; in d = 1 <Q phi_1, K phi_1> = QK <= 0 too.")
-        return result("unclassified", why + f"; lambda_1 has multiplicity {d}, so the "
-                      f"hyperplane theorem (simple lambda_1) does not apply either.")
+        return result(
+            "unclassified",
+            why + f"; lambda_1 has multiplicity {d}, so the "
+            f"hyperplane theorem (simple lambda_1) does not apply either.",
+        )
     # general V
     l1 = st.lambda1
     real = abs(l1.imag) <= rtol * st.scale
@@ -345,8 +399,7 @@ def predict_regime(Q, K=None, V=None, *, rtol: float = 1e-8) -> Regime:
         conj = _conjecture_note(w, st.scale, rtol)
         return result("unclassified", f"No theorem applies: {st.why}.{conj}")
     hyps.append(Hypothesis("lambda_1 > 0", True, float(l1.real)))
-    hyps.append(Hypothesis("lambda_1 dominant (> |lambda_2|)", True,
-                           float(l1.real - st.rho_G)))
+    hyps.append(Hypothesis("lambda_1 dominant (> |lambda_2|)", True, float(l1.real - st.rho_G)))
     if st.kind == "simple":
         hyps.append(Hypothesis("lambda_1 simple", True, 1.0))
         phi = st.phi1
@@ -357,43 +410,72 @@ def predict_regime(Q, K=None, V=None, *, rtol: float = 1e-8) -> Regime:
             also = []
             if pd.holds:
                 also.append("subspace (paranormal with dim F = 1)")
-            return result("hyperplanes", f"lambda_1 = {l1.real:.4g} is real, positive, simple "
-                          f"and dominant (|lambda_2| = {st.rho_G:.4g}) and <Q phi_1, K phi_1> = "
-                          f"{val:.4g} > 0: the tokens approach at most three parallel "
-                          f"hyperplanes phi_1*(x) in {{a, 0, b}}."
-                          + _conjecture_note(w, st.scale, rtol, sharpen=True), also)
+            return result(
+                "hyperplanes",
+                f"lambda_1 = {l1.real:.4g} is real, positive, simple "
+                f"and dominant (|lambda_2| = {st.rho_G:.4g}) and <Q phi_1, K phi_1> = "
+                f"{val:.4g} > 0: the tokens approach at most three parallel "
+                f"hyperplanes phi_1*(x) in {{a, 0, b}}."
+                + _conjecture_note(w, st.scale, rtol, sharpen=True),
+                also,
+            )
         conj = _conjecture_note(w, st.scale, rtol)
-        return result("unclassified", f"lambda_1 = {l1.real:.4g} is simple and dominant but "
-                      f"<Q phi_1, K phi_1> = {val:.4g} <= 0, which the hyperplane theorem needs "
-                      f"(and Q^T K is then not positive definite, so the paranormal one "
-                      f"fails too).{conj}")
+        return result(
+            "unclassified",
+            f"lambda_1 = {l1.real:.4g} is simple and dominant but "
+            f"<Q phi_1, K phi_1> = {val:.4g} <= 0, which the hyperplane theorem needs "
+            f"(and Q^T K is then not positive definite, so the paranormal one "
+            f"fails too).{conj}",
+        )
     # paranormal
     k = st.F.shape[1]
-    hyps.append(Hypothesis("lambda_1 simple", False, float(k),
-                           f"multiplicity {k}, semisimple (V = lambda_1 Id on F)"))
-    hyps.append(Hypothesis("paranormal split", True, float(k),
-                           f"dim F = {k}, spectral radius on G = {st.rho_G:.4g} < {l1.real:.4g}"))
+    hyps.append(
+        Hypothesis(
+            "lambda_1 simple",
+            False,
+            float(k),
+            f"multiplicity {k}, semisimple (V = lambda_1 Id on F)",
+        )
+    )
+    hyps.append(
+        Hypothesis(
+            "paranormal split",
+            True,
+            float(k),
+            f"dim F = {k}, spectral radius on G = {st.rho_G:.4g} < {l1.real:.4g}",
+        )
+    )
     hyps.append(pd)
     if pd.holds:
-        return result("subspace", f"V is paranormal: lambda_1 = {l1.real:.4g} with dim F = {k}, "
-                      f"V = lambda_1 Id on F, spectral radius {st.rho_G:.4g} on G, and sym(Q^T K) "
-                      f"is positive definite: the F-part goes to the boundary of a polytope in "
-                      f"F (or 0), the G-part is free.")
-    return result("unclassified", f"V is paranormal (dim F = {k}) but sym(Q^T K) is not "
-                  f"positive definite (smallest eigenvalue {pd.value * qk_scale:.4g}), and "
-                  f"lambda_1 is not simple, so neither theorem applies.")
+        return result(
+            "subspace",
+            f"V is paranormal: lambda_1 = {l1.real:.4g} with dim F = {k}, "
+            f"V = lambda_1 Id on F, spectral radius {st.rho_G:.4g} on G, and sym(Q^T K) "
+            f"is positive definite: the F-part goes to the boundary of a polytope in "
+            f"F (or 0), the G-part is free.",
+        )
+    return result(
+        "unclassified",
+        f"V is paranormal (dim F = {k}) but sym(Q^T K) is not "
+        f"positive definite (smallest eigenvalue {pd.value * qk_scale:.4g}), and "
+        f"lambda_1 is not simple, so neither theorem applies.",
+    )
 
 
 def _conjecture_note(w, scale, rtol, sharpen: bool = False) -> str:
     pos = int((w.real > rtol * scale).sum())
     if pos >= 2 and sharpen:
-        return (f" ({pos} eigenvalues have positive real part: the unproved codimension-k "
-                f"conjecture would sharpen this to at most three parallel affine subspaces "
-                f"of codimension {pos}.)")
+        return (
+            f" ({pos} eigenvalues have positive real part: the unproved codimension-k "
+            f"conjecture would sharpen this to at most three parallel affine subspaces "
+            f"of codimension {pos}.)"
+        )
     if pos >= 2:
-        return (f" ({pos} eigenvalues have positive real part; the unproved codimension-k "
-                f"conjecture would predict at most three parallel affine subspaces of "
-                f"codimension {pos}.)")
+        return (
+            f" ({pos} eigenvalues have positive real part; the unproved codimension-k "
+            f"conjecture would predict at most three parallel affine subspaces of "
+            f"codimension {pos}.)"
+        )
     return ""
 
 
@@ -416,8 +498,12 @@ class Observation:
     reason: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "n_clusters": self.n_clusters, "details": self.details,
-                "reason": self.reason}
+        return {
+            "label": self.label,
+            "n_clusters": self.n_clusters,
+            "details": self.details,
+            "reason": self.reason,
+        }
 
 
 def _clusters(points: np.ndarray, tol: float) -> tuple[np.ndarray, np.ndarray]:
@@ -469,8 +555,14 @@ def _boundary_distances(points: np.ndarray, tol: float) -> np.ndarray:
     return np.maximum(dist.min(axis=1), 0.0)
 
 
-def observe_limit(traj, *, tol: float | None = None, move_tol: float = 1e-3,
-                  origin_tol: float = 0.2, system: int | None = None) -> Observation:
+def observe_limit(
+    traj,
+    *,
+    tol: float | None = None,
+    move_tol: float = 1e-3,
+    origin_tol: float = 0.2,
+    system: int | None = None,
+) -> Observation:
     """Measure the limit geometry at the end of a trajectory.
 
     The test is the conclusion of the theorem matching V's spectral structure
@@ -532,8 +624,7 @@ def observe_limit(traj, *, tol: float | None = None, move_tol: float = 1e-3,
     M = np.asarray(model.Q, np.float64).T @ np.asarray(model.K, np.float64)
     st = spectral_structure(V)
     dt_last = ts[-1] - ts[-2]
-    base = {"t_final": float(ts[-1]), "status": traj.status, "structure": st.kind,
-            "tol": rel}
+    base = {"t_final": float(ts[-1]), "status": traj.status, "structure": st.kind, "tol": rel}
 
     def moving(q):  # relative change per unit time between the last two saves
         scale = max(np.abs(q[-1]).max(), np.abs(q[-2]).max(), 1e-300)
@@ -541,18 +632,24 @@ def observe_limit(traj, *, tol: float | None = None, move_tol: float = 1e-3,
 
     # ---- origin
     radius = np.linalg.norm(x, axis=-1).max(axis=-1)
-    half = radius[len(radius) // 2:]
+    half = radius[len(radius) // 2 :]
     collapsed = radius[-1] <= origin_tol * radius[0] and np.all(np.diff(half) <= 1e-12 * radius[0])
     if collapsed:
-        return Observation("origin", 1, {**base, "radius": radius[-1], "radius0": radius[0],
-                                          "ratio": radius[-1] / radius[0]},
-                           f"the original-frame radius fell from {radius[0]:.4g} to "
-                           f"{radius[-1]:.4g} and keeps decreasing: one cluster at 0.")
+        return Observation(
+            "origin",
+            1,
+            {**base, "radius": radius[-1], "radius0": radius[0], "ratio": radius[-1] / radius[0]},
+            f"the original-frame radius fell from {radius[0]:.4g} to "
+            f"{radius[-1]:.4g} and keeps decreasing: one cluster at 0.",
+        )
     if st.kind == "scalar-negative":
-        return Observation("not-converged", None, {**base, "radius": radius[-1],
-                                                   "radius0": radius[0]},
-                           f"V = -cI but the radius is still {radius[-1] / radius[0]:.3g} of "
-                           f"its start (the spread decays only like t^(-1/2)).")
+        return Observation(
+            "not-converged",
+            None,
+            {**base, "radius": radius[-1], "radius0": radius[0]},
+            f"V = -cI but the radius is still {radius[-1] / radius[0]:.3g} of "
+            f"its start (the spread decays only like t^(-1/2)).",
+        )
     if st.kind in ("scalar-positive", "paranormal"):
         q = z if st.kind == "scalar-positive" else functionals(st.F_coords)
         label = "polytope" if st.kind == "scalar-positive" else "subspace"
@@ -563,25 +660,42 @@ def observe_limit(traj, *, tol: float | None = None, move_tol: float = 1e-3,
         bd = _boundary_distances(centers, rel * scale)
         at0 = np.linalg.norm(centers, axis=-1)
         ok_pts = (bd <= rel * scale) | (at0 <= rel * scale)
-        details = {**base, "moving": mv, "limit_points": centers, "cluster_of": labels,
-                   "boundary_distance": bd / scale, "distance_to_0": at0 / scale,
-                   "on_boundary_or_0": ok_pts}
+        details = {
+            **base,
+            "moving": mv,
+            "limit_points": centers,
+            "cluster_of": labels,
+            "boundary_distance": bd / scale,
+            "distance_to_0": at0 / scale,
+            "on_boundary_or_0": ok_pts,
+        }
         if st.kind == "scalar-positive":
             quad = np.einsum("ci,ij,cj->c", centers, M, centers)
             best = (centers @ M @ centers.T).max(axis=1)
             details["S_gap"] = (best - quad) / max(scale**2 * np.linalg.norm(M, 2), 1e-300)
         if mv > move_tol:
-            return Observation("not-converged", None, details,
-                               f"the {'tokens' if label == 'polytope' else 'F-parts'} still "
-                               f"move (relative rate {mv:.3g} > {move_tol}).")
+            return Observation(
+                "not-converged",
+                None,
+                details,
+                f"the {'tokens' if label == 'polytope' else 'F-parts'} still "
+                f"move (relative rate {mv:.3g} > {move_tol}).",
+            )
         if ok_pts.all():
-            return Observation(label, len(centers), details,
-                               f"{len(centers)} limit point(s), each on the boundary of their "
-                               f"hull or at 0" + (" (F-part; G free)." if label == "subspace"
-                                                  else "."))
-        return Observation("unclassified", len(centers), details,
-                           f"{int((~ok_pts).sum())} of {len(centers)} limit points lie inside "
-                           f"their hull, away from 0.")
+            return Observation(
+                label,
+                len(centers),
+                details,
+                f"{len(centers)} limit point(s), each on the boundary of their "
+                f"hull or at 0" + (" (F-part; G free)." if label == "subspace" else "."),
+            )
+        return Observation(
+            "unclassified",
+            len(centers),
+            details,
+            f"{int((~ok_pts).sum())} of {len(centers)} limit points lie inside "
+            f"their hull, away from 0.",
+        )
     if st.kind == "simple":
         phi = functionals(st.phi1_left[None, :])[..., 0]
         mv = moving(phi[:, :, None])
@@ -592,27 +706,53 @@ def observe_limit(traj, *, tol: float | None = None, move_tol: float = 1e-3,
         levels = np.sort(centers[:, 0])
         targets = np.array([a, 0.0, b])
         dist = np.abs(levels[:, None] - targets[None, :]).min(axis=1) / scale
-        details = {**base, "moving": mv, "levels": levels, "a": a, "b": b,
-                   "level_distance": dist, "phi1_left": st.phi1_left,
-                   "counts": np.bincount(labels)}
+        details = {
+            **base,
+            "moving": mv,
+            "levels": levels,
+            "a": a,
+            "b": b,
+            "level_distance": dist,
+            "phi1_left": st.phi1_left,
+            "counts": np.bincount(labels),
+        }
         if mv > move_tol:
-            return Observation("not-converged", None, details,
-                               f"phi_1*(z_i) still move (relative rate {mv:.3g} > {move_tol}).")
+            return Observation(
+                "not-converged",
+                None,
+                details,
+                f"phi_1*(z_i) still move (relative rate {mv:.3g} > {move_tol}).",
+            )
         if len(levels) <= 3 and np.all(dist <= rel):
-            return Observation("hyperplanes", len(levels), details,
-                               f"phi_1*(z_i) settled on {len(levels)} level(s) "
-                               f"{np.array2string(levels, precision=4)} within {{a, 0, b}}.")
-        return Observation("unclassified", len(levels), details,
-                           f"phi_1*(z_i) settled on {len(levels)} levels, not within "
-                           f"{{a, 0, b}} (a = {a:.4g}, b = {b:.4g}).")
+            return Observation(
+                "hyperplanes",
+                len(levels),
+                details,
+                f"phi_1*(z_i) settled on {len(levels)} level(s) "
+                f"{np.array2string(levels, precision=4)} within {{a, 0, b}}.",
+            )
+        return Observation(
+            "unclassified",
+            len(levels),
+            details,
+            f"phi_1*(z_i) settled on {len(levels)} levels, not within "
+            f"{{a, 0, b}} (a = {a:.4g}, b = {b:.4g}).",
+        )
     # no theorem-shaped geometry to test
     mv = moving(z)
     scale = max(np.abs(z[-1]).max(), 1e-300)
     labels, centers = _clusters(z[-1], rel * scale)
     details = {**base, "moving": mv, "n_points": len(centers), "why": st.why}
     if mv > move_tol:
-        return Observation("not-converged", None, details,
-                           f"no theorem applies ({st.why}) and the tokens still move.")
-    return Observation("unclassified", len(centers), details,
-                       f"no theorem applies ({st.why}); the tokens settled on "
-                       f"{len(centers)} point(s).")
+        return Observation(
+            "not-converged",
+            None,
+            details,
+            f"no theorem applies ({st.why}) and the tokens still move.",
+        )
+    return Observation(
+        "unclassified",
+        len(centers),
+        details,
+        f"no theorem applies ({st.why}); the tokens settled on {len(centers)} point(s).",
+    )

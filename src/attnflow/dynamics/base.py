@@ -143,4 +143,3 @@ class AbstractAttentionSystem(AbstractModel):
         """``x + value_map(dt P x)``: the step scales the averaged values before the
         value map (the order of the discrete transformer's arithmetic)."""
         return x + self.value_map(dt * self.attend(x, x))
-

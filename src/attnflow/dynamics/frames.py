@@ -41,8 +41,16 @@ from jaxtyping import Array
 from . import kernels as _kernels
 from .base import AbstractAttentionSystem, AbstractModel
 
-__all__ = ["AbstractFrame", "Original", "Rescaled", "make_frame", "FRAMES",
-           "AbstractTime", "Continuous", "Layers"]
+__all__ = [
+    "AbstractFrame",
+    "Original",
+    "Rescaled",
+    "make_frame",
+    "FRAMES",
+    "AbstractTime",
+    "Continuous",
+    "Layers",
+]
 
 FRAMES = ("rescaled", "original")
 
@@ -123,12 +131,14 @@ class Rescaled(AbstractFrame):
         if not isinstance(model, AbstractAttentionSystem) or prop is None:
             raise ValueError(
                 f"the rescaled frame z = e^(-tV) x needs an attention system with one "
-                f"value matrix V; {type(model).__name__} has none: use frame='original'.")
+                f"value matrix V; {type(model).__name__} has none: use frame='original'."
+            )
         if not _kernels.row_stochastic(model.kernel):
             raise ValueError(
                 f"kernel {model.kernel!r} is not row-stochastic (its rows need not sum to "
                 f"1), and the rescaled frame dz_i/dt = sum_j P_ij V (z_j - z_i) assumes "
-                f"they do; use frame='original' with kernel {model.kernel!r}.")
+                f"they do; use frame='original' with kernel {model.kernel!r}."
+            )
         if coords is None:
             coords = "modal" if prop.has_modal else "standard"
         if coords == "modal" and not prop.has_modal:
@@ -176,8 +186,7 @@ class Rescaled(AbstractFrame):
         return self.model.log_bound(*self.queries_keys(y, scale))
 
 
-def make_frame(name: str, model: AbstractModel, coords: str | None = None
-               ) -> AbstractFrame:
+def make_frame(name: str, model: AbstractModel, coords: str | None = None) -> AbstractFrame:
     """The frame called ``name`` (``"rescaled"`` or ``"original"``) for ``model``."""
     if name == "original":
         return Original(model)

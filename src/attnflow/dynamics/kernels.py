@@ -37,18 +37,38 @@ softmax in float32).
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-__all__ = ["KERNELS", "Kernel", "logits", "softmax", "weights", "apply_weights", "attend",
-           "row_stochastic", "auto_block", "DENSE_MAX_N", "BLOCK_ENTRIES", "prepare",
-           "rms_normalize", "ssmax", "sigmoid_attention", "adaptive_softmax",
-           "adaptive_inverse_temperature", "kernel_params", "log_logit_bound",
-           "ADAPTIVE_POLY", "ADAPTIVE_MAX_INVERSE_TEMPERATURE", "get"]
+__all__ = [
+    "KERNELS",
+    "Kernel",
+    "logits",
+    "softmax",
+    "weights",
+    "apply_weights",
+    "attend",
+    "row_stochastic",
+    "auto_block",
+    "DENSE_MAX_N",
+    "BLOCK_ENTRIES",
+    "prepare",
+    "rms_normalize",
+    "ssmax",
+    "sigmoid_attention",
+    "adaptive_softmax",
+    "adaptive_inverse_temperature",
+    "kernel_params",
+    "log_logit_bound",
+    "ADAPTIVE_POLY",
+    "ADAPTIVE_MAX_INVERSE_TEMPERATURE",
+    "get",
+]
 
 # Above this many tokens ``attend`` never forms the (n, n) matrix: it processes blocks of
 # query rows, each against all keys, so memory is O(n * block).
@@ -187,14 +207,36 @@ class Kernel(NamedTuple):
 
 _REGISTRY: dict[str, Kernel] = {
     "softmax": Kernel(softmax, True, None, {}, (), _no_gain, "softmax(L)"),
-    "qknorm": Kernel(softmax, True, _qknorm_prep, {}, (), _no_gain,
-                     "softmax of beta <q^, k^>, q^ and k^ RMS-normalised per token"),
-    "ssmax": Kernel(ssmax, True, None, {"s": 1.0}, ("s",), _ssmax_gain,
-                    "scalable softmax: softmax(s log(n) L)"),
-    "sigmoid": Kernel(sigmoid_attention, False, None, {}, (), _sigmoid_gain,
-                      "sigmoid(L - log n), unnormalised (original frame only)"),
-    "adaptive": Kernel(adaptive_softmax, True, None, {}, (), _adaptive_gain,
-                       "softmax(L / theta), adaptive temperature of Velickovic et al."),
+    "qknorm": Kernel(
+        softmax,
+        True,
+        _qknorm_prep,
+        {},
+        (),
+        _no_gain,
+        "softmax of beta <q^, k^>, q^ and k^ RMS-normalised per token",
+    ),
+    "ssmax": Kernel(
+        ssmax, True, None, {"s": 1.0}, ("s",), _ssmax_gain, "scalable softmax: softmax(s log(n) L)"
+    ),
+    "sigmoid": Kernel(
+        sigmoid_attention,
+        False,
+        None,
+        {},
+        (),
+        _sigmoid_gain,
+        "sigmoid(L - log n), unnormalised (original frame only)",
+    ),
+    "adaptive": Kernel(
+        adaptive_softmax,
+        True,
+        None,
+        {},
+        (),
+        _adaptive_gain,
+        "softmax(L / theta), adaptive temperature of Velickovic et al.",
+    ),
 }
 
 KERNELS = tuple(_REGISTRY)
@@ -219,8 +261,10 @@ def kernel_params(kernel: str, params: Mapping | None = None) -> dict:
     unknown = sorted(set(params) - set(spec.params))
     if unknown:
         allowed = ", ".join(spec.params) or "none"
-        raise ValueError(f"kernel_params: {kernel!r} takes no parameter {unknown[0]!r} "
-                         f"(its parameters: {allowed}).")
+        raise ValueError(
+            f"kernel_params: {kernel!r} takes no parameter {unknown[0]!r} "
+            f"(its parameters: {allowed})."
+        )
     out = dict(spec.params)
     for name, value in params.items():
         if not isinstance(value, jax.core.Tracer):
@@ -228,14 +272,17 @@ def kernel_params(kernel: str, params: Mapping | None = None) -> dict:
                 arr = np.asarray(value)
                 v = float(arr)
             except Exception:
-                raise ValueError(f"kernel_params[{name!r}] must be a real number; "
-                                 f"got {value!r}.") from None
+                raise ValueError(
+                    f"kernel_params[{name!r}] must be a real number; got {value!r}."
+                ) from None
             if arr.ndim != 0 or np.iscomplexobj(arr) or not math.isfinite(v):
-                raise ValueError(f"kernel_params[{name!r}] must be a finite real scalar; "
-                                 f"got {value!r}.")
+                raise ValueError(
+                    f"kernel_params[{name!r}] must be a finite real scalar; got {value!r}."
+                )
             if name in spec.positive and v <= 0:
-                raise ValueError(f"kernel_params[{name!r}] must be > 0 for {kernel!r}; "
-                                 f"got {value!r}.")
+                raise ValueError(
+                    f"kernel_params[{name!r}] must be > 0 for {kernel!r}; got {value!r}."
+                )
         out[name] = value
     return out
 
@@ -274,8 +321,9 @@ def apply_weights(kernel: str, L: Array, values: Array, params: Mapping | None =
     return weights(kernel, L, params) @ values
 
 
-def log_logit_bound(q: Array, k: Array, beta, *, kernel: str = "softmax",
-                    params: Mapping | None = None) -> Array:
+def log_logit_bound(
+    q: Array, k: Array, beta, *, kernel: str = "softmax", params: Mapping | None = None
+) -> Array:
     """An upper bound of the log of the largest ``|number|`` the kernel exponentiates.
 
     ``log(beta max_i |q_i| max_j |k_j|)`` for the queries and keys the kernel sees (after
@@ -302,8 +350,16 @@ def auto_block(n: int) -> int:
     return max(16, BLOCK_ENTRIES // n)
 
 
-def attend(kernel: str, q: Array, k: Array, beta, values: Array, *,
-           block: int | None = None, params: Mapping | None = None) -> Array:
+def attend(
+    kernel: str,
+    q: Array,
+    k: Array,
+    beta,
+    values: Array,
+    *,
+    block: int | None = None,
+    params: Mapping | None = None,
+) -> Array:
     """``weights(kernel, beta q k^T) @ values`` without the ``(n, n)`` matrix when n is large.
 
     Args:

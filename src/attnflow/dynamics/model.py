@@ -42,7 +42,8 @@ def _warn_float64_cast(*inputs, stacklevel: int = 3) -> None:
         warnings.warn(
             "float64 input cast to float32 because JAX's x64 mode is off; enable it with "
             "jax.config.update('jax_enable_x64', True) or --x64",
-            UserWarning, stacklevel=stacklevel,
+            UserWarning,
+            stacklevel=stacklevel,
         )
 
 
@@ -64,13 +65,16 @@ def _as_matrix(name: str, A, square: bool = True) -> Array:
             f"{name} must be real; got a complex array. Pass the real matrix "
             f"(complex spectra are fine, complex entries are not)."
         )
-    if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
-            or arr.dtype == np.bool_):
+    if not (
+        np.issubdtype(arr.dtype, np.floating)
+        or np.issubdtype(arr.dtype, np.integer)
+        or arr.dtype == np.bool_
+    ):
         raise ValueError(f"{name} must be a real numeric array; got dtype {arr.dtype}.")
     if arr.ndim != 2:
         raise ValueError(f"{name} must be a 2-d (d, d) matrix; got shape {tuple(arr.shape)}.")
     if square and arr.shape[0] != arr.shape[1]:
-        hint = (" (a (p, d) head map needs rectangular=True)" if name in ("Q", "K") else "")
+        hint = " (a (p, d) head map needs rectangular=True)" if name in ("Q", "K") else ""
         raise ValueError(f"{name} must be square (d, d); got shape {tuple(arr.shape)}{hint}.")
     if min(arr.shape) < 1:
         raise ValueError(f"{name} must have d >= 1; got shape {tuple(arr.shape)}.")
@@ -121,9 +125,19 @@ class Attention(AbstractAttentionSystem):
     kernel: str = eqx.field(static=True)
     block: int | None = eqx.field(static=True, default=None)
 
-    def __init__(self, Q, K, V, *, beta=1.0, kernel: str = "softmax",
-                 propagator: str = "auto", rectangular: bool = False,
-                 block: int | None = None, kernel_params=None):
+    def __init__(
+        self,
+        Q,
+        K,
+        V,
+        *,
+        beta=1.0,
+        kernel: str = "softmax",
+        propagator: str = "auto",
+        rectangular: bool = False,
+        block: int | None = None,
+        kernel_params=None,
+    ):
         Qa = _as_matrix("Q", Q, square=not rectangular)
         Ka = _as_matrix("K", K, square=not rectangular)
         Va = _as_matrix("V", V)
@@ -144,8 +158,9 @@ class Attention(AbstractAttentionSystem):
         if not isinstance(kernel, str) or kernel not in _kernels.KERNELS:
             raise ValueError(f"kernel must be one of {_kernels.KERNELS}; got {kernel!r}.")
         if kernel_params is not None and not hasattr(kernel_params, "items"):
-            raise ValueError(f"kernel_params must be a mapping such as {{'s': 2.0}}; "
-                             f"got {kernel_params!r}.")
+            raise ValueError(
+                f"kernel_params must be a mapping such as {{'s': 2.0}}; got {kernel_params!r}."
+            )
         kparams = _kernels.kernel_params(kernel, kernel_params)
         if _is_concrete(beta):
             try:
@@ -166,8 +181,9 @@ class Attention(AbstractAttentionSystem):
         self.V = jnp.asarray(Va, dtype=dtype)
         self.beta = jnp.asarray(beta, dtype=dtype)
         if block is not None and (not isinstance(block, (int, np.integer)) or block < 0):
-            raise ValueError(f"block must be None (automatic) or an integer >= 0 (0: dense); "
-                             f"got {block!r}.")
+            raise ValueError(
+                f"block must be None (automatic) or an integer >= 0 (0: dense); got {block!r}."
+            )
         self.kernel = kernel
         self.kernel_params = {name: jnp.asarray(v, dtype=dtype) for name, v in kparams.items()}
         self.block = None if block is None else int(block)
@@ -202,13 +218,15 @@ class Attention(AbstractAttentionSystem):
         Cheap (``O(n d^2)``, no ``n x n`` matrix) and safe: computed from norms, so it is
         ``+inf`` rather than NaN when the tokens have overflowed.
         """
-        return _kernels.log_logit_bound(q, k, self.beta, kernel=self.kernel,
-                                        params=self.kernel_params)
+        return _kernels.log_logit_bound(
+            q, k, self.beta, kernel=self.kernel, params=self.kernel_params
+        )
 
     def weigh(self, q: Array, k: Array, values: Array) -> Array:
         """``P(q, k) @ values``, tiled for large n (see ``block``)."""
-        return _kernels.attend(self.kernel, q, k, self.beta, values, block=self.block,
-                               params=self.kernel_params)
+        return _kernels.attend(
+            self.kernel, q, k, self.beta, values, block=self.block, params=self.kernel_params
+        )
 
     def value_map(self, u: Array) -> Array:
         """``u V^T``: the averaged values mapped by V."""
@@ -235,12 +253,21 @@ class Attention(AbstractAttentionSystem):
         return out
 
     @classmethod
-    def from_saved(cls, description: dict, arrays: dict) -> "Attention":
-        kparams = {k.removeprefix("kernel_params."): v for k, v in arrays.items()
-                   if k.startswith("kernel_params.")}
+    def from_saved(cls, description: dict, arrays: dict) -> Attention:
+        kparams = {
+            k.removeprefix("kernel_params."): v
+            for k, v in arrays.items()
+            if k.startswith("kernel_params.")
+        }
         prop = description.get("propagator", "auto")
-        return cls(arrays["Q"], arrays["K"], arrays["V"], beta=arrays["beta"],
-                   kernel=description["kernel"], kernel_params=kparams or None,
-                   propagator="auto" if prop == "guarded" else prop,
-                   rectangular=bool(description.get("rectangular", False)),
-                   block=description.get("block"))
+        return cls(
+            arrays["Q"],
+            arrays["K"],
+            arrays["V"],
+            beta=arrays["beta"],
+            kernel=description["kernel"],
+            kernel_params=kparams or None,
+            propagator="auto" if prop == "guarded" else prop,
+            rectangular=bool(description.get("rectangular", False)),
+            block=description.get("block"),
+        )

@@ -132,9 +132,7 @@ class Propagator(eqx.Module):
 
     def __init__(self, V, method: str = "auto"):
         if method not in PROPAGATOR_METHODS:
-            raise ValueError(
-                f"propagator must be one of {PROPAGATOR_METHODS}; got {method!r}."
-            )
+            raise ValueError(f"propagator must be one of {PROPAGATOR_METHODS}; got {method!r}.")
         dtype = jnp.result_type(V)
         cdtype = _complex_dtype(dtype)
         self.V = V
@@ -148,16 +146,15 @@ class Propagator(eqx.Module):
                 auto = False
             if method == "eigh":
                 if not np.array_equal(Vn, Vn.T):
-                    raise ValueError(
-                        "propagator='eigh' needs an exactly symmetric V; use 'auto'."
-                    )
+                    raise ValueError("propagator='eigh' needs an exactly symmetric V; use 'auto'.")
                 w, S = np.linalg.eigh(Vn)
                 self.evals = jnp.asarray(w.astype(np.complex128), dtype=cdtype)
                 self.evecs = jnp.asarray(S, dtype=dtype)
                 self.evecs_inv = jnp.asarray(S.T, dtype=dtype)
                 self.basis_condition = np.asarray(1.0)
-                self._set_modal(S, S.T, w, np.zeros_like(w), np.arange(len(w)),
-                                np.zeros_like(w), dtype)
+                self._set_modal(
+                    S, S.T, w, np.zeros_like(w), np.arange(len(w)), np.zeros_like(w), dtype
+                )
             else:
                 w, S = np.linalg.eig(Vn)
                 with np.errstate(all="ignore"):

@@ -21,8 +21,6 @@ kept too (see ``Trajectory``).
 
 from __future__ import annotations
 
-from typing import Any
-
 import diffrax
 import equinox as eqx
 import jax
@@ -97,8 +95,10 @@ def _check_tolerances(rtol, atol) -> tuple[float, float]:
     r = _checks.number("rtol", rtol, lo=0.0, hi=1.0, hi_open=True)
     a = _checks.number("atol", atol, lo=0.0)
     if r == 0.0 and a == 0.0:
-        raise ValueError("rtol and atol are both 0: no step would ever be accepted; give "
-                         "rtol > 0 (e.g. 1e-6) or atol > 0.")
+        raise ValueError(
+            "rtol and atol are both 0: no step would ever be accepted; give "
+            "rtol > 0 (e.g. 1e-6) or atol > 0."
+        )
     return r, a
 
 
@@ -110,9 +110,11 @@ def _check_tolerances(rtol, atol) -> tuple[float, float]:
 # the rounding of batched matmuls), so it is not the default.
 PCOEFF, ICOEFF = 0.0, 1.0
 
+
 @eqx.filter_jit
-def _solve_adaptive(frame: AbstractFrame, y0, ts, t1, rtol, atol, *, solver_name, max_steps,
-                    progress):
+def _solve_adaptive(
+    frame: AbstractFrame, y0, ts, t1, rtol, atol, *, solver_name, max_steps, progress
+):
     # The frame is closed over rather than passed as ``args``: diffrax warns about
     # complex leaves in ``args`` (the propagator holds complex eigenvectors).
     time = Continuous()
@@ -131,18 +133,33 @@ def _solve_adaptive(frame: AbstractFrame, y0, ts, t1, rtol, atol, *, solver_name
 
     def one(y):
         sol = diffrax.diffeqsolve(
-            term, solver, t0=jnp.zeros((), ts.dtype), t1=t1, dt0=None, y0=y, args=None,
-            saveat=saveat, stepsize_controller=controller,
-            event=event, max_steps=max_steps, throw=False, progress_meter=meter,
+            term,
+            solver,
+            t0=jnp.zeros((), ts.dtype),
+            t1=t1,
+            dt0=None,
+            y0=y,
+            args=None,
+            saveat=saveat,
+            stepsize_controller=controller,
+            event=event,
+            max_steps=max_steps,
+            throw=False,
+            progress_meter=meter,
         )
         res = sol.result
         (ts_saved, ts_stop), (ys, ys_stop) = sol.ts, sol.ys
         t_stop, y_stop = ts_stop[0], ys_stop[0]
         finite = jnp.all(jnp.isfinite(y_stop))
         code = jnp.where(
-            res == diffrax.RESULTS.successful, 0,
-            jnp.where(res == diffrax.RESULTS.event_occurred, jnp.where(finite, 1, 3),
-                      jnp.where(res == diffrax.RESULTS.max_steps_reached, 2, 4)))
+            res == diffrax.RESULTS.successful,
+            0,
+            jnp.where(
+                res == diffrax.RESULTS.event_occurred,
+                jnp.where(finite, 1, 3),
+                jnp.where(res == diffrax.RESULTS.max_steps_reached, 2, 4),
+            ),
+        )
         stats = {
             "num_steps": sol.stats["num_steps"],
             "num_accepted_steps": sol.stats["num_accepted_steps"],
@@ -158,8 +175,7 @@ def _solve_adaptive(frame: AbstractFrame, y0, ts, t1, rtol, atol, *, solver_name
 
 
 # ------------------------------------------------------------------ fixed-step path
-def _solve_euler(frame: AbstractFrame, y0, dt, n_layers: int, save_layers: np.ndarray, *,
-                 progress):
+def _solve_euler(frame: AbstractFrame, y0, dt, n_layers: int, save_layers: np.ndarray, *, progress):
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -176,11 +192,16 @@ def _solve_euler(frame: AbstractFrame, y0, dt, n_layers: int, save_layers: np.nd
     if frame.coords == "modal":
         factor = Layers(dt).modal_factor(frame.model.propagator, y0.dtype)
     try:
-        out = _euler_loop(frame, y0, jnp.asarray(dt, y0.dtype),
-                          jnp.asarray(save_layers, jnp.int32), factor,
-                          log_limit=_log_limit(y0.dtype),
-                          progress_every=max(1, n_layers // 100) if progress else 0,
-                          callback=callback)
+        out = _euler_loop(
+            frame,
+            y0,
+            jnp.asarray(dt, y0.dtype),
+            jnp.asarray(save_layers, jnp.int32),
+            factor,
+            log_limit=_log_limit(y0.dtype),
+            progress_every=max(1, n_layers // 100) if progress else 0,
+            callback=callback,
+        )
         jax.block_until_ready(out)
     finally:
         if bar is not None:
@@ -190,8 +211,9 @@ def _solve_euler(frame: AbstractFrame, y0, dt, n_layers: int, save_layers: np.nd
 
 
 @eqx.filter_jit
-def _euler_loop(frame: AbstractFrame, y0, dt, save_layers, factor, *, log_limit,
-                progress_every, callback):
+def _euler_loop(
+    frame: AbstractFrame, y0, dt, save_layers, factor, *, log_limit, progress_every, callback
+):
     """One layer per step (``frame.step``) for a batch ``y0`` ``(b, n, d)``.
 
     Original frame: the model's own layer (``x <- x + dt P x V^T`` for one head).
@@ -234,9 +256,11 @@ def _euler_loop(frame: AbstractFrame, y0, dt, save_layers, factor, *, log_limit,
         stopped = stopped | ~ok
         y = jnp.where(stopped[:, None, None], y, y_new)
         if callback is not None:
-            jax.lax.cond((k + 1) % progress_every == 0,
-                         lambda: jax.debug.callback(callback, k + 1),
-                         lambda: None)
+            jax.lax.cond(
+                (k + 1) % progress_every == 0,
+                lambda: jax.debug.callback(callback, k + 1),
+                lambda: None,
+            )
         Rk = R @ Rk if carried else Rk
         return y, Rk, k + 1, stopped, k_stop
 
@@ -246,8 +270,7 @@ def _euler_loop(frame: AbstractFrame, y0, dt, save_layers, factor, *, log_limit,
         return state, (y, Rk, ~stopped)
 
     b = y0.shape[0]
-    init = (y0, eye, jnp.zeros((), jnp.int32), jnp.zeros((b,), bool),
-            jnp.full((b,), -1, jnp.int32))
+    init = (y0, eye, jnp.zeros((), jnp.int32), jnp.zeros((b,), bool), jnp.full((b,), -1, jnp.int32))
     final, (ys, Rks, reached) = jax.lax.scan(advance, init, save_layers)
     y_end, _, k_end, stopped, k_stop = final
     k_stop = jnp.where(stopped, k_stop, k_end)
@@ -296,8 +319,10 @@ def simulate(
         ``traj.raise_for_status()``.
     """
     if not isinstance(model, AbstractModel):
-        raise ValueError(f"model must be an attnflow model such as attnflow.Attention; "
-                         f"got {type(model).__name__}.")
+        raise ValueError(
+            f"model must be an attnflow model such as attnflow.Attention; "
+            f"got {type(model).__name__}."
+        )
     _checks.choice("frame", frame, FRAMES)
     fr = make_frame(frame, model)  # checks that the model supports the frame
     _checks.choice("method", method, (*SOLVERS, *_FIXED))
@@ -324,8 +349,7 @@ def simulate(
         n_layers = int(round(t1f / dtf))
         if n_layers < 1 or abs(n_layers * dtf - t1f) > 1e-9 * max(1.0, t1f):
             raise ValueError(
-                f"t1 = {t1f} is not a whole number of layers of dt = {dtf}; "
-                f"choose t1 = k * dt."
+                f"t1 = {t1f} is not a whole number of layers of dt = {dtf}; choose t1 = k * dt."
             )
         save_layers = np.rint(ts_np / dtf).astype(np.int64)
         if np.any(np.abs(save_layers * dtf - ts_np) > 1e-9 * max(1.0, t1f)):
@@ -339,10 +363,10 @@ def simulate(
                     f"frame='original' or another dt."
                 )
         ys, Rks, reached, y_end, k_stop, stopped = _solve_euler(
-            fr, y0, dtf, n_layers, save_layers, progress=progress)
+            fr, y0, dtf, n_layers, save_layers, progress=progress
+        )
         codes = np.where(np.asarray(stopped), STATUS_CODES.index("overflow"), 0)
         t_stop = np.asarray(k_stop, np.float64) * dtf
-        ts_b = np.broadcast_to(save_layers * dtf, (y0.shape[0], len(save_layers)))
         stats = {
             "num_steps": np.asarray(k_stop),
             "num_accepted_steps": np.asarray(k_stop),
@@ -357,25 +381,48 @@ def simulate(
     else:
         ts_j = jnp.asarray(ts_np, dtype=dtype)
         ys, ts_out, t_stop, y_stop, codes, stats = _solve_adaptive(
-            fr, y0, ts_j, jnp.asarray(t1f, dtype), jnp.asarray(rtol, dtype),
-            jnp.asarray(atol, dtype), solver_name=method,
-            max_steps=int(max_steps), progress=bool(progress),
+            fr,
+            y0,
+            ts_j,
+            jnp.asarray(t1f, dtype),
+            jnp.asarray(rtol, dtype),
+            jnp.asarray(atol, dtype),
+            solver_name=method,
+            max_steps=int(max_steps),
+            progress=bool(progress),
         )
         codes = np.asarray(codes)
         t_stop = np.asarray(t_stop, np.float64)
         ts_out = np.asarray(ts_out)
         reached = np.isfinite(ts_out)
-        ts_b = np.broadcast_to(ts_np, reached.shape)
         stats = {k: np.asarray(v) for k, v in stats.items()}
         to_x = None
-        solver_info = {"method": method, "solver": SOLVERS[method].__name__,
-                       "controller": "PIDController", "pcoeff": PCOEFF,
-                       "icoeff": ICOEFF, "rtol": float(rtol),
-                       "atol": float(atol), "max_steps": int(max_steps)}
+        solver_info = {
+            "method": method,
+            "solver": SOLVERS[method].__name__,
+            "controller": "PIDController",
+            "pcoeff": PCOEFF,
+            "icoeff": ICOEFF,
+            "rtol": float(rtol),
+            "atol": float(atol),
+            "max_steps": int(max_steps),
+        }
 
     return Trajectory._from_solve(
-        model=model, frame=frame, coords=fr.coords, ts_requested=ts_np, ys=ys, reached=reached,
-        t_stop=t_stop, y_stop=y_stop, codes=codes, stats=stats, batched=batched,
-        to_x=to_x, solver=solver_info, t1=t1f, x0=x0j if batched else x0j[0],
+        model=model,
+        frame=frame,
+        coords=fr.coords,
+        ts_requested=ts_np,
+        ys=ys,
+        reached=reached,
+        t_stop=t_stop,
+        y_stop=y_stop,
+        codes=codes,
+        stats=stats,
+        batched=batched,
+        to_x=to_x,
+        solver=solver_info,
+        t1=t1f,
+        x0=x0j if batched else x0j[0],
         discretisation=Layers(dtf) if method in _FIXED else Continuous(),
     )

@@ -45,8 +45,10 @@ def _model_family(name: str) -> type[AbstractModel]:
         seen[cls.__name__] = cls
         stack.extend(cls.__subclasses__())
     if name not in seen or name.startswith("Abstract"):
-        raise ValueError(f"unknown model family {name!r} in the saved run; known: "
-                         f"{sorted(k for k in seen if not k.startswith('Abstract'))}.")
+        raise ValueError(
+            f"unknown model family {name!r} in the saved run; known: "
+            f"{sorted(k for k in seen if not k.startswith('Abstract'))}."
+        )
     return seen[name]
 
 
@@ -61,18 +63,20 @@ def _advice(code: str, dtype, solver: dict, t_stop: float, t1: float) -> str:
         if x64:
             fix = "use a smaller t1 (the logits grow like e^{2 Re(lambda_max) t})"
         else:
-            fix = ("use x64 (jax.config.update('jax_enable_x64', True), or --x64 on the "
-                   "command line) or a smaller t1")
-        return (f"the attention logits left the {np.dtype(dtype).name} range {where}; "
-                f"{fix}.")
+            fix = (
+                "use x64 (jax.config.update('jax_enable_x64', True), or --x64 on the "
+                "command line) or a smaller t1"
+            )
+        return f"the attention logits left the {np.dtype(dtype).name} range {where}; {fix}."
     if code == "max_steps":
-        return (f"the adaptive solver used max_steps = {solver.get('max_steps')} steps "
-                f"{where}; raise max_steps, loosen rtol/atol, or use method='euler' with "
-                f"a layer step dt (large logits make attention switch sharply and force "
-                f"small steps).")
+        return (
+            f"the adaptive solver used max_steps = {solver.get('max_steps')} steps "
+            f"{where}; raise max_steps, loosen rtol/atol, or use method='euler' with "
+            f"a layer step dt (large logits make attention switch sharply and force "
+            f"small steps)."
+        )
     if code == "nonfinite":
-        return (f"a non-finite state appeared {where}; use x64, tighter tolerances or a "
-                f"smaller t1.")
+        return f"a non-finite state appeared {where}; use x64, tighter tolerances or a smaller t1."
     if code == "failed":
         return f"the solver failed {where}; try x64, other tolerances or method='euler'."
     return "ok"
@@ -132,9 +136,26 @@ class Trajectory:
 
     # ------------------------------------------------------------- construction
     @classmethod
-    def _from_solve(cls, *, model, frame, coords, ts_requested, ys, reached, t_stop, y_stop,
-                    codes, stats, batched, to_x, solver, t1, x0=None,
-                    discretisation=None):
+    def _from_solve(
+        cls,
+        *,
+        model,
+        frame,
+        coords,
+        ts_requested,
+        ys,
+        reached,
+        t_stop,
+        y_stop,
+        codes,
+        stats,
+        batched,
+        to_x,
+        solver,
+        t1,
+        x0=None,
+        discretisation=None,
+    ):
         disc = Continuous() if discretisation is None else discretisation
         codes = np.asarray(codes).reshape(-1)
         statuses = tuple(STATUS_CODES[int(c)] for c in codes)
@@ -147,10 +168,23 @@ class Trajectory:
             mask = jnp.asarray(reached)[:, :, None, None]
             ys = jnp.where(mask, ys, jnp.nan)
             to = None if to_x is None else jnp.asarray(to_x, dtype)
-            return cls(ts=ts, frame=frame, model=model, stats=stats, solver=solver,
-                       statuses=statuses, reached=reached, t_stop=t_stop, t1=t1,
-                       batched=True, coords=coords, _y=ys, _to_x=to, x0=x0,
-                       discretisation=disc)
+            return cls(
+                ts=ts,
+                frame=frame,
+                model=model,
+                stats=stats,
+                solver=solver,
+                statuses=statuses,
+                reached=reached,
+                t_stop=t_stop,
+                t1=t1,
+                batched=True,
+                coords=coords,
+                _y=ys,
+                _to_x=to,
+                x0=x0,
+                discretisation=disc,
+            )
         # One system: keep what was reached, then the state where it stopped.
         r = reached[0]
         keep = np.flatnonzero(r)
@@ -170,11 +204,23 @@ class Trajectory:
         else:
             r = np.ones(tk.shape, bool)
         stats1 = {k: (v[0] if np.ndim(v) else v) for k, v in stats.items()}
-        return cls(ts=jnp.asarray(tk, dtype), frame=frame, model=model, stats=stats1,
-                   solver=solver, statuses=statuses, reached=r, t_stop=t_stop, t1=t1,
-                   batched=False, coords=coords, _y=y[None],
-                   _to_x=None if to is None else jnp.asarray(to, dtype), x0=x0,
-                   discretisation=disc)
+        return cls(
+            ts=jnp.asarray(tk, dtype),
+            frame=frame,
+            model=model,
+            stats=stats1,
+            solver=solver,
+            statuses=statuses,
+            reached=r,
+            t_stop=t_stop,
+            t1=t1,
+            batched=False,
+            coords=coords,
+            _y=y[None],
+            _to_x=None if to is None else jnp.asarray(to, dtype),
+            x0=x0,
+            discretisation=disc,
+        )
 
     # ------------------------------------------------------------------- status
     @property
@@ -192,7 +238,7 @@ class Trajectory:
     def ok(self) -> bool:
         return all(s == "ok" for s in self.statuses)
 
-    def raise_for_status(self) -> "Trajectory":
+    def raise_for_status(self) -> Trajectory:
         """Raise ``SimulationError`` saying what to change if any system failed."""
         if self.ok:
             return self
@@ -200,8 +246,9 @@ class Trajectory:
         for i, s in enumerate(self.statuses):
             if s != "ok":
                 prefix = f"system {i}: " if self.batched else ""
-                msgs.append(prefix + _advice(s, self._y.dtype, self.solver,
-                                             float(self.t_stop[i]), self.t1))
+                msgs.append(
+                    prefix + _advice(s, self._y.dtype, self.solver, float(self.t_stop[i]), self.t1)
+                )
                 if len(msgs) >= 3:
                     break
         more = sum(s != "ok" for s in self.statuses) - len(msgs)
@@ -288,17 +335,21 @@ class Trajectory:
         P = np.asarray(P)
         if np.iscomplexobj(P):
             if np.any(P.imag != 0):
-                raise ValueError("P must be real (linear functionals of real tokens); for "
-                                 "a complex eigenvector project its real and imaginary "
-                                 "parts.")
+                raise ValueError(
+                    "P must be real (linear functionals of real tokens); for "
+                    "a complex eigenvector project its real and imaginary "
+                    "parts."
+                )
             P = P.real
         P = np.atleast_2d(np.asarray(P, np.float64))
         if P.shape[-1] != self.d:
-            raise ValueError(f"P must have {self.d} columns (one per coordinate); "
-                             f"got shape {P.shape}.")
+            raise ValueError(
+                f"P must have {self.d} columns (one per coordinate); got shape {P.shape}."
+            )
         if system is not None and not self.batched:
-            raise ValueError("system= selects one system of a batch; this trajectory "
-                             "holds one system.")
+            raise ValueError(
+                "system= selects one system of a batch; this trajectory holds one system."
+            )
         if system is not None:
             system = _checks.index("system", system, len(self.statuses), what="systems")
         if self.coords != "modal":
@@ -369,15 +420,20 @@ class Trajectory:
         """
         path = Path(path)
         if path.is_dir():
-            raise ValueError(f"path {str(path)!r} is a directory; give a file name such "
-                             f"as {str(path / 'run.npz')!r}.")
+            raise ValueError(
+                f"path {str(path)!r} is a directory; give a file name such "
+                f"as {str(path / 'run.npz')!r}."
+            )
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")
         meta = self.metadata(**extra)  # before any file is touched: fails early
         m = self.model
         arrays = {
-            "ts": np.asarray(self.ts), "z": np.asarray(self.z), "x": np.asarray(self.x),
-            "reached": np.asarray(self.reached), "state": np.asarray(self._y),
+            "ts": np.asarray(self.ts),
+            "z": np.asarray(self.z),
+            "x": np.asarray(self.x),
+            "reached": np.asarray(self.reached),
+            "state": np.asarray(self._y),
             "t_stop": np.asarray(self.t_stop),
         }
         arrays.update({f"model.{k}": np.asarray(v) for k, v in m.arrays().items()})
@@ -389,11 +445,16 @@ class Trajectory:
             arrays[f"stats.{k}"] = np.asarray(v)
         meta["format"] = FORMAT_VERSION
         meta["trajectory"] = {
-            "batched": self.batched, "coords": self.coords, "t1": self.t1,
+            "batched": self.batched,
+            "coords": self.coords,
+            "t1": self.t1,
             "statuses": list(self.statuses),
             # statistics held as Python numbers (the rest are numpy values)
-            "stats_python": [k for k, v in self.stats.items()
-                             if isinstance(v, (int, float)) and not isinstance(v, bool)],
+            "stats_python": [
+                k
+                for k, v in self.stats.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            ],
         }
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -407,7 +468,7 @@ class Trajectory:
         return path
 
     @classmethod
-    def load(cls, path) -> "Trajectory":
+    def load(cls, path) -> Trajectory:
         """Read a run written by ``Trajectory.save``: every array, the batch, the
         statuses, the statistics and the metadata come back bit for bit (the metadata is
         in ``traj.saved_metadata``).
@@ -416,30 +477,37 @@ class Trajectory:
         True)``) to be read back without rounding; loading it with x64 off raises."""
         path = Path(path)
         if not path.is_file():
-            raise ValueError(f"path {str(path)!r} is not a file written by "
-                             f"Trajectory.save (an .npz).")
+            raise ValueError(
+                f"path {str(path)!r} is not a file written by Trajectory.save (an .npz)."
+            )
         try:
             with np.load(path, allow_pickle=False) as f:
                 data = {k: f[k] for k in f.files}
         except Exception as exc:
             raise ValueError(f"cannot read {str(path)!r} as an .npz file: {exc}") from None
         if "metadata" not in data or "state" not in data:
-            raise ValueError(f"{str(path)!r} was not written by Trajectory.save of this "
-                             f"attnflow (no metadata/state arrays); re-save the run.")
+            raise ValueError(
+                f"{str(path)!r} was not written by Trajectory.save of this "
+                f"attnflow (no metadata/state arrays); re-save the run."
+            )
         meta = json.loads(str(data.pop("metadata")))
         if meta.get("format") != FORMAT_VERSION:
-            raise ValueError(f"{str(path)!r} has format {meta.get('format')!r}; this "
-                             f"attnflow reads format {FORMAT_VERSION}.")
+            raise ValueError(
+                f"{str(path)!r} has format {meta.get('format')!r}; this "
+                f"attnflow reads format {FORMAT_VERSION}."
+            )
         state = data["state"]
         if state.dtype == np.float64 and not jax.config.jax_enable_x64:
             raise ValueError(
                 f"{str(path)!r} holds a float64 run and JAX's x64 mode is off, so it would "
                 f"be rounded to float32; enable it first: "
-                f"jax.config.update('jax_enable_x64', True).")
+                f"jax.config.update('jax_enable_x64', True)."
+            )
         info = meta["trajectory"]
         family = _model_family(meta.get("family", ""))
-        model = family.from_saved(meta, {k.removeprefix("model."): v for k, v in data.items()
-                                         if k.startswith("model.")})
+        model = family.from_saved(
+            meta, {k.removeprefix("model."): v for k, v in data.items() if k.startswith("model.")}
+        )
         python = set(info.get("stats_python", ()))
         stats = {}
         for k, v in data.items():
@@ -448,16 +516,28 @@ class Trajectory:
                 stats[name] = v.item() if name in python else (v[()] if v.ndim == 0 else v)
         to_x = data.get("to_x")
         x0 = data.get("x0")
-        traj = cls(ts=jnp.asarray(data["ts"]), frame=meta["frame"], model=model,
-                   stats=stats, solver=meta["solver"], statuses=tuple(info["statuses"]),
-                   reached=np.asarray(data["reached"], bool), t_stop=data["t_stop"],
-                   t1=float(info["t1"]), batched=bool(info["batched"]),
-                   coords=info["coords"], _y=jnp.asarray(state),
-                   _to_x=None if to_x is None else jnp.asarray(to_x),
-                   x0=None if x0 is None else jnp.asarray(x0), saved_metadata=meta,
-                   discretisation=(Layers(float(meta["solver"]["dt"]))
-                                   if meta["solver"].get("method") == "euler"
-                                   else Continuous()))
+        traj = cls(
+            ts=jnp.asarray(data["ts"]),
+            frame=meta["frame"],
+            model=model,
+            stats=stats,
+            solver=meta["solver"],
+            statuses=tuple(info["statuses"]),
+            reached=np.asarray(data["reached"], bool),
+            t_stop=data["t_stop"],
+            t1=float(info["t1"]),
+            batched=bool(info["batched"]),
+            coords=info["coords"],
+            _y=jnp.asarray(state),
+            _to_x=None if to_x is None else jnp.asarray(to_x),
+            x0=None if x0 is None else jnp.asarray(x0),
+            saved_metadata=meta,
+            discretisation=(
+                Layers(float(meta["solver"]["dt"]))
+                if meta["solver"].get("method") == "euler"
+                else Continuous()
+            ),
+        )
         return traj
 
     def to_xarray(self):
@@ -481,8 +561,12 @@ class Trajectory:
             "t_stop": (sys_dims, np.asarray(self.t_stop if self.batched else self.t_stop[0])),
         }
         meta = self.metadata()
-        attrs = {k: (v if isinstance(v, (str, int, float)) and not isinstance(v, bool)
-                     else json.dumps(v)) for k, v in meta.items()}
+        attrs = {
+            k: (
+                v if isinstance(v, (str, int, float)) and not isinstance(v, bool) else json.dumps(v)
+            )
+            for k, v in meta.items()
+        }
         coords = {"time": np.asarray(self.ts)}
         if self.batched:
             coords["system"] = np.arange(len(self.statuses))
@@ -490,6 +574,8 @@ class Trajectory:
 
     def __repr__(self) -> str:
         shape = tuple(self._y.shape) if self.batched else tuple(self._y.shape[1:])
-        return (f"Trajectory(frame={self.frame!r}, shape={shape}, "
-                f"t=[{float(self.ts[0]):.4g}, {float(self.ts[-1]):.4g}], "
-                f"status={self.status!r})")
+        return (
+            f"Trajectory(frame={self.frame!r}, shape={shape}, "
+            f"t=[{float(self.ts[0]):.4g}, {float(self.ts[-1]):.4g}], "
+            f"status={self.status!r})"
+        )

@@ -22,8 +22,24 @@ from pathlib import Path
 import numpy as np
 
 # Keys every sidecar of these scripts has (tests check them).
-REQUIRED_KEYS = ("script", "quick", "seed", "n", "d", "t1", "Q", "K", "V", "solver",
-                 "tolerances", "x64", "versions", "runtime_seconds", "figures", "runs")
+REQUIRED_KEYS = (
+    "script",
+    "quick",
+    "seed",
+    "n",
+    "d",
+    "t1",
+    "Q",
+    "K",
+    "V",
+    "solver",
+    "tolerances",
+    "x64",
+    "versions",
+    "runtime_seconds",
+    "figures",
+    "runs",
+)
 
 DPI_FULL, DPI_QUICK = 200, 90
 
@@ -70,8 +86,12 @@ def figure_context(rc: dict):
 
 def small_text(size: float) -> dict:
     """rc parameters of the dense multi-panel figures: ``size``-pt text, no LaTeX."""
-    return {"font.size": size, "axes.titlesize": size, "text.usetex": False,
-            "mathtext.fontset": "dejavusans"}
+    return {
+        "font.size": size,
+        "axes.titlesize": size,
+        "text.usetex": False,
+        "mathtext.fontset": "dejavusans",
+    }
 
 
 def styled(make):
@@ -88,8 +108,7 @@ def styled(make):
     return wrapper
 
 
-def save(fig, out_dir: Path, stem: str, quick: bool = False,
-         tight: bool = False) -> list[Path]:
+def save(fig, out_dir: Path, stem: str, quick: bool = False, tight: bool = False) -> list[Path]:
     """Write ``stem.png`` and ``stem.pdf`` into ``out_dir``; close the figure.
 
     ``quick``: the low-resolution PNG of quick runs. ``tight``: crop to the drawn
@@ -101,8 +120,11 @@ def save(fig, out_dir: Path, stem: str, quick: bool = False,
     paths = []
     for ext in ("png", "pdf"):
         p = out_dir / f"{stem}.{ext}"
-        fig.savefig(p, dpi=(DPI_QUICK if quick else DPI_FULL) if ext == "png" else None,
-                    bbox_inches="tight" if tight else None)
+        fig.savefig(
+            p,
+            dpi=(DPI_QUICK if quick else DPI_FULL) if ext == "png" else None,
+            bbox_inches="tight" if tight else None,
+        )
         paths.append(p)
     plt.close(fig)
     return paths
@@ -124,8 +146,17 @@ def _collapse(runs: list[dict], key: str):
     return {r.get("name", str(i)): r.get(key) for i, r in enumerate(runs)}
 
 
-def write_sidecar(out_dir: Path, stem: str, *, script: str, quick: bool, runs: list[dict],
-                  figures: list, t_start: float, **extra) -> Path:
+def write_sidecar(
+    out_dir: Path,
+    stem: str,
+    *,
+    script: str,
+    quick: bool,
+    runs: list[dict],
+    figures: list,
+    t_start: float,
+    **extra,
+) -> Path:
     """Write ``stem.json``: every parameter of every run, versions, runtime.
 
     ``runs``: one dict per simulation (``simulate_tokens``'s params plus a ``name`` and
@@ -138,9 +169,13 @@ def write_sidecar(out_dir: Path, stem: str, *, script: str, quick: bool, runs: l
     side = {"script": script, "quick": bool(quick)}
     for key in ("seed", "n", "d", "t1", "Q", "K", "V", "solver", "tolerances"):
         side[key] = _collapse(runs, key) if runs else None
-    side.update(x64=versions["x64"], versions=versions,
-                runtime_seconds=round(time.perf_counter() - t_start, 2),
-                figures=[str(p) for p in figures], runs=runs)
+    side.update(
+        x64=versions["x64"],
+        versions=versions,
+        runtime_seconds=round(time.perf_counter() - t_start, 2),
+        figures=[str(p) for p in figures],
+        runs=runs,
+    )
     side.update(extra)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     path = Path(out_dir) / f"{stem}.json"
@@ -153,9 +188,9 @@ _NUMBER_LIST = re.compile(r"\[(?:\s*-?[0-9][0-9.eE+-]*\s*,)*\s*-?[0-9][0-9.eE+-]
 
 def _compact_numbers(text: str) -> str:
     """Put every innermost list of numbers on one line (matrix rows, vectors)."""
-    return _NUMBER_LIST.sub(lambda m: "[" + ", ".join(v.strip() for v in
-                                                      m.group(0)[1:-1].split(",")) + "]",
-                            text)
+    return _NUMBER_LIST.sub(
+        lambda m: "[" + ", ".join(v.strip() for v in m.group(0)[1:-1].split(",")) + "]", text
+    )
 
 
 def observation(traj, **kw) -> dict:
@@ -173,18 +208,38 @@ def prediction(V, Q=None, K=None) -> dict:
     V = np.asarray(V, dtype=np.float64)
     d = V.shape[0]
     reg = af.predict_regime(np.eye(d) if Q is None else Q, np.eye(d) if K is None else K, V)
-    return {"label": reg.label, "theorem": reg.theorem, "reason": reg.reason,
-            "eigenvalues": reg.eigenvalues}
+    return {
+        "label": reg.label,
+        "theorem": reg.theorem,
+        "reason": reg.reason,
+        "eigenvalues": reg.eigenvalues,
+    }
 
 
 def panel_label(ax, letter: str, *, x: float = -0.02, y: float = 1.02, **kw) -> None:
     """A bold ``(a)``-style label at the top left of an axes (2-d or 3-d)."""
     if hasattr(ax, "text2D"):
-        ax.text2D(x, y, f"({letter})", transform=ax.transAxes, fontweight="bold",
-                  ha="right", va="bottom", **kw)
+        ax.text2D(
+            x,
+            y,
+            f"({letter})",
+            transform=ax.transAxes,
+            fontweight="bold",
+            ha="right",
+            va="bottom",
+            **kw,
+        )
     else:
-        ax.text(x, y, f"({letter})", transform=ax.transAxes, fontweight="bold",
-                ha="right", va="bottom", **kw)
+        ax.text(
+            x,
+            y,
+            f"({letter})",
+            transform=ax.transAxes,
+            fontweight="bold",
+            ha="right",
+            va="bottom",
+            **kw,
+        )
 
 
 def axes3d(ax, labels=("$z_1$", "$z_2$", "$z_3$"), pads=(-9, -9, -9), **label_kw) -> None:
@@ -207,9 +262,14 @@ def movies(items, out_dir: Path, quick: bool, draw: str) -> list[str]:
 
     paths = []
     for traj, case in items:
-        info = AP.animate(traj, Path(out_dir) / "movies" / f"{case}.gif",
-                          frames=4 if quick else 48, dpi=60 if quick else 90, draw=draw,
-                          title=AP.MOVIE_CASES[case]["title"])
+        info = AP.animate(
+            traj,
+            Path(out_dir) / "movies" / f"{case}.gif",
+            frames=4 if quick else 48,
+            dpi=60 if quick else 90,
+            draw=draw,
+            title=AP.MOVIE_CASES[case]["title"],
+        )
         paths.append(info["path"])
     return paths
 

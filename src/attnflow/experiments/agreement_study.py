@@ -30,8 +30,17 @@ from pathlib import Path
 
 import numpy as np
 
-FAMILIES = ["polytope", "polytope-ns", "hyperplanes", "subspace", "origin",
-            "complex-leading", "negative-leading", "jordan", "qk-indefinite"]
+FAMILIES = [
+    "polytope",
+    "polytope-ns",
+    "hyperplanes",
+    "subspace",
+    "origin",
+    "complex-leading",
+    "negative-leading",
+    "jordan",
+    "qk-indefinite",
+]
 LABELS = ["polytope", "hyperplanes", "subspace", "origin", "unclassified", "not-converged"]
 STATUS = ["ok", "overflow", "max_steps", "nonfinite", "failed"]
 
@@ -89,7 +98,7 @@ def draw(family: str, rng: np.random.Generator):
         while i < d:
             if d - i >= 2 and rng.random() < 0.4:
                 r, th = rng.uniform(0.1, 0.85) * lam, rng.uniform(0.2, 3.0)
-                D[i:i + 2, i:i + 2] = _block(r * np.cos(th), r * np.sin(th))
+                D[i : i + 2, i : i + 2] = _block(r * np.cos(th), r * np.sin(th))
                 i += 2
             else:
                 D[i, i] = rng.uniform(-0.85, 0.85) * lam
@@ -149,8 +158,7 @@ def kernel(config, start, stop, seed):
     from attnflow.studies.sweep import rng as sample_rng
 
     fams = config["families"]
-    out = {k: [] for k in ("family", "pred", "obs", "status", "n_clusters", "d", "t1",
-                           "steps")}
+    out = {k: [] for k in ("family", "pred", "obs", "status", "n_clusters", "d", "t1", "steps")}
     for i in range(start, stop):
         fam = fams[i % len(fams)]
         g = sample_rng(seed, i)
@@ -160,9 +168,14 @@ def kernel(config, start, stop, seed):
         origin = pred.structure.kind == "scalar-negative"
         t1 = (60.0 if origin else 12.0) / scale
         x0 = g.uniform(-5, 5, (config["n"], d))
-        traj = af.simulate(af.Attention(Q, K, V), x0, t1, ts=np.linspace(0, t1, 49),
-                           frame="original" if origin else "rescaled",
-                           max_steps=config["max_steps"])
+        traj = af.simulate(
+            af.Attention(Q, K, V),
+            x0,
+            t1,
+            ts=np.linspace(0, t1, 49),
+            frame="original" if origin else "rescaled",
+            max_steps=config["max_steps"],
+        )
         obs = af.observe_limit(traj)
         out["family"].append(FAMILIES.index(fam))
         out["pred"].append(LABELS.index(pred.label))
@@ -192,8 +205,14 @@ def recheck(arrays, seed: int, n: int, max_steps: int, factor: float = 2.0) -> d
         origin = fam == "origin"
         t1 = factor * (60.0 if origin else 12.0) / scale
         x0 = g.uniform(-5, 5, (n, V.shape[0]))
-        traj = af.simulate(af.Attention(Q, K, V), x0, t1, ts=np.linspace(0, t1, 49),
-                           frame="original" if origin else "rescaled", max_steps=max_steps)
+        traj = af.simulate(
+            af.Attention(Q, K, V),
+            x0,
+            t1,
+            ts=np.linspace(0, t1, 49),
+            frame="original" if origin else "rescaled",
+            max_steps=max_steps,
+        )
         out[int(i)] = (fam, af.observe_limit(traj).label, traj.status)
     return out
 
@@ -201,15 +220,17 @@ def recheck(arrays, seed: int, n: int, max_steps: int, factor: float = 2.0) -> d
 def table(arrays, rechecked: dict | None = None) -> str:
     fam, pred, obs, status = (arrays[k] for k in ("family", "pred", "obs", "status"))
     rechecked = rechecked or {}
-    lines = ["| family | runs | predicted | observed | converged | agree (of converged) | "
-             "not converged, rerun with 2 t1 |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| family | runs | predicted | observed | converged | agree (of converged) | "
+        "not converged, rerun with 2 t1 |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for f, name in enumerate(FAMILIES):
         sel = fam == f
         if not sel.any():
             continue
 
-        def counts(a):
+        def counts(a, sel=sel):
             u, c = np.unique(a[sel], return_counts=True)
             return ", ".join(f"{LABELS[x]} {n}" for x, n in zip(u, c))
 
@@ -218,11 +239,13 @@ def table(arrays, rechecked: dict | None = None) -> str:
         if name in THEOREM_FAMILIES:
             ag = f"{agree.sum()} / {conv.sum()}"
             re = [v for i, v in rechecked.items() if v[0] == name]
-            rr = ("; ".join(f"{v[1]} ({v[2]})" for v in re) if re else "-")
+            rr = "; ".join(f"{v[1]} ({v[2]})" for v in re) if re else "-"
         else:
             ag, rr = "no theorem: observed geometry recorded", "-"
-        lines.append(f"| {name} | {sel.sum()} | {counts(pred)} | {counts(obs)} | "
-                     f"{conv.sum()} | {ag} | {rr} |")
+        lines.append(
+            f"| {name} | {sel.sum()} | {counts(pred)} | {counts(obs)} | "
+            f"{conv.sum()} | {ag} | {rr} |"
+        )
     return "\n".join(lines)
 
 
@@ -243,8 +266,15 @@ def main():
 
     per = 2 if args.quick else args.per_family
     config = {"families": FAMILIES, "n": args.n, "max_steps": args.max_steps}
-    sweep = sw.Sweep("agreement", kernel, config, size=per * len(FAMILIES),
-                     seed=args.seed, shard_size=len(FAMILIES), unit="run")
+    sweep = sw.Sweep(
+        "agreement",
+        kernel,
+        config,
+        size=per * len(FAMILIES),
+        seed=args.seed,
+        shard_size=len(FAMILIES),
+        unit="run",
+    )
     out_dir = Path(args.out + ("-quick" if args.quick else ""))
     report = sw.run(sweep, out_dir, progress=True)
     data = sw.merge(out_dir, expect=sweep)
@@ -257,9 +287,11 @@ def main():
             "# Agreement study: predicted vs observed limit\n\n"
             f"Command: `python -m attnflow.experiments.agreement_study --per-family {per} "
             f"--seed {args.seed}` (n = {args.n} tokens, float64, Tsit5 rtol 1e-6, "
-            f"t1 = 12/|lambda_1|, 60/c for V = -cI).\n\n" + text + "\n")
-        np.savez(Path(args.table).with_suffix(".npz"), **data.arrays,
-                 manifest=json.dumps(data.manifest))
+            f"t1 = 12/|lambda_1|, 60/c for V = -cI).\n\n" + text + "\n"
+        )
+        np.savez(
+            Path(args.table).with_suffix(".npz"), **data.arrays, manifest=json.dumps(data.manifest)
+        )
 
 
 if __name__ == "__main__":

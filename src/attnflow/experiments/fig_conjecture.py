@@ -50,30 +50,39 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     reg = af.predict_regime(np.eye(3), np.eye(3), V)
     obs = af.observe_limit(traj)
     st = af.spectral_structure(V)
-    lam, U = np.linalg.eigh(V)          # ascending: -0.222, 0.253, 1.963
+    lam, U = np.linalg.eigh(V)  # ascending: -0.222, 0.253, 1.963
     # orient u_1 like the package's phi_1^* (so that a, b are the same numbers)
     if U[:, 2] @ st.phi1_left < 0:
         U[:, 2] = -U[:, 2]
-    c = z @ U                            # (m, n, 3): coordinates (free, phi_2^*, phi_1^*)
-    levels = np.asarray(obs.details["levels"])        # the levels observe_limit found
+    c = z @ U  # (m, n, 3): coordinates (free, phi_2^*, phi_1^*)
+    levels = np.asarray(obs.details["levels"])  # the levels observe_limit found
     groups = np.argmin(np.abs(c[-1, :, 2][:, None] - levels[None, :]), axis=1)
     a, b = float(obs.details["a"]), float(obs.details["b"])
     pairs = np.array([c[-1, groups == g][:, 1:].mean(axis=0) for g in range(groups.max() + 1)])
-    spread = np.array([[np.ptp(c[k, groups == g, 1]) for g in range(groups.max() + 1)]
-                       for k in range(len(ts))])            # (m, groups)
-    rate = float(-np.log(1.0 + DT * lam[1]) / DT)          # discrete rate of phi_2^*
+    spread = np.array(
+        [[np.ptp(c[k, groups == g, 1]) for g in range(groups.max() + 1)] for k in range(len(ts))]
+    )  # (m, groups)
+    rate = float(-np.log(1.0 + DT * lam[1]) / DT)  # discrete rate of phi_2^*
     late = ts >= T / 2
-    fits = [float(np.polyfit(ts[late], np.log(spread[late, g]), 1)[0])
-            for g in range(spread.shape[1]) if np.all(spread[late, g] > 0)]
-    params.update(name="paper-codim", eigenvalues=lam,
-                  predicted={"label": reg.label, "reason": reg.reason},
-                  observed={"label": obs.label, "n_clusters": obs.n_clusters,
-                            "reason": obs.reason},
-                  levels_phi1=levels, a=a, b=b,
-                  conjectured_line_points=pairs,
-                  phi2_spread_final=spread[-1], phi2_rate_predicted=rate,
-                  phi2_rate_fitted=fits,
-                  free_coordinate_range=[float(c[-1, :, 0].min()), float(c[-1, :, 0].max())])
+    fits = [
+        float(np.polyfit(ts[late], np.log(spread[late, g]), 1)[0])
+        for g in range(spread.shape[1])
+        if np.all(spread[late, g] > 0)
+    ]
+    params.update(
+        name="paper-codim",
+        eigenvalues=lam,
+        predicted={"label": reg.label, "reason": reg.reason},
+        observed={"label": obs.label, "n_clusters": obs.n_clusters, "reason": obs.reason},
+        levels_phi1=levels,
+        a=a,
+        b=b,
+        conjectured_line_points=pairs,
+        phi2_spread_final=spread[-1],
+        phi2_rate_predicted=rate,
+        phi2_rate_fitted=fits,
+        free_coordinate_range=[float(c[-1, :, 0].min()), float(c[-1, :, 0].max())],
+    )
 
     fig = plt.figure(figsize=(6.5, 3.0))
     # (a) 3-d, eigen-coordinates: x = free (-0.222), y = phi_2^*, z = phi_1^*
@@ -81,18 +90,30 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     AP.draw_trajectories(ax, c, color="0.55", lw=0.5, ms=2.5)
     lo, hi = AP.data_box(c, pad=0.03)
     for lev in (a, 0.0, b):
-        AP.draw_level(ax, np.array([0.0, 0.0, 1.0]), lev, lo, hi, facecolor="C0",
-                      edgecolor="C0", alpha=0.1 if lev else 0.04, lw=0.3)
+        AP.draw_level(
+            ax,
+            np.array([0.0, 0.0, 1.0]),
+            lev,
+            lo,
+            hi,
+            facecolor="C0",
+            edgecolor="C0",
+            alpha=0.1 if lev else 0.04,
+            lw=0.3,
+        )
     for p in pairs:
         ax.plot([lo[0], hi[0]], [p[0], p[0]], [p[1], p[1]], color="C3", lw=1.0, ls="--")
     ax.set_xlim(lo[0], hi[0])
     ax.set_ylim(lo[1], hi[1])
     ax.set_zlim(lo[2], hi[2])
     ax.view_init(elev=16, azim=-35)
-    H.axes3d(ax, (r"$\varphi_3^*$ ($-0.222$)", r"$\varphi_2^*$ ($0.253$)",
-                  r"$\varphi_1^*$ ($1.963$)"), (-7, -7, -8), fontsize=7)
-    ax.set_title("blue planes: proved; red lines: conjectured", pad=-4, y=0.98,
-                 fontsize=7)
+    H.axes3d(
+        ax,
+        (r"$\varphi_3^*$ ($-0.222$)", r"$\varphi_2^*$ ($0.253$)", r"$\varphi_1^*$ ($1.963$)"),
+        (-7, -7, -8),
+        fontsize=7,
+    )
+    ax.set_title("blue planes: proved; red lines: conjectured", pad=-4, y=0.98, fontsize=7)
     H.panel_label(ax, "a", x=0.12, y=0.93)
     # (b) the two positive coordinates
     ax = fig.add_axes([0.45, 0.15, 0.23, 0.62])
@@ -102,38 +123,66 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ax.plot(pairs[:, 0], pairs[:, 1], "x", color="C3", ms=8, mew=1.5, zorder=5)
     ax.set_xlabel(r"$\varphi_2^*(z_i)$", labelpad=1)
     ax.set_ylabel(r"$\varphi_1^*(z_i)$", labelpad=0)
-    ax.set_title(f"{len(pairs)} lines (red $\\times$), as conjectured", pad=3,
-                 fontsize=7)
+    ax.set_title(f"{len(pairs)} lines (red $\\times$), as conjectured", pad=3, fontsize=7)
     H.panel_label(ax, "b")
     # (c) spread of phi_2^* within each level group
     ax = fig.add_axes([0.785, 0.15, 0.205, 0.62])
     for g in range(spread.shape[1]):
         ok = spread[:, g] > 0
-        ax.semilogy(ts[ok], spread[ok, g], lw=1.0,
-                    label=rf"tokens at $\varphi_1^*={levels[g]:.2f}$")
+        ax.semilogy(
+            ts[ok], spread[ok, g], lw=1.0, label=rf"tokens at $\varphi_1^*={levels[g]:.2f}$"
+        )
     g0 = int(np.argmax(spread[-1]))
-    ax.semilogy(ts[late], spread[-1, g0] * np.exp(rate * (ts[late] - ts[-1])), color="k",
-                ls=":", lw=1.0, label=f"slope {rate:.3f}")
+    ax.semilogy(
+        ts[late],
+        spread[-1, g0] * np.exp(rate * (ts[late] - ts[-1])),
+        color="k",
+        ls=":",
+        lw=1.0,
+        label=f"slope {rate:.3f}",
+    )
     ax.set_xlabel("$t$", labelpad=1)
     ax.set_ylabel(r"spread of $\varphi_2^*$ in a group", labelpad=1)
     ax.legend(fontsize=5.5, loc="lower left", frameon=False, borderaxespad=0.1)
     ax.set_title(r"$\varphi_2^*$ settles like $e^{-0.25t}$", pad=3, fontsize=7)
     H.panel_label(ax, "c")
-    fig.text(0.5, 0.995, r"CONJECTURE (not proved): $k=2$ eigenvalues $>0$ $\Rightarrow$ "
-             r"at most 3 parallel affine subspaces of codimension 2 (lines)",
-             ha="center", va="top", fontsize=9, color="C3")
-    fig.text(0.5, 0.94, r"$V$ = paper-codim (symmetric; eigenvalues $1.963, 0.253, -0.222$), "
-             r"$Q=K=I$, $n=20$, $x_0$ uniform in $[-5,5]^3$, Euler $dt=0.1$, $T=30$" "\n"
-             r"proved (hyperplane theorem): $\leq 3$ planes $\varphi_1^*\in\{a,0,b\}$; "
-             rf"predict_regime: {reg.label}; observe_limit: {obs.label}",
-             ha="center", va="top", fontsize=7, color="0.3", linespacing=1.4)
+    fig.text(
+        0.5,
+        0.995,
+        r"CONJECTURE (not proved): $k=2$ eigenvalues $>0$ $\Rightarrow$ "
+        r"at most 3 parallel affine subspaces of codimension 2 (lines)",
+        ha="center",
+        va="top",
+        fontsize=9,
+        color="C3",
+    )
+    fig.text(
+        0.5,
+        0.94,
+        r"$V$ = paper-codim (symmetric; eigenvalues $1.963, 0.253, -0.222$), "
+        r"$Q=K=I$, $n=20$, $x_0$ uniform in $[-5,5]^3$, Euler $dt=0.1$, $T=30$"
+        "\n"
+        r"proved (hyperplane theorem): $\leq 3$ planes $\varphi_1^*\in\{a,0,b\}$; "
+        rf"predict_regime: {reg.label}; observe_limit: {obs.label}",
+        ha="center",
+        va="top",
+        fontsize=7,
+        color="0.3",
+        linespacing=1.4,
+    )
     figures = H.save(fig, out_dir, NAME, quick)
     jpath = H.write_sidecar(
-        out_dir, NAME, script="attnflow.experiments.fig_conjecture", quick=quick,
-        runs=[params], figures=figures, t_start=t_start,
+        out_dir,
+        NAME,
+        script="attnflow.experiments.fig_conjecture",
+        quick=quick,
+        runs=[params],
+        figures=figures,
+        t_start=t_start,
         status_of_claim="CONJECTURE, not a theorem: codimension-k subspaces for k "
-                        "eigenvalues of positive real part. Proved here: the hyperplane "
-                        "theorem (codimension 1).")
+        "eigenvalues of positive real part. Proved here: the hyperplane "
+        "theorem (codimension 1).",
+    )
     return {"figures": figures, "json": str(jpath), "observed": obs.label}
 
 

@@ -39,8 +39,13 @@ from attnflow.experiments import _plotting as H
 
 NAME = "fig_dispersion"
 KERNEL_ORDER = ("softmax", "qknorm", "ssmax", "adaptive", "sigmoid")
-COLORS = {"softmax": "#1f77b4", "qknorm": "#d62728", "ssmax": "#2ca02c",
-          "adaptive": "#9467bd", "sigmoid": "#ff7f0e"}
+COLORS = {
+    "softmax": "#1f77b4",
+    "qknorm": "#d62728",
+    "ssmax": "#2ca02c",
+    "adaptive": "#9467bd",
+    "sigmoid": "#ff7f0e",
+}
 N_TRAIN = 16
 
 
@@ -52,29 +57,57 @@ def _config(quick: bool) -> dict:
         ns3 = [16, 256]
         seeds, t1, sinks = 2, 2.0, [8.0, 32.0]
     else:
-        ns1 = [16 * 4 ** k for k in range(6)]       # 16, 64, ..., 16,384
+        ns1 = [16 * 4**k for k in range(6)]  # 16, 64, ..., 16,384
         ns2 = [16, 64, 256, 1024]
-        ns3 = [16 * 4 ** k for k in range(6)]
+        ns3 = [16 * 4**k for k in range(6)]
         seeds, t1, sinks = 3, 4.5, [4.0, 8.0, 16.0, 32.0]
     return dict(
-        max=dict(d=8, ns=ns1, queries=N_TRAIN, beta=2.5, seed=1,
-                 tokens="uniform on the unit sphere of R^8 (normalised Gaussians), "
-                        "numpy default_rng(seed), one fixed stream: n tokens = its first n",
-                 weights="Q, K with iid N(0, 1/d) entries from the same generator",
-                 ssmax_s=1.0 / math.log(N_TRAIN), qknorm_beta="calibrated at n = 16"),
-        leaders=dict(d=2, ns=ns2, seeds=seeds, beta=1.0, t1=t1, dt=0.05, save_every=3,
-                     threshold=0.5, frame="original", method="euler",
-                     V="identity", Q="identity", K="identity",
-                     tokens="uniform in [-1, 1]^2, numpy default_rng(100 + seed), "
-                            "n tokens = the first n of a stream of max(ns)",
-                     ssmax_s=1.0 / math.log(N_TRAIN),
-                     metric="first saved time at which max over rows of "
-                            "max_j P_ij / sum_j P_ij exceeds the threshold"),
-        sink=dict(d=8, ns=ns3, queries=256, beta=1.0 / math.sqrt(8), sink_scales=sinks,
-                  mean_scale=1.0, seed=2, qknorm_gains=[1.0, 4.0],
-                  tokens="x_j = a u + r_j, u = e_1, a = mean_scale, r_j uniform in the "
-                         "unit ball; the sink x_0 = c u; queries = tokens 1 .. 256",
-                  Q="identity", K="identity"),
+        max=dict(
+            d=8,
+            ns=ns1,
+            queries=N_TRAIN,
+            beta=2.5,
+            seed=1,
+            tokens="uniform on the unit sphere of R^8 (normalised Gaussians), "
+            "numpy default_rng(seed), one fixed stream: n tokens = its first n",
+            weights="Q, K with iid N(0, 1/d) entries from the same generator",
+            ssmax_s=1.0 / math.log(N_TRAIN),
+            qknorm_beta="calibrated at n = 16",
+        ),
+        leaders=dict(
+            d=2,
+            ns=ns2,
+            seeds=seeds,
+            beta=1.0,
+            t1=t1,
+            dt=0.05,
+            save_every=3,
+            threshold=0.5,
+            frame="original",
+            method="euler",
+            V="identity",
+            Q="identity",
+            K="identity",
+            tokens="uniform in [-1, 1]^2, numpy default_rng(100 + seed), "
+            "n tokens = the first n of a stream of max(ns)",
+            ssmax_s=1.0 / math.log(N_TRAIN),
+            metric="first saved time at which max over rows of "
+            "max_j P_ij / sum_j P_ij exceeds the threshold",
+        ),
+        sink=dict(
+            d=8,
+            ns=ns3,
+            queries=256,
+            beta=1.0 / math.sqrt(8),
+            sink_scales=sinks,
+            mean_scale=1.0,
+            seed=2,
+            qknorm_gains=[1.0, 4.0],
+            tokens="x_j = a u + r_j, u = e_1, a = mean_scale, r_j uniform in the "
+            "unit ball; the sink x_0 = c u; queries = tokens 1 .. 256",
+            Q="identity",
+            K="identity",
+        ),
     )
 
 
@@ -97,8 +130,7 @@ def _max_vs_n(cfg: dict) -> dict:
     # qknorm's beta: the same largest coefficient at n = 16 as softmax (bisection; the
     # largest coefficient of a row increases with beta)
     x16 = x[:N_TRAIN]
-    target = float(np.max(af.dispersion(af.Attention(Q, Kw, np.eye(d), beta=beta),
-                                        x=x16).max))
+    target = float(np.max(af.dispersion(af.Attention(Q, Kw, np.eye(d), beta=beta), x=x16).max))
     lo, hi = 1e-3, 50.0
     for _ in range(60):
         mid = math.sqrt(lo * hi)
@@ -112,10 +144,25 @@ def _max_vs_n(cfg: dict) -> dict:
     res = {}
     for kern in KERNEL_ORDER:
         b = beta_qk if kern == "qknorm" else beta
-        m = af.Attention(Q, Kw, np.eye(d), beta=b, kernel=kern,
-                         kernel_params={"s": s} if kern == "ssmax" else None)
-        r = {key: [] for key in ("max", "median", "bound_tight", "bound_loose", "delta",
-                                 "entropy_normalized")}
+        m = af.Attention(
+            Q,
+            Kw,
+            np.eye(d),
+            beta=b,
+            kernel=kern,
+            kernel_params={"s": s} if kern == "ssmax" else None,
+        )
+        r = {
+            key: []
+            for key in (
+                "max",
+                "median",
+                "bound_tight",
+                "bound_loose",
+                "delta",
+                "entropy_normalized",
+            )
+        }
         for n in cfg["ns"]:
             rep = af.dispersion(m, x=x[:n], rows=slice(0, cfg["queries"]))
             r["max"].append(float(np.max(rep.max)))
@@ -137,18 +184,30 @@ def _max_vs_n(cfg: dict) -> dict:
             eff_label = rf"softmax bound of ${g:.3f}\,L$ (largest $1/\theta$)"
         else:
             eff, eff_label = None, None
-        res[kern] = dict(beta=b, max=r["max"], median_row_max=med,
-                         bound_tight=r["bound_tight"], bound_loose=r["bound_loose"],
-                         delta=r["delta"],
-                         effective_bound=None if eff is None else eff.tolist(),
-                         effective_bound_label=eff_label,
-                         entropy_normalized=r["entropy_normalized"])
+        res[kern] = dict(
+            beta=b,
+            max=r["max"],
+            median_row_max=med,
+            bound_tight=r["bound_tight"],
+            bound_loose=r["bound_loose"],
+            delta=r["delta"],
+            effective_bound=None if eff is None else eff.tolist(),
+            effective_bound_label=eff_label,
+            entropy_normalized=r["entropy_normalized"],
+        )
     sv = lambda A: float(np.linalg.svd(A, compute_uv=False)[0])  # noqa: E731
-    return dict(ns=cfg["ns"], beta=beta, beta_qknorm=beta_qk, ssmax_s=s,
-                target_max_at_16=target, kernels=res,
-                delta_worst_case=2 * beta * sv(Q) * sv(Kw),
-                delta_worst_case_qknorm=2 * beta_qk * d,
-                Q=Q.tolist(), K=Kw.tolist())
+    return dict(
+        ns=cfg["ns"],
+        beta=beta,
+        beta_qknorm=beta_qk,
+        ssmax_s=s,
+        target_max_at_16=target,
+        kernels=res,
+        delta_worst_case=2 * beta * sv(Q) * sv(Kw),
+        delta_worst_case_qknorm=2 * beta_qk * d,
+        Q=Q.tolist(),
+        K=Kw.tolist(),
+    )
 
 
 # ------------------------------------------------------------------ figure 2
@@ -157,19 +216,22 @@ def _leaders(cfg: dict) -> dict:
 
     d, dt, t1 = cfg["d"], cfg["dt"], cfg["t1"]
     n_max = max(cfg["ns"])
-    x_all = np.stack([np.random.default_rng(100 + s).uniform(-1, 1, (n_max, d))
-                      for s in range(cfg["seeds"])])
+    x_all = np.stack(
+        [np.random.default_rng(100 + s).uniform(-1, 1, (n_max, d)) for s in range(cfg["seeds"])]
+    )
     layers = int(round(t1 / dt))
     ts = np.arange(0, layers + 1, cfg["save_every"]) * dt
     out = {}
     for kern in KERNEL_ORDER:
         params = {"s": cfg["ssmax_s"]} if kern == "ssmax" else None
-        model = af.Attention(np.eye(d), np.eye(d), np.eye(d), beta=cfg["beta"],
-                             kernel=kern, kernel_params=params)
+        model = af.Attention(
+            np.eye(d), np.eye(d), np.eye(d), beta=cfg["beta"], kernel=kern, kernel_params=params
+        )
         rows = []
         for n in cfg["ns"]:
-            traj = af.simulate(model, x_all[:, :n], t1, ts=ts, frame=cfg["frame"],
-                               method="euler", dt=dt)
+            traj = af.simulate(
+                model, x_all[:, :n], t1, ts=ts, frame=cfg["frame"], method="euler", dt=dt
+            )
             share = np.full((cfg["seeds"], len(ts)), np.nan)
             for k in range(len(ts)):
                 rep = af.dispersion(traj, k=k)
@@ -181,10 +243,16 @@ def _leaders(cfg: dict) -> dict:
                 hit = np.flatnonzero(share[b] > cfg["threshold"])
                 times.append(float(ts[hit[0]]) if hit.size else None)
                 status.append(traj.statuses[b])
-            rows.append(dict(n=n, times=times, statuses=status,
-                             t_stop=[float(t) for t in traj.t_stop],
-                             share_median_over_seeds=np.nanmedian(share, 0).tolist(),
-                             share_initial=share[:, 0].tolist()))
+            rows.append(
+                dict(
+                    n=n,
+                    times=times,
+                    statuses=status,
+                    t_stop=[float(t) for t in traj.t_stop],
+                    share_median_over_seeds=np.nanmedian(share, 0).tolist(),
+                    share_initial=share[:, 0].tolist(),
+                )
+            )
         out[kern] = rows
     return dict(ns=cfg["ns"], ts=ts.tolist(), kernels=out)
 
@@ -202,8 +270,9 @@ def _sink(cfg: dict) -> dict:
     cases = [("softmax", c, cfg["beta"]) for c in cfg["sink_scales"]]
     cases += [("qknorm", c, cfg["beta"]) for c in cfg["sink_scales"]]
     # a larger qknorm gain: the sink's share then depends on the weights, not its norm
-    cases += [("qknorm", cfg["sink_scales"][-1], g * cfg["beta"])
-              for g in cfg["qknorm_gains"] if g != 1.0]
+    cases += [
+        ("qknorm", cfg["sink_scales"][-1], g * cfg["beta"]) for g in cfg["qknorm_gains"] if g != 1.0
+    ]
     out = []
     for kern, c, beta in cases:
         x = base.copy()
@@ -215,8 +284,16 @@ def _sink(cfg: dict) -> dict:
             mass.append(float(rep.mean_sink_mass))
             ent.append(float(np.mean(rep.entropy_normalized)))
             bt.append(float(np.mean(rep.bound_tight)))
-        out.append(dict(kernel=kern, sink_scale=c, beta=beta, sink_mass=mass,
-                        entropy_normalized=ent, mean_bound_tight=bt))
+        out.append(
+            dict(
+                kernel=kern,
+                sink_scale=c,
+                beta=beta,
+                sink_mass=mass,
+                entropy_normalized=ent,
+                mean_bound_tight=bt,
+            )
+        )
     return dict(ns=cfg["ns"], cases=out)
 
 
@@ -229,14 +306,22 @@ def _plot_max(data: dict, out_dir: Path, plt, quick: bool = False) -> list[Path]
         r = data["kernels"][kern]
         c = COLORS[kern]
         ax.plot(ns, r["max"], "o-", color=c, ms=3, lw=1.2, label="largest coefficient")
-        ax.plot(ns, r["median_row_max"], "s:", color=c, ms=2, lw=0.8, alpha=0.7,
-                label="median row max")
-        ax.plot(ns, np.minimum(r["bound_tight"], 1.0), "k--", lw=0.9,
-                label=r"$1/(1+(n-1)e^{-\delta})$")
+        ax.plot(
+            ns, r["median_row_max"], "s:", color=c, ms=2, lw=0.8, alpha=0.7, label="median row max"
+        )
+        ax.plot(
+            ns, np.minimum(r["bound_tight"], 1.0), "k--", lw=0.9, label=r"$1/(1+(n-1)e^{-\delta})$"
+        )
         ax.plot(ns, np.minimum(r["bound_loose"], 2.0), "k:", lw=0.9, label=r"$e^{\delta}/n$")
         if r["effective_bound"] is not None:
-            ax.plot(ns, r["effective_bound"], "-.", color="0.45", lw=0.9,
-                    label=r["effective_bound_label"])
+            ax.plot(
+                ns,
+                r["effective_bound"],
+                "-.",
+                color="0.45",
+                lw=0.9,
+                label=r["effective_bound_label"],
+            )
         title = kern + (rf" ($\beta$={r['beta']:.3g})" if kern == "qknorm" else "")
         if kern == "ssmax":
             title += rf" ($s=1/\log {N_TRAIN}$)"
@@ -244,8 +329,9 @@ def _plot_max(data: dict, out_dir: Path, plt, quick: bool = False) -> list[Path]
         ax.legend(fontsize=5, loc="lower left")
     ax = axes[-1]
     for kern in KERNEL_ORDER:
-        ax.plot(ns, data["kernels"][kern]["max"], "o-", color=COLORS[kern], ms=2.5, lw=1,
-                label=kern)
+        ax.plot(
+            ns, data["kernels"][kern]["max"], "o-", color=COLORS[kern], ms=2.5, lw=1, label=kern
+        )
     ax.plot(ns, 1 / ns, color="0.6", lw=0.8, label="$1/n$")
     ax.set_title("all kernels")
     ax.legend(fontsize=5, loc="lower left")
@@ -259,15 +345,19 @@ def _plot_max(data: dict, out_dir: Path, plt, quick: bool = False) -> list[Path]
         ax.set_xlabel("$n$ (keys)")
     for ax in axes[::3]:
         ax.set_ylabel(r"$\max_{i,j} P_{ij}$ over 16 queries")
-    fig.suptitle(rf"Largest attention coefficient against $n$ (fixed weights, tokens on "
-                 rf"$S^{{7}}$, $\beta$={data['beta']:g}); bounds from each row's logit "
-                 r"spread $\delta$, max over rows", fontsize=7)
+    fig.suptitle(
+        rf"Largest attention coefficient against $n$ (fixed weights, tokens on "
+        rf"$S^{{7}}$, $\beta$={data['beta']:g}); bounds from each row's logit "
+        r"spread $\delta$, max over rows",
+        fontsize=7,
+    )
     fig.tight_layout()
     return H.save(fig, out_dir, f"{NAME}_max", quick=quick, tight=True)
 
 
-def _plot_leaders(data: dict, out_dir: Path, plt, t1: float,
-                  qk_limit: float | None = None, quick: bool = False) -> list[Path]:
+def _plot_leaders(
+    data: dict, out_dir: Path, plt, t1: float, qk_limit: float | None = None, quick: bool = False
+) -> list[Path]:
     ns = np.asarray(data["ns"], float)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(7.0, 2.8))
     for i, kern in enumerate(KERNEL_ORDER):
@@ -290,21 +380,44 @@ def _plot_leaders(data: dict, out_dir: Path, plt, t1: float,
             med.append(m), lo.append(fin.min()), hi.append(t.max())
         med, lo, hi = map(np.asarray, (med, lo, hi))
         hi_c = np.minimum(hi, t1 * 1.04)  # a censored seed: the bar reaches the marker line
-        ax.errorbar(ns * jit, med, yerr=[med - lo, hi_c - med], fmt="o-", color=c, ms=3,
-                    lw=1, capsize=1.5, label=kern)
+        ax.errorbar(
+            ns * jit,
+            med,
+            yerr=[med - lo, hi_c - med],
+            fmt="o-",
+            color=c,
+            ms=3,
+            lw=1,
+            capsize=1.5,
+            label=kern,
+        )
         if cens_n:
-            ax.plot(np.asarray(cens_n) * jit, [t1 * 1.04] * len(cens_n), "^", color=c,
-                    ms=4, mfc="none")
+            ax.plot(
+                np.asarray(cens_n) * jit, [t1 * 1.04] * len(cens_n), "^", color=c, ms=4, mfc="none"
+            )
         if over_n:
             ax.plot(np.asarray(over_n) * jit, [t1 * 1.04] * len(over_n), "x", color=c, ms=4)
         big = rows[-1]
         ax2.plot(data["ts"], big["share_median_over_seeds"], color=c, lw=1, label=kern)
     ax.axhline(t1, color="0.6", lw=0.6)
-    ax.text(ns[0], t1 * 1.09, r"$\triangle$ no leader by $t_1$ (median over seeds); "
-            r"$\times$ overflow first", fontsize=5.5, va="bottom")
+    ax.text(
+        ns[0],
+        t1 * 1.09,
+        r"$\triangle$ no leader by $t_1$ (median over seeds); "
+        r"$\times$ overflow first",
+        fontsize=5.5,
+        va="bottom",
+    )
     if qk_limit is not None:
-        ax.text(ns[-1], 0.2, rf"qknorm: no leader possible for $n > 1+e^{{2\beta p}}$ = "
-                rf"{qk_limit:.3g} (the lemma)", fontsize=5.5, ha="right", color=COLORS["qknorm"])
+        ax.text(
+            ns[-1],
+            0.2,
+            rf"qknorm: no leader possible for $n > 1+e^{{2\beta p}}$ = "
+            rf"{qk_limit:.3g} (the lemma)",
+            fontsize=5.5,
+            ha="right",
+            color=COLORS["qknorm"],
+        )
     ax.set_xscale("log", base=2)
     ax.set_ylim(-0.1, t1 * 1.25)
     ax.set_xlabel("$n$ (tokens)")
@@ -319,9 +432,11 @@ def _plot_leaders(data: dict, out_dir: Path, plt, t1: float,
     for a in (ax, ax2):
         a.grid(alpha=0.25, lw=0.4)
         a.tick_params(labelsize=6)
-    fig.suptitle(r"Particle system $\dot x_i=\sum_j P_{ij}x_j$ ($Q=K=V=I$, $d=2$, "
-                 r"tokens uniform in $[-1,1]^2$, original frame, Euler $dt=0.05$)",
-                 fontsize=7)
+    fig.suptitle(
+        r"Particle system $\dot x_i=\sum_j P_{ij}x_j$ ($Q=K=V=I$, $d=2$, "
+        r"tokens uniform in $[-1,1]^2$, original frame, Euler $dt=0.05$)",
+        fontsize=7,
+    )
     fig.tight_layout()
     return H.save(fig, out_dir, f"{NAME}_leaders", quick=quick, tight=True)
 
@@ -342,8 +457,10 @@ def _plot_sink(data: dict, out_dir: Path, plt, quick: bool = False) -> list[Path
             label = f"qknorm, $c$ = {c:g}"
         else:
             style = dict(color="k", ls=":", marker="^")
-            label = (rf"qknorm, $c$ = {c:g}, gain {case['beta'] / base_beta:g}: "
-                     rf"$\beta$ = {case['beta']:.3g}")
+            label = (
+                rf"qknorm, $c$ = {c:g}, gain {case['beta'] / base_beta:g}: "
+                rf"$\beta$ = {case['beta']:.3g}"
+            )
         ax.plot(ns, case["sink_mass"], ms=2.5, lw=1, label=label, **style)
         ax2.plot(ns, case["entropy_normalized"], ms=2.5, lw=1, **style)
     ax.plot(ns, 1 / ns, color="0.6", lw=0.8, label="$1/n$ (uniform)")
@@ -358,9 +475,11 @@ def _plot_sink(data: dict, out_dir: Path, plt, quick: bool = False) -> list[Path
         a.set_xlabel("$n$ (tokens)")
         a.grid(alpha=0.25, lw=0.4)
         a.tick_params(labelsize=6)
-    fig.suptitle(r"A sink token $x_0=c\,u$ among $x_j=u+r_j$ ($|r_j|\leq 1$, $d=8$, "
-                 rf"$Q=K=I$, $\beta=1/\sqrt{{8}}$): qknorm removes the sink's norm",
-                 fontsize=7)
+    fig.suptitle(
+        r"A sink token $x_0=c\,u$ among $x_j=u+r_j$ ($|r_j|\leq 1$, $d=8$, "
+        r"$Q=K=I$, $\beta=1/\sqrt{8}$): qknorm removes the sink's norm",
+        fontsize=7,
+    )
     fig.tight_layout()
     return H.save(fig, out_dir, f"{NAME}_sink", quick=quick, tight=True)
 
@@ -369,8 +488,11 @@ def _plot_sink(data: dict, out_dir: Path, plt, quick: bool = False) -> list[Path
 def _summary(f1: dict, f2: dict, f3: dict) -> dict:
     s = {"max_at_n": {}, "leader_time_median": {}, "sink_mass": {}}
     for kern, r in f1["kernels"].items():
-        s["max_at_n"][kern] = {str(f1["ns"][0]): r["max"][0], str(f1["ns"][-1]): r["max"][-1],
-                               "bound_tight_last": r["bound_tight"][-1]}
+        s["max_at_n"][kern] = {
+            str(f1["ns"][0]): r["max"][0],
+            str(f1["ns"][-1]): r["max"][-1],
+            "bound_tight_last": r["bound_tight"][-1],
+        }
     for kern, rows in f2["kernels"].items():
         med = {}
         for row in rows:  # no leader by t1 counts as +inf; None: censored median
@@ -379,8 +501,10 @@ def _summary(f1: dict, f2: dict, f3: dict) -> dict:
         s["leader_time_median"][kern] = med
     for case in f3["cases"]:
         key = f"{case['kernel']} c={case['sink_scale']:g} beta={case['beta']:.4g}"
-        s["sink_mass"][key] = {str(f3["ns"][0]): case["sink_mass"][0],
-                               str(f3["ns"][-1]): case["sink_mass"][-1]}
+        s["sink_mass"][key] = {
+            str(f3["ns"][0]): case["sink_mass"][0],
+            str(f3["ns"][-1]): case["sink_mass"][-1],
+        }
     return s
 
 
@@ -418,15 +542,22 @@ def _make(out_dir: Path, quick: bool, plt) -> dict:
     lc = cfg["leaders"]
     # share > 1/2 needs 1/(1 + (n-1) e^{-delta}) > 1/2 with delta <= 2 beta p (p = d here)
     f2["qknorm_no_leader_above_n"] = 1 + math.exp(2 * lc["beta"] * lc["d"])
-    figures += _plot_leaders(f2, out_dir, plt, lc["t1"], f2["qknorm_no_leader_above_n"],
-                             quick=quick)
+    figures += _plot_leaders(
+        f2, out_dir, plt, lc["t1"], f2["qknorm_no_leader_above_n"], quick=quick
+    )
     figures += _plot_sink(f3, out_dir, plt, quick)
     summary = _summary(f1, f2, f3)
-    sidecar = dict(script="attnflow.experiments.fig_dispersion", quick=bool(quick),
-                   x64=True, parameters=cfg, versions=run_metadata(), summary=summary,
-                   results=dict(max=f1, leaders=f2, sink=f3),
-                   figures=[str(p) for p in figures],
-                   seconds=dict(seconds, total=time.perf_counter() - t0))
+    sidecar = dict(
+        script="attnflow.experiments.fig_dispersion",
+        quick=bool(quick),
+        x64=True,
+        parameters=cfg,
+        versions=run_metadata(),
+        summary=summary,
+        results=dict(max=f1, leaders=f2, sink=f3),
+        figures=[str(p) for p in figures],
+        seconds=dict(seconds, total=time.perf_counter() - t0),
+    )
     jpath = out_dir / f"{NAME}.json"
     jpath.write_text(json.dumps(sidecar, indent=1))
     return {"figures": [str(p) for p in figures], "json": str(jpath), "summary": summary}

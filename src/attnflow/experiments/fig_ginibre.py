@@ -85,16 +85,28 @@ def _saved(results: Path | None, d: int, want: int):
     except ValueError:
         return None
     cfg = man.get("config", {})
-    if (man.get("name") != "ginibre" or cfg.get("d") != d or man.get("seed") != SEED
-            or cfg.get("version") != G.KERNEL_VERSION or man.get("size", 0) < want
-            or cfg.get("tol") != d * float(np.finfo(np.float64).eps)):
+    if (
+        man.get("name") != "ginibre"
+        or cfg.get("d") != d
+        or man.get("seed") != SEED
+        or cfg.get("version") != G.KERNEL_VERSION
+        or man.get("size", 0) < want
+        or cfg.get("tol") != d * float(np.finfo(np.float64).eps)
+    ):
         return None
     try:
         data = S.merge(path)
     except ValueError:  # incomplete
         return None
-    est = G.summarize(data.arrays, d=d, seed=SEED, tol=cfg["tol"], backend=cfg["backend"],
-                      level=LEVEL, interval=INTERVAL)
+    est = G.summarize(
+        data.arrays,
+        d=d,
+        seed=SEED,
+        tol=cfg["tol"],
+        backend=cfg["backend"],
+        level=LEVEL,
+        interval=INTERVAL,
+    )
     return est, str(path)
 
 
@@ -106,8 +118,7 @@ def plot(ests, out_dir: Path) -> tuple[Path, Path]:
     dims = [e.d for e in ests]
     # rc_context: `attnflow figures` runs every script in one process, so no rcParams
     # may leak from one script to the next.
-    with matplotlib.rc_context({"font.size": 10, "axes.titlesize": 10.5,
-                                "legend.fontsize": 8.5}):
+    with matplotlib.rc_context({"font.size": 10, "axes.titlesize": 10.5, "legend.fontsize": 8.5}):
         return _draw(plt, ests, dims, out_dir)
 
 
@@ -116,22 +127,60 @@ def _draw(plt, ests, dims, out_dir: Path) -> tuple[Path, Path]:
     frac = np.array([e.fraction for e in ests])
     err = np.array([[e.fraction - e.low for e in ests], [e.high - e.fraction for e in ests]])
     gfrac = np.array([e.good_ginibre.fraction for e in ests])
-    gerr = np.array([[e.good_ginibre.fraction - e.good_ginibre.low for e in ests],
-                     [e.good_ginibre.high - e.good_ginibre.fraction for e in ests]])
+    gerr = np.array(
+        [
+            [e.good_ginibre.fraction - e.good_ginibre.low for e in ests],
+            [e.good_ginibre.high - e.good_ginibre.fraction for e in ests],
+        ]
+    )
     fig, ax = plt.subplots(figsize=(6.4, 4.2), constrained_layout=True)
-    ax.errorbar(ds, frac, yerr=err, fmt="o-", color="C0", ms=5, lw=1.3, capsize=3,
-                label=r"spectral hypothesis: $\lambda_1$ real, $>0$, simple"
-                      "\n" r"(= good triples with $Q=K=I$)")
-    ax.errorbar(ds, gfrac, yerr=gerr, fmt="s--", color="C2", ms=4, lw=1.1, capsize=3,
-                label=r"good triples, $Q,K$ Ginibre too: "
-                      r"$\langle Q\phi_1, K\phi_1\rangle>0$")
+    ax.errorbar(
+        ds,
+        frac,
+        yerr=err,
+        fmt="o-",
+        color="C0",
+        ms=5,
+        lw=1.3,
+        capsize=3,
+        label=r"spectral hypothesis: $\lambda_1$ real, $>0$, simple"
+        "\n"
+        r"(= good triples with $Q=K=I$)",
+    )
+    ax.errorbar(
+        ds,
+        gfrac,
+        yerr=gerr,
+        fmt="s--",
+        color="C2",
+        ms=4,
+        lw=1.1,
+        capsize=3,
+        label=r"good triples, $Q,K$ Ginibre too: "
+        r"$\langle Q\phi_1, K\phi_1\rangle>0$",
+    )
     exact_d = [d for d in (1, 2) if d in dims]
     exact_v = {1: 0.5, 2: 1 / (2 * math.sqrt(2))}
-    ax.plot(exact_d, [exact_v[d] for d in exact_d], "kx", ms=9, mew=1.6,
-            label=r"exact: $1/2$ ($d=1$), $1/(2\sqrt{2})$ ($d=2$)")
-    ax.plot([PAPER_D], [PAPER_FRACTION], marker="*", color="C3", mfc="none", mew=1.3,
-            ms=17, ls="none", zorder=5,
-            label=r"Geshkovski et al. (2023): $\approx 14\%$ at $d=128$")
+    ax.plot(
+        exact_d,
+        [exact_v[d] for d in exact_d],
+        "kx",
+        ms=9,
+        mew=1.6,
+        label=r"exact: $1/2$ ($d=1$), $1/(2\sqrt{2})$ ($d=2$)",
+    )
+    ax.plot(
+        [PAPER_D],
+        [PAPER_FRACTION],
+        marker="*",
+        color="C3",
+        mfc="none",
+        mew=1.3,
+        ms=17,
+        ls="none",
+        zorder=5,
+        label=r"Geshkovski et al. (2023): $\approx 14\%$ at $d=128$",
+    )
     ax.set_xscale("log", base=2)
     ax.set_xticks(DIMS)
     ax.set_xticklabels([str(d) for d in DIMS])
@@ -139,14 +188,17 @@ def _draw(plt, ests, dims, out_dir: Path) -> tuple[Path, Path]:
     ax.set_ylim(0, 0.56)
     ax.set_xlabel(r"dimension $d$")
     ax.set_ylabel("fraction of real Ginibre matrices")
-    ax.set_title("How generic is the hyperplane theorem?  (real Ginibre $V$, "
-                 f"{int(LEVEL * 100)}% Wilson intervals)\nsamples: {_sample_groups(ests)}",
-                 fontsize=9.5)
+    ax.set_title(
+        "How generic is the hyperplane theorem?  (real Ginibre $V$, "
+        f"{int(LEVEL * 100)}% Wilson intervals)\nsamples: {_sample_groups(ests)}",
+        fontsize=9.5,
+    )
     ax.grid(True, which="major", alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     order = [2, 3, 0, 1]  # the two estimates first, then the exact and published values
-    ax.legend([handles[i] for i in order], [labels[i] for i in order], loc="upper right",
-              frameon=False)
+    ax.legend(
+        [handles[i] for i in order], [labels[i] for i in order], loc="upper right", frameon=False
+    )
     png, pdf = out_dir / f"{NAME}.png", out_dir / f"{NAME}.pdf"
     fig.savefig(png, dpi=200)
     fig.savefig(pdf)
@@ -154,8 +206,9 @@ def _draw(plt, ests, dims, out_dir: Path) -> tuple[Path, Path]:
     return png, pdf
 
 
-def make(out_dir: Path, quick: bool = False, results: Path | None = None,
-         workers: int | None = None) -> dict:
+def make(
+    out_dir: Path, quick: bool = False, results: Path | None = None, workers: int | None = None
+) -> dict:
     """Compute the curve and write the PNG, PDF and JSON sidecar into ``out_dir``.
 
     ``results``: a directory of saved sweeps (``attnflow ginibre --out``) to reuse.
@@ -181,14 +234,15 @@ def make(out_dir: Path, quick: bool = False, results: Path | None = None,
         if saved is not None:
             est, source = saved
         else:
-            est = attnflow.ginibre_fraction(d, n, seed=SEED, level=LEVEL, interval=INTERVAL,
-                                            workers=workers)
+            est = attnflow.ginibre_fraction(
+                d, n, seed=SEED, level=LEVEL, interval=INTERVAL, workers=workers
+            )
             source = "computed"
-        rows.append({"estimate": est, "source": source,
-                     "seconds": time.perf_counter() - t0})
+        rows.append({"estimate": est, "source": source, "seconds": time.perf_counter() - t0})
         # progress on stderr: `attnflow figures --json` keeps stdout for its JSON
-        print(f"{est.summary()}  [{source}, {rows[-1]['seconds']:.1f} s]", file=sys.stderr,
-              flush=True)
+        print(
+            f"{est.summary()}  [{source}, {rows[-1]['seconds']:.1f} s]", file=sys.stderr, flush=True
+        )
 
     ests = [r["estimate"] for r in rows]
     png, pdf = plot(ests, out_dir)
@@ -206,34 +260,45 @@ def make(out_dir: Path, quick: bool = False, results: Path | None = None,
         "d": dims,
         "samples": {str(e.d): e.samples for e in ests},
         "tolerance": "decision tolerance tol * ||V||_F with tol = d * eps (eps = 2**-52); "
-                     "borderline = within 1000 times that",
+        "borderline = within 1000 times that",
         "ensemble": "V, Q, K with iid N(0, 1) entries; streams as documented in "
-                    "attnflow.studies.ginibre",
-        "paper": {"d": PAPER_D, "fraction": PAPER_FRACTION,
-                  "source": "Geshkovski, Letrouit, Polyanskiy, Rigollet 2023 "
-                            "(arXiv 2305.05465): about 14% at d = 128"},
+        "attnflow.studies.ginibre",
+        "paper": {
+            "d": PAPER_D,
+            "fraction": PAPER_FRACTION,
+            "source": "Geshkovski, Letrouit, Polyanskiy, Rigollet 2023 "
+            "(arXiv 2305.05465): about 14% at d = 128",
+        },
         "exact": {"1": 0.5, "2": 1 / (2 * math.sqrt(2))},
-        "results": [{**r["estimate"].to_dict(), "source": r["source"],
-                     "seconds": round(r["seconds"], 3)} for r in rows],
+        "results": [
+            {**r["estimate"].to_dict(), "source": r["source"], "seconds": round(r["seconds"], 3)}
+            for r in rows
+        ],
         "seconds_total": round(time.perf_counter() - t_all, 2),
         "versions": {**run_metadata(), "matplotlib": mpl.__version__},
-        "command": ("python -m attnflow.experiments.fig_ginibre"
-                    + (" --quick" if quick else "")),
+        "command": ("python -m attnflow.experiments.fig_ginibre" + (" --quick" if quick else "")),
     }
     js = out_dir / f"{NAME}.json"
     js.write_text(json.dumps(side, indent=1) + "\n")
-    return {"figures": [str(png), str(pdf)], "json": str(js),
-            "results": side["results"]}
+    return {"figures": [str(png), str(pdf)], "json": str(js), "results": side["results"]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small run (seconds)")
     ap.add_argument("--out", type=Path, default=Path("figures"), help="output directory")
-    ap.add_argument("--results", type=Path, default=None,
-                    help="directory of saved sweeps (attnflow ginibre --out) to reuse")
-    ap.add_argument("--workers", type=int, default=None,
-                    help="worker processes (default: one per core for long dimensions)")
+    ap.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="directory of saved sweeps (attnflow ginibre --out) to reuse",
+    )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes (default: one per core for long dimensions)",
+    )
     args = ap.parse_args()
     import matplotlib
 

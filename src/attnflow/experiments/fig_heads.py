@@ -50,8 +50,10 @@ BOOLEAN_TOL = 1e-6  # a final P within this (inf-norm) distance counts as Boolea
 # Kinds of heads (the colours of the figures), from the analysis.
 KINDS = {
     "hyperplanes": ("hyperplane theorem applies", "#1b9e77"),
-    "spectral-qk": (r"$\lambda_1$ real, $>0$, simple, dominant; $\langle Q\phi_1,K\phi_1\rangle\leq 0$",
-                    "#c2e699"),
+    "spectral-qk": (
+        r"$\lambda_1$ real, $>0$, simple, dominant; $\langle Q\phi_1,K\phi_1\rangle\leq 0$",
+        "#c2e699",
+    ),
     "complex": (r"$\lambda_1$ complex", "#7570b3"),
     "negative": (r"$\lambda_1$ real, $<0$", "#d95f02"),
     "other": ("other", "#999999"),
@@ -135,17 +137,22 @@ def _fig_regimes(analysis, runs, out_dir: Path, plt, quick: bool = False) -> lis
     for r in analysis.heads:
         kinds[r.layer, r.head] = kind_of(r)
         l1 = r.lambda1
-        lam_text[r.layer, r.head] = (f"{l1.real:+.2f}" if r.real else
-                                     f"{l1.real:+.2f}\n$\\pm${abs(l1.imag):.2f}i")
+        lam_text[r.layer, r.head] = (
+            f"{l1.real:+.2f}" if r.real else f"{l1.real:+.2f}\n$\\pm${abs(l1.imag):.2f}i"
+        )
     ncols = 3 if runs else 2
-    fig, axes = plt.subplots(1, ncols, figsize=(3.4 * ncols, 2.9),
-                             gridspec_kw={"width_ratios": [1.3] * (ncols - 1) + [1.0]})
+    fig, axes = plt.subplots(
+        1,
+        ncols,
+        figsize=(3.4 * ncols, 2.9),
+        gridspec_kw={"width_ratios": [1.3] * (ncols - 1) + [1.0]},
+    )
     colours = {k: c for k, (_, c) in KINDS.items()}
-    _grid(axes[0], kinds, colours, lam_text,
-          "predicted (cell: $\\lambda_1$ of $V_h$)", L, Hn)
+    _grid(axes[0], kinds, colours, lam_text, "predicted (cell: $\\lambda_1$ of $V_h$)", L, Hn)
     used = [k for k in KINDS if (kinds == k).any()]
-    handles = [Patch(color=KINDS[k][1], label=f"{KINDS[k][0]} ({int((kinds == k).sum())})")
-               for k in used]
+    handles = [
+        Patch(color=KINDS[k][1], label=f"{KINDS[k][0]} ({int((kinds == k).sum())})") for k in used
+    ]
     if runs:
         obs = np.empty((L, Hn), dtype=object)
         txt = np.empty((L, Hn), dtype=object)
@@ -156,29 +163,55 @@ def _fig_regimes(analysis, runs, out_dir: Path, plt, quick: bool = False) -> lis
             txt[run.layer, run.head] = f"{cnt}/{len(run.observed)}"
         ocol = {k: c for k, (_, c) in OBSERVED.items()}
         _grid(axes[1], obs, ocol, txt, "observed by observe_limit (cell: sentences)", L, Hn)
-        oh = [Patch(color=OBSERVED[k][1], label=f"{OBSERVED[k][0]} ({int((obs == k).sum())})")
-              for k in OBSERVED if (obs == k).any()]
-        axes[1].legend(handles=oh, loc="upper center", bbox_to_anchor=(0.5, -0.22),
-                       fontsize=5, frameon=False, ncol=2)
+        oh = [
+            Patch(color=OBSERVED[k][1], label=f"{OBSERVED[k][0]} ({int((obs == k).sum())})")
+            for k in OBSERVED
+            if (obs == k).any()
+        ]
+        axes[1].legend(
+            handles=oh,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.22),
+            fontsize=5,
+            frameon=False,
+            ncol=2,
+        )
     ax = axes[-1]
     for r in analysis.heads:
-        ax.plot(r.lambda1.real, abs(r.lambda1.imag), "o", ms=3,
-                color=KINDS[kind_of(r)][1], mec="k", mew=0.2)
+        ax.plot(
+            r.lambda1.real,
+            abs(r.lambda1.imag),
+            "o",
+            ms=3,
+            color=KINDS[kind_of(r)][1],
+            mec="k",
+            mew=0.2,
+        )
     ax.axvline(0, color="k", lw=0.4)
     ax.set_xlabel(r"Re $\lambda_1$")
     ax.set_ylabel(r"$|$Im $\lambda_1|$")
     ax.set_title(r"leading eigenvalue of $V_h = W_O^{(h)} W_V^{(h)}$")
-    axes[0].legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22),
-                   fontsize=5, frameon=False, ncol=1)
-    fig.suptitle(f"all-MiniLM-L6-v2: {analysis.num_layers} x {analysis.num_heads} heads, "
-                 f"$d$ = {analysis.d_model}, head size {analysis.d_head}, "
-                 f"$\\beta = 1/\\sqrt{{{analysis.d_head}}}$", fontsize=7)
+    axes[0].legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.22),
+        fontsize=5,
+        frameon=False,
+        ncol=1,
+    )
+    fig.suptitle(
+        f"all-MiniLM-L6-v2: {analysis.num_layers} x {analysis.num_heads} heads, "
+        f"$d$ = {analysis.d_model}, head size {analysis.d_head}, "
+        f"$\\beta = 1/\\sqrt{{{analysis.d_head}}}$",
+        fontsize=7,
+    )
     fig.tight_layout()
     return _plotting.save(fig, out_dir, "heads_regimes", quick=quick, tight=True)
 
 
-def _fig_dynamics(series: list[dict], tokens: list[str], out_dir: Path, plt,
-                  quick: bool = False) -> list[Path]:
+def _fig_dynamics(
+    series: list[dict], tokens: list[str], out_dir: Path, plt, quick: bool = False
+) -> list[Path]:
     k = len(series)
     fig, axes = plt.subplots(2, k, figsize=(1.55 * k, 3.3), squeeze=False)
     cmap = plt.get_cmap("viridis")
@@ -186,12 +219,19 @@ def _fig_dynamics(series: list[dict], tokens: list[str], out_dir: Path, plt,
         ax = axes[0, c]
         n = s["levels"].shape[1]
         for i in range(n):
-            ax.plot(s["ts"], s["levels"][:, i], lw=0.7, color=cmap(i / max(n - 1, 1)),
-                    label=tokens[i] if c == 0 else None)
+            ax.plot(
+                s["ts"],
+                s["levels"][:, i],
+                lw=0.7,
+                color=cmap(i / max(n - 1, 1)),
+                label=tokens[i] if c == 0 else None,
+            )
         var = "z" if s["frame"] == "rescaled" else "x"
-        ax.set_title(f"L{s['layer']} H{s['head']}: {s['predicted']}\n"
-                     f"$\\lambda_1$ = {s['lambda1_text']}; Re $\\psi_1^*({var}_i(t))$",
-                     fontsize=5.5)
+        ax.set_title(
+            f"L{s['layer']} H{s['head']}: {s['predicted']}\n"
+            f"$\\lambda_1$ = {s['lambda1_text']}; Re $\\psi_1^*({var}_i(t))$",
+            fontsize=5.5,
+        )
         ax.set_xlabel("$t$")
         ax2 = axes[1, c]
         D = np.maximum(s["boolean_distance"], 1e-300)
@@ -203,10 +243,12 @@ def _fig_dynamics(series: list[dict], tokens: list[str], out_dir: Path, plt,
             ax.set_ylabel("token level")
             ax2.set_ylabel(r"Boolean distance of $P(t)$")
     axes[0, 0].legend(fontsize=4, loc="best", ncol=1, frameon=False)
-    fig.suptitle("tokens of \u201c" + series[0]["sentence"] + "\u201d under single trained "
-                 "heads: $\\psi_1^*$ is the left eigenvector of $\\lambda_1$; $z$ rescaled "
-                 "frame (Re $\\lambda_1 > 0$), $x$ original frame (Re $\\lambda_1 < 0$)",
-                 fontsize=6.5)
+    fig.suptitle(
+        "tokens of \u201c" + series[0]["sentence"] + "\u201d under single trained "
+        "heads: $\\psi_1^*$ is the left eigenvector of $\\lambda_1$; $z$ rescaled "
+        "frame (Re $\\lambda_1 > 0$), $x$ original frame (Re $\\lambda_1 < 0$)",
+        fontsize=6.5,
+    )
     fig.tight_layout()
     return _plotting.save(fig, out_dir, "heads_dynamics", quick=quick, tight=True)
 
@@ -214,8 +256,11 @@ def _fig_dynamics(series: list[dict], tokens: list[str], out_dir: Path, plt,
 def summarize(analysis, runs, sentences) -> dict:
     """The numbers quoted in the README section."""
     kinds = collections.Counter(kind_of(r) for r in analysis.heads)
-    out = {"counts": dict(analysis.counts), "hypotheses": dict(analysis.hypotheses),
-           "kinds": {k: kinds.get(k, 0) for k in KINDS}}
+    out = {
+        "counts": dict(analysis.counts),
+        "hypotheses": dict(analysis.hypotheses),
+        "kinds": {k: kinds.get(k, 0) for k in KINDS},
+    }
     if not runs:
         return out
     by_kind = collections.defaultdict(collections.Counter)
@@ -231,8 +276,9 @@ def summarize(analysis, runs, sentences) -> dict:
     pairs = 0
     for run in runs:
         k = kind_of(reps[run.layer, run.head])
-        for s, (o, st, m, bd, ld) in enumerate(zip(run.observed, run.statuses, run.methods,
-                                                   run.boolean_distance, run.leaders)):
+        for s, (o, st, m, bd, ld) in enumerate(
+            zip(run.observed, run.statuses, run.methods, run.boolean_distance, run.leaders)
+        ):
             pairs += 1
             by_kind[k][o] += 1
             statuses[st] += 1
@@ -243,15 +289,17 @@ def summarize(analysis, runs, sentences) -> dict:
                     single += 1
                     single_by_kind[k] += 1
                     n = len(sentences[s]["tokens"])
-                    leader_role["[CLS]" if ld[0] == 0 else "[SEP]" if ld[0] == n - 1
-                                else "word"] += 1
+                    leader_role[
+                        "[CLS]" if ld[0] == 0 else "[SEP]" if ld[0] == n - 1 else "word"
+                    ] += 1
             if run.levels[s] is not None and o == "hyperplanes":
                 lv, lv0 = np.asarray(run.levels[s]), np.asarray(run.levels0[s])
                 scale = max(np.abs(lv0).max(), 1e-300)
                 levels[run.n_clusters[s]] += 1
                 spread.append(float(np.ptp(lv) / max(np.ptp(lv0), 1e-300)))
-                in_range += int(lv.min() >= lv0.min() - 1e-9 * scale
-                                and lv.max() <= lv0.max() + 1e-9 * scale)
+                in_range += int(
+                    lv.min() >= lv0.min() - 1e-9 * scale and lv.max() <= lv0.max() + 1e-9 * scale
+                )
     out["dynamics"] = {
         "pairs": pairs,
         "observed_by_kind": {k: dict(v) for k, v in by_kind.items()},
@@ -294,9 +342,9 @@ def make(out_dir: Path, quick: bool = False) -> dict:
 
 
 def _make(out_dir: Path, quick: bool, plt) -> dict:
-    from attnflow.studies import heads as H
-    from attnflow.io.serialize import to_jsonable
     from attnflow._meta import run_metadata
+    from attnflow.io.serialize import to_jsonable
+    from attnflow.studies import heads as H
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -308,8 +356,9 @@ def _make(out_dir: Path, quick: bool, plt) -> dict:
     figures = _fig_regimes(analysis, None, out_dir, plt, quick) if quick else []
     sentences, runs, series, note = [], [], [], None
     try:
-        sentences = H.input_embeddings(CHECKPOINT, H.DEFAULT_SENTENCES[:1] if quick
-                                       else H.DEFAULT_SENTENCES)
+        sentences = H.input_embeddings(
+            CHECKPOINT, H.DEFAULT_SENTENCES[:1] if quick else H.DEFAULT_SENTENCES
+        )
     except ValueError as exc:  # tokenizers missing: the prediction still stands
         note = f"dynamics skipped: {exc}"
     reps = {(r.layer, r.head): r for r in analysis.heads}
@@ -320,19 +369,38 @@ def _make(out_dir: Path, quick: bool, plt) -> dict:
             if quick and key not in shown:
                 continue
             rep = reps[key]
-            run = H.head_dynamics(hw, x0s, horizon=HORIZON, t1_max=T1_MAX, saves=SAVES,
-                                  rtol=RTOL, atol=ATOL, max_steps=MAX_STEPS,
-                                  keep=key in shown, label=rep.label)
+            run = H.head_dynamics(
+                hw,
+                x0s,
+                horizon=HORIZON,
+                t1_max=T1_MAX,
+                saves=SAVES,
+                rtol=RTOL,
+                atol=ATOL,
+                max_steps=MAX_STEPS,
+                keep=key in shown,
+                label=rep.label,
+            )
             if key in shown:
                 s = _series(run, hw, rep)
                 l1 = rep.lambda1
-                s.update(layer=hw.layer, head=hw.head, predicted=rep.label,
-                         observed=run.observed[0], sentence=sentences[0]["text"],
-                         lambda1_text=(f"{l1.real:.3f}" if rep.real else
-                                       f"{l1.real:.3f}$\\pm${abs(l1.imag):.3f}i"))
+                s.update(
+                    layer=hw.layer,
+                    head=hw.head,
+                    predicted=rep.label,
+                    observed=run.observed[0],
+                    sentence=sentences[0]["text"],
+                    lambda1_text=(
+                        f"{l1.real:.3f}" if rep.real else f"{l1.real:.3f}$\\pm${abs(l1.imag):.3f}i"
+                    ),
+                )
                 series.append(s)
-                run = H.HeadRun(**{**{f: getattr(run, f) for f in run.__dataclass_fields__},
-                                   "trajectories": None})
+                run = H.HeadRun(
+                    **{
+                        **{f: getattr(run, f) for f in run.__dataclass_fields__},
+                        "trajectories": None,
+                    }
+                )
             runs.append(run)
         if not quick:
             figures += _fig_regimes(analysis, runs, out_dir, plt)
@@ -346,26 +414,40 @@ def _make(out_dir: Path, quick: bool, plt) -> dict:
         quick=bool(quick),
         x64=True,
         checkpoint=analysis.checkpoint,
-        convention=("Q_h = W_Q[rows h], K_h = W_K[rows h] (d_h x d), V_h = W_O[:, cols h] @ "
-                    "W_V[rows h, :] (d x d), beta = 1/sqrt(d_h), biases ignored; torch "
-                    "Linear layout y = W x, tokens as columns"),
+        convention=(
+            "Q_h = W_Q[rows h], K_h = W_K[rows h] (d_h x d), V_h = W_O[:, cols h] @ "
+            "W_V[rows h, :] (d x d), beta = 1/sqrt(d_h), biases ignored; torch "
+            "Linear layout y = W x, tokens as columns"
+        ),
         embeddings="LayerNorm(word + position + token type 0), the model's own LayerNorm "
-                   "(eps from config.json); every head starts from these (not from the "
-                   "output of the layer below)",
-        dynamics=dict(frame="rescaled (modal coordinates when the propagator is eig)",
-                      t1="min(horizon / |lambda_1|, t1_max)", horizon=HORIZON,
-                      t1_max=T1_MAX, saves=SAVES, method="adaptive (Tsit5, PID)",
-                      rtol=RTOL, atol=ATOL, max_steps=MAX_STEPS,
-                      fallback="euler with dt = t1 / 4000 for systems that hit max_steps",
-                      observe_limit="default tolerances (tol 1e-2, move_tol 1e-3)",
-                      boolean_tol=BOOLEAN_TOL, leaders="column mass of the final P > 0.5",
-                      sentences=[{"text": s["text"], "tokens": s["tokens"],
-                                  "ids": s["ids"]} for s in sentences],
-                      note=note),
+        "(eps from config.json); every head starts from these (not from the "
+        "output of the layer below)",
+        dynamics=dict(
+            frame="rescaled (modal coordinates when the propagator is eig)",
+            t1="min(horizon / |lambda_1|, t1_max)",
+            horizon=HORIZON,
+            t1_max=T1_MAX,
+            saves=SAVES,
+            method="adaptive (Tsit5, PID)",
+            rtol=RTOL,
+            atol=ATOL,
+            max_steps=MAX_STEPS,
+            fallback="euler with dt = t1 / 4000 for systems that hit max_steps",
+            observe_limit="default tolerances (tol 1e-2, move_tol 1e-3)",
+            boolean_tol=BOOLEAN_TOL,
+            leaders="column mass of the final P > 0.5",
+            sentences=[
+                {"text": s["text"], "tokens": s["tokens"], "ids": s["ids"]} for s in sentences
+            ],
+            note=note,
+        ),
         shown_heads=shown,
         versions=run_metadata(),
-        seconds={"analysis": t_analysis, "total": time.perf_counter() - t_start,
-                 "dynamics_per_head": {f"{r.layer},{r.head}": r.seconds for r in runs}},
+        seconds={
+            "analysis": t_analysis,
+            "total": time.perf_counter() - t_start,
+            "dynamics_per_head": {f"{r.layer},{r.head}": r.seconds for r in runs},
+        },
         summary=summary,
         analysis=analysis.to_dict(),
         runs=[r.to_dict() for r in runs],
@@ -378,8 +460,11 @@ def _make(out_dir: Path, quick: bool, plt) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small version (dynamics of the "
-                    "shown heads on one sentence)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="small version (dynamics of the shown heads on one sentence)",
+    )
     ap.add_argument("--out", type=Path, default=Path("figures"), help="output directory")
     args = ap.parse_args(argv)
     _plotting.use_agg()

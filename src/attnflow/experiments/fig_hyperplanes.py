@@ -60,14 +60,32 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         p = z @ phi  # (m, n) levels phi_1^*(z_i(t))
         a, b = float(p[-1].min()), float(p[-1].max())
         obs = H.observation(traj)
-        params.update(name=name, predicted=H.prediction(V), observed=obs,
-                      phi1_left=phi, a=a, b=b,
-                      final_levels=np.sort(p[-1]),
-                      max_phi_increase=float(np.max(np.diff(p.max(axis=1)))),
-                      min_phi_decrease=float(np.max(-np.diff(p.min(axis=1)))))
+        params.update(
+            name=name,
+            predicted=H.prediction(V),
+            observed=obs,
+            phi1_left=phi,
+            a=a,
+            b=b,
+            final_levels=np.sort(p[-1]),
+            max_phi_increase=float(np.max(np.diff(p.max(axis=1)))),
+            min_phi_decrease=float(np.max(-np.diff(p.min(axis=1)))),
+        )
         runs.append(params)
-        res.append(dict(name=name, label=label, traj=traj, z=z, p=p, a=a, b=b, phi=phi,
-                        ts=np.asarray(traj.ts), obs=obs))
+        res.append(
+            dict(
+                name=name,
+                label=label,
+                traj=traj,
+                z=z,
+                p=p,
+                a=a,
+                b=b,
+                phi=phi,
+                ts=np.asarray(traj.ts),
+                obs=obs,
+            )
+        )
 
     fig = plt.figure(figsize=(6.5, 4.7))
     xs = [0.06, 0.385, 0.71]
@@ -88,8 +106,17 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         else:
             ax = fig.add_axes([xs[j] - 0.035, 0.44, 0.33, 0.47], projection="3d")
             for c in (a, 0.0, b):
-                AP.draw_level(ax, phi, c, lo, hi, facecolor="C3", edgecolor="C3",
-                              alpha=0.13 if c else 0.06, lw=0.4)
+                AP.draw_level(
+                    ax,
+                    phi,
+                    c,
+                    lo,
+                    hi,
+                    facecolor="C3",
+                    edgecolor="C3",
+                    alpha=0.13 if c else 0.06,
+                    lw=0.4,
+                )
             AP.draw_trajectories(ax, z, color="0.55", lw=0.5, ms=2.5)
             ax.set_xlim(lo[0], hi[0])
             ax.set_ylim(lo[1], hi[1])
@@ -98,8 +125,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
             ax.view_init(elev=14, azim=azim + 28)
             H.axes3d(ax)
         fig.text(xs[j] + 0.13, 0.9, r["label"], ha="center", va="bottom", fontsize=7)
-        fig.text(xs[j] - 0.045, 0.9, f"({'abc'[j]})", ha="left", va="bottom",
-                 fontweight="bold")
+        fig.text(xs[j] - 0.045, 0.9, f"({'abc'[j]})", ha="left", va="bottom", fontweight="bold")
         # bottom row: levels against t
         ax = fig.add_axes([xs[j], 0.075, 0.26, 0.29])
         p, ts = r["p"], r["ts"]
@@ -113,33 +139,79 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         ax.set_xlabel("$t$", labelpad=1)
         if j == 0:
             ax.set_ylabel(r"$\varphi_1^*(z_i(t))$")
-            ax.legend(loc="center right", bbox_to_anchor=(0.93, 0.58), fontsize=5.5,
-                      frameon=False, borderaxespad=0.1, handlelength=1.2)
-        counts = {nm: int(np.sum(np.abs(p[-1] - c) <= 1e-3 * max(abs(a), abs(b))))
-                  for c, nm in ((a, "a"), (0.0, "0"), (b, "b"))}
-        ax.set_title(f"tokens at $a$, 0, $b$: {counts['a']}, {counts['0']}, {counts['b']}",
-                     fontsize=7, pad=2)
-        ax.text(0.9, 0.3, f"observed: {r['obs']['label']}", transform=ax.transAxes,
-                ha="right", va="center", fontsize=6, color="0.25")
+            ax.legend(
+                loc="center right",
+                bbox_to_anchor=(0.93, 0.58),
+                fontsize=5.5,
+                frameon=False,
+                borderaxespad=0.1,
+                handlelength=1.2,
+            )
+        counts = {
+            nm: int(np.sum(np.abs(p[-1] - c) <= 1e-3 * max(abs(a), abs(b))))
+            for c, nm in ((a, "a"), (0.0, "0"), (b, "b"))
+        }
+        ax.set_title(
+            f"tokens at $a$, 0, $b$: {counts['a']}, {counts['0']}, {counts['b']}", fontsize=7, pad=2
+        )
+        ax.text(
+            0.9,
+            0.3,
+            f"observed: {r['obs']['label']}",
+            transform=ax.transAxes,
+            ha="right",
+            va="center",
+            fontsize=6,
+            color="0.25",
+        )
         H.panel_label(ax, "def"[j])
         runs[j]["tokens_at_a_0_b"] = counts
-    fig.text(0.5, 0.995, r"Hyperplanes: $\lambda_1$ real, positive, simple $\Rightarrow$ "
-             r"every $z_i$ approaches $\{\varphi_1^*=a\}$, $\{\varphi_1^*=0\}$ or "
-             r"$\{\varphi_1^*=b\}$", ha="center", va="top", fontsize=9)
-    fig.text(0.5, 0.955, r"the authors' value matrices; $\varphi_1^*$ the left eigenvector; "
-             r"$a,b$ = min, max of $\varphi_1^*(z_i(T))$; $n=20$, $[-5,5]^d$, $Q=K=I$, "
-             r"Euler $dt=0.1$, $T=12$", ha="center", va="top", fontsize=7, color="0.3")
+    fig.text(
+        0.5,
+        0.995,
+        r"Hyperplanes: $\lambda_1$ real, positive, simple $\Rightarrow$ "
+        r"every $z_i$ approaches $\{\varphi_1^*=a\}$, $\{\varphi_1^*=0\}$ or "
+        r"$\{\varphi_1^*=b\}$",
+        ha="center",
+        va="top",
+        fontsize=9,
+    )
+    fig.text(
+        0.5,
+        0.955,
+        r"the authors' value matrices; $\varphi_1^*$ the left eigenvector; "
+        r"$a,b$ = min, max of $\varphi_1^*(z_i(T))$; $n=20$, $[-5,5]^d$, $Q=K=I$, "
+        r"Euler $dt=0.1$, $T=12$",
+        ha="center",
+        va="top",
+        fontsize=7,
+        color="0.3",
+    )
     figures = H.save(fig, out_dir, NAME, quick)
 
-    movies = H.movies([(res[0]["traj"], "hyperplanes"), (res[1]["traj"], "hyperplanes-3d")],
-                      out_dir, quick, draw="levels")
+    movies = H.movies(
+        [(res[0]["traj"], "hyperplanes"), (res[1]["traj"], "hyperplanes-3d")],
+        out_dir,
+        quick,
+        draw="levels",
+    )
     jpath = H.write_sidecar(
-        out_dir, NAME, script="attnflow.experiments.fig_hyperplanes", quick=quick,
-        runs=runs, figures=figures + movies, t_start=t_start, movies=movies,
+        out_dir,
+        NAME,
+        script="attnflow.experiments.fig_hyperplanes",
+        quick=quick,
+        runs=runs,
+        figures=figures + movies,
+        t_start=t_start,
+        movies=movies,
         theorem="[E] lambda_1 real, > 0, simple, <Q phi_1, K phi_1> > 0: at most three "
-                "parallel hyperplanes {phi_1^*(z) = c}, c in {a, 0, b}.")
-    return {"figures": figures + [Path(m) for m in movies], "json": str(jpath),
-            "observed": {r["name"]: r["observed"]["label"] for r in runs}}
+        "parallel hyperplanes {phi_1^*(z) = c}, c in {a, 0, b}.",
+    )
+    return {
+        "figures": figures + [Path(m) for m in movies],
+        "json": str(jpath),
+        "observed": {r["name"]: r["observed"]["label"] for r in runs},
+    }
 
 
 if __name__ == "__main__":

@@ -36,9 +36,11 @@ NAME = "fig_leaders"
 
 # Hyperplane-case value matrices of the clustering paper (also attnflow.matrices.PAPER).
 V_PAPER_2D = [[0.64709742, 0.81911926], [0.61210449, 0.63263484]]
-V_PAPER_3D_RE_POS = [[0.18608476, 0.34391026, 0.13905949],
-                     [0.35244288, 0.6694859, 0.39992145],
-                     [0.46685606, 0.17094454, 0.42092308]]
+V_PAPER_3D_RE_POS = [
+    [0.18608476, 0.34391026, 0.13905949],
+    [0.35244288, 0.6694859, 0.39992145],
+    [0.46685606, 0.17094454, 0.42092308],
+]
 
 
 def _cases(quick: bool) -> list[dict]:
@@ -48,23 +50,57 @@ def _cases(quick: bool) -> list[dict]:
     saves = 141 if quick else 561
     cases = [
         dict(key="d1", title=r"$d=1$, $V=1$", d=1, V=[[1.0]], n=n, scale=1.0, t1=14.0),
-        dict(key="d2_identity", title=r"$d=2$, $V=I$", d=2, V=np.eye(2).tolist(), n=n,
-             scale=5.0, t1=14.0),
-        dict(key="d2_hyperplane", title=r"$d=2$, $V$ = paper-2d", d=2, V=V_PAPER_2D, n=n,
-             scale=5.0, t1=11.0),
-        dict(key="d3_identity", title=r"$d=3$, $V=I$", d=3, V=np.eye(3).tolist(), n=n,
-             scale=5.0, t1=14.0),
-        dict(key="d3_hyperplane", title=r"$d=3$, $V$ = paper-3d-re-pos", d=3,
-             V=V_PAPER_3D_RE_POS, n=n, scale=5.0, t1=14.0),
+        dict(
+            key="d2_identity",
+            title=r"$d=2$, $V=I$",
+            d=2,
+            V=np.eye(2).tolist(),
+            n=n,
+            scale=5.0,
+            t1=14.0,
+        ),
+        dict(
+            key="d2_hyperplane",
+            title=r"$d=2$, $V$ = paper-2d",
+            d=2,
+            V=V_PAPER_2D,
+            n=n,
+            scale=5.0,
+            t1=11.0,
+        ),
+        dict(
+            key="d3_identity",
+            title=r"$d=3$, $V=I$",
+            d=3,
+            V=np.eye(3).tolist(),
+            n=n,
+            scale=5.0,
+            t1=14.0,
+        ),
+        dict(
+            key="d3_hyperplane",
+            title=r"$d=3$, $V$ = paper-3d-re-pos",
+            d=3,
+            V=V_PAPER_3D_RE_POS,
+            n=n,
+            scale=5.0,
+            t1=14.0,
+        ),
     ]
     if quick:
         cases = cases[:3]
         for c in cases:
             c["t1"] = min(c["t1"], 12.0)
     for c in cases:
-        c.update(batch=batch, saves=saves, seed=0, Q=np.eye(c["d"]).tolist(),
-                 K=np.eye(c["d"]).tolist(), x0=f"uniform in [-{c['scale']:g}, "
-                 f"{c['scale']:g}]^{c['d']}, numpy default_rng(seed + {c['d']})")
+        c.update(
+            batch=batch,
+            saves=saves,
+            seed=0,
+            Q=np.eye(c["d"]).tolist(),
+            K=np.eye(c["d"]).tolist(),
+            x0=f"uniform in [-{c['scale']:g}, "
+            f"{c['scale']:g}]^{c['d']}, numpy default_rng(seed + {c['d']})",
+        )
     return cases
 
 
@@ -94,12 +130,21 @@ def _run_case(case: dict, solver: dict) -> dict:
     t0 = time.perf_counter()
     if solver["method"] == "euler":
         ts = np.arange(int(round(case["t1"] / solver["dt"])) + 1) * solver["dt"]
-        traj = af.simulate(model, x0, case["t1"], ts=ts, method="euler", dt=solver["dt"],
-                           frame=solver["frame"])
+        traj = af.simulate(
+            model, x0, case["t1"], ts=ts, method="euler", dt=solver["dt"], frame=solver["frame"]
+        )
     else:
         ts = np.linspace(0.0, case["t1"], case["saves"])
-        traj = af.simulate(model, x0, case["t1"], ts=ts, method=solver["method"],
-                           rtol=solver["rtol"], atol=solver["atol"], frame=solver["frame"])
+        traj = af.simulate(
+            model,
+            x0,
+            case["t1"],
+            ts=ts,
+            method=solver["method"],
+            rtol=solver["rtol"],
+            atol=solver["atol"],
+            frame=solver["frame"],
+        )
     rt = af.track_rank(traj)
     deep = af.track_rank(traj, **DEEP)
     seconds = time.perf_counter() - t0
@@ -141,14 +186,15 @@ def _fmt_sci(v: float) -> str:
     if v == 0:
         return "0"
     e = int(math.floor(math.log10(abs(v))))
-    mant = v / 10 ** e
+    mant = v / 10**e
     return rf"{mant:.1f}\times10^{{{e}}}"
 
 
 def _fig_heatmaps(results, out_dir: Path, plt, quick: bool) -> list[Path]:
     show = [r for r in results if r["case"]["key"] in ("d1", "d2_identity", "d2_hyperplane")]
-    fig, axes = plt.subplots(len(show), 5, figsize=(7.2, 1.62 * len(show) + 0.5),
-                             constrained_layout=True)
+    fig, axes = plt.subplots(
+        len(show), 5, figsize=(7.2, 1.62 * len(show) + 0.5), constrained_layout=True
+    )
     axes = np.atleast_2d(axes)
     im = None
     for row, res in enumerate(show):
@@ -161,8 +207,12 @@ def _fig_heatmaps(results, out_dir: Path, plt, quick: bool) -> list[Path]:
             P = np.asarray(res["traj"].attention(k))[0][np.ix_(order, order)]
             im = ax.imshow(P, vmin=0, vmax=1, cmap="magma", interpolation="nearest")
             D = float(rt.boolean_distance[0, k])
-            ax.set_title(rf"$t={float(rt.ts[k]):.2g}$, rank {int(rt.rank[0, k])}" "\n"
-                         rf"$D={_fmt_sci(D)}$", fontsize=7)
+            ax.set_title(
+                rf"$t={float(rt.ts[k]):.2g}$, rank {int(rt.rank[0, k])}"
+                "\n"
+                rf"$D={_fmt_sci(D)}$",
+                fontsize=7,
+            )
             ax.set_xticks(lead_pos)
             ax.set_xticklabels([str(order[p]) for p in lead_pos], fontsize=6, color="C3")
             ax.tick_params(axis="x", length=2, pad=1, colors="C3")
@@ -172,15 +222,19 @@ def _fig_heatmaps(results, out_dir: Path, plt, quick: bool) -> list[Path]:
     cb = fig.colorbar(im, ax=axes, shrink=0.6, aspect=30, pad=0.01)
     cb.set_label(r"$P_{ij}(t)$", fontsize=7)
     cb.ax.tick_params(labelsize=6)
-    fig.suptitle("Attention matrix $P(t)$ (rows: queries, columns: keys, tokens grouped by "
-                 "leader); leaders' columns labelled in red", fontsize=8)
+    fig.suptitle(
+        "Attention matrix $P(t)$ (rows: queries, columns: keys, tokens grouped by "
+        "leader); leaders' columns labelled in red",
+        fontsize=8,
+    )
     return H.save(fig, out_dir, f"{NAME}_heatmaps", quick=quick)
 
 
 def _fig_rank(results, out_dir: Path, plt, quick: bool) -> list[Path]:
     k = len(results)
-    fig, axes = plt.subplots(k, 3, figsize=(7.2, 1.45 * k + 0.7), constrained_layout=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        k, 3, figsize=(7.2, 1.45 * k + 0.7), constrained_layout=True, squeeze=False
+    )
     for r, res in enumerate(results):
         rt, deep = res["rt"], res["deep"]
         ts = rt.ts
@@ -189,9 +243,15 @@ def _fig_rank(results, out_dir: Path, plt, quick: bool) -> list[Path]:
         ax.step(ts, rt.rank[0], where="post", color="k", lw=1)
         ax.set_ylim(0, max(int(rt.rank[0].max()), 3) + 1)
         ax.set_ylabel(res["case"]["title"] + "\n" + r"rank of $P$", fontsize=7)
-        ax.text(0.97, 0.93, f"final rank {int(rt.rank[0, -1])}, "
-                f"leaders {rt.leaders[0].tolist()}", transform=ax.transAxes, ha="right",
-                va="top", fontsize=6)
+        ax.text(
+            0.97,
+            0.93,
+            f"final rank {int(rt.rank[0, -1])}, leaders {rt.leaders[0].tolist()}",
+            transform=ax.transAxes,
+            ha="right",
+            va="top",
+            fontsize=6,
+        )
         ax = axes[r, 1]
         D = rt.boolean_distance[0]
         pos = D > 0
@@ -200,8 +260,7 @@ def _fig_rank(results, out_dir: Path, plt, quick: bool) -> list[Path]:
             tt = np.linspace(rt.fit_window[0][0], ts[-1], 400)
             fitD = np.exp(-np.exp(rt.rate[0] * tt + rt.intercept[0]))
             ok = fitD > 1e-320
-            ax.semilogy(tt[ok], fitD[ok], color="C1", lw=1, ls="--",
-                        label=r"fit $\exp(-e^{rt+b})$")
+            ax.semilogy(tt[ok], fitD[ok], color="C1", lw=1, ls="--", label=r"fit $\exp(-e^{rt+b})$")
         ax.set_ylim(1e-310, 3)
         ax.set_yticks([1e0, 1e-100, 1e-200, 1e-300])
         ax.set_ylabel("Boolean distance $D$", fontsize=7)
@@ -213,8 +272,13 @@ def _fig_rank(results, out_dir: Path, plt, quick: bool) -> list[Path]:
         ax.plot(ts[good], np.log(-y[good]), color="k", lw=1, label="$D$ (from the logits)")
         yc = rt.log_cluster_distance[0]
         goodc = np.isfinite(yc) & (yc < math.log(0.5))
-        ax.plot(ts[goodc], np.log(-yc[goodc]), color="C0", lw=1,
-                label="mass outside the leader's cluster")
+        ax.plot(
+            ts[goodc],
+            np.log(-yc[goodc]),
+            color="C0",
+            lw=1,
+            label="mass outside the leader's cluster",
+        )
         for fit, ls, col in ((rt, "--", "C1"), (deep, ":", "C3")):
             if np.isfinite(fit.rate[0]):
                 w = fit.fit_window[0]
@@ -222,12 +286,18 @@ def _fig_rank(results, out_dir: Path, plt, quick: bool) -> list[Path]:
                 ax.plot(tt, fit.rate[0] * tt + fit.intercept[0], ls=ls, color=col, lw=1.6)
         ytop = np.nanmax(np.log(-yc[goodc])) if goodc.any() else np.nanmax(np.log(-y[good]))
         ax.set_ylim(-3, 1.08 * ytop)
-        ax.text(0.02, 0.97,
-                rf"$\lambda={lam:.4g}$;  fit: $r/\lambda={rt.rate[0] / lam:.3f}$, "
-                rf"$R^2={rt.r2[0]:.5f}$" "\n"
-                rf"deep: $r/\lambda={deep.rate[0] / lam:.3f}$;  "
-                rf"cluster: $r/\lambda={deep.cluster_rate[0] / lam:.2f}$",
-                transform=ax.transAxes, va="top", fontsize=6)
+        ax.text(
+            0.02,
+            0.97,
+            rf"$\lambda={lam:.4g}$;  fit: $r/\lambda={rt.rate[0] / lam:.3f}$, "
+            rf"$R^2={rt.r2[0]:.5f}$"
+            "\n"
+            rf"deep: $r/\lambda={deep.rate[0] / lam:.3f}$;  "
+            rf"cluster: $r/\lambda={deep.cluster_rate[0] / lam:.2f}$",
+            transform=ax.transAxes,
+            va="top",
+            fontsize=6,
+        )
         ax.set_ylabel(r"$\log(-\log D)$", fontsize=7)
         if r == 0:
             ax.legend(fontsize=5.5, loc="center right")
@@ -235,12 +305,14 @@ def _fig_rank(results, out_dir: Path, plt, quick: bool) -> list[Path]:
         ax.set_xlabel("$t$", fontsize=7)
     for ax in axes.ravel():
         ax.tick_params(labelsize=6)
-    fig.suptitle(r"Rank of $P(t)$, Boolean distance $D$ (max over rows of "
-                 r"$1-\max_j P_{ij}$, tol $10^{-6}$) and the law $D\approx\exp(-e^{rt+b})$"
-                 "\n"
-                 r"orange: fit over the default window $10^{-305}\leq D\leq10^{-10}$; "
-                 r"red: deep window $D\leq10^{-30}$ (from the logits, to the end)",
-                 fontsize=7)
+    fig.suptitle(
+        r"Rank of $P(t)$, Boolean distance $D$ (max over rows of "
+        r"$1-\max_j P_{ij}$, tol $10^{-6}$) and the law $D\approx\exp(-e^{rt+b})$"
+        "\n"
+        r"orange: fit over the default window $10^{-305}\leq D\leq10^{-10}$; "
+        r"red: deep window $D\leq10^{-30}$ (from the logits, to the end)",
+        fontsize=7,
+    )
     return H.save(fig, out_dir, f"{NAME}_rank", quick=quick)
 
 
@@ -258,12 +330,16 @@ def _fig_tokens(results, out_dir: Path, plt, quick: bool) -> list[Path]:
             for i in range(z.shape[1]):
                 if i in leaders:
                     continue
-                ax.plot(rt.ts, z[:, i, 0], color=colors.get(int(lead_final[i]), "0.5"),
-                        lw=0.6, alpha=0.7)
+                ax.plot(
+                    rt.ts,
+                    z[:, i, 0],
+                    color=colors.get(int(lead_final[i]), "0.5"),
+                    lw=0.6,
+                    alpha=0.7,
+                )
             for L in leaders:
                 ax.plot(rt.ts, z[:, L, 0], color="k", lw=2.2)
-                ax.plot(rt.ts, z[:, L, 0], color=colors[L], lw=1.2,
-                        label=f"leader {L}")
+                ax.plot(rt.ts, z[:, L, 0], color=colors[L], lw=1.2, label=f"leader {L}")
             ax.set_xlabel("$t$", fontsize=7)
             ax.set_ylabel("$z_i(t)$ (rescaled frame)", fontsize=7)
         else:
@@ -275,8 +351,16 @@ def _fig_tokens(results, out_dir: Path, plt, quick: bool) -> list[Path]:
                 ax.plot(z[0, i, 0], z[0, i, 1], "o", ms=1.8, color=c)
             for L in leaders:
                 ax.plot(z[:, L, 0], z[:, L, 1], color="k", lw=1.6)
-                ax.plot(z[-1, L, 0], z[-1, L, 1], "*", ms=9, mec="k", mew=0.6,
-                        color=colors[L], label=f"leader {L}")
+                ax.plot(
+                    z[-1, L, 0],
+                    z[-1, L, 1],
+                    "*",
+                    ms=9,
+                    mec="k",
+                    mew=0.6,
+                    color=colors[L],
+                    label=f"leader {L}",
+                )
             V = np.asarray(res["case"]["V"])
             lo, hi = z.reshape(-1, 2).min(0), z.reshape(-1, 2).max(0)
             pad = 0.05 * (hi - lo).max()
@@ -297,9 +381,12 @@ def _fig_tokens(results, out_dir: Path, plt, quick: bool) -> list[Path]:
         ax.set_title(res["case"]["title"] + f": leaders {leaders}", fontsize=7)
         ax.tick_params(labelsize=6)
         ax.legend(fontsize=5.5, loc="best")
-    fig.suptitle("Token trajectories (rescaled frame), coloured by the leader they attend "
-                 "at the end; dashed: the hyperplanes "
-                 r"$\{\varphi_1^*(z)=\varphi_1^*(z_{\mathrm{leader}})\}$", fontsize=7)
+    fig.suptitle(
+        "Token trajectories (rescaled frame), coloured by the leader they attend "
+        "at the end; dashed: the hyperplanes "
+        r"$\{\varphi_1^*(z)=\varphi_1^*(z_{\mathrm{leader}})\}$",
+        fontsize=7,
+    )
     return H.save(fig, out_dir, f"{NAME}_tokens", quick=quick)
 
 
@@ -314,11 +401,11 @@ def _checks(res: dict, i: int) -> dict:
     if x0.shape[1] == 1:
         lo, hi = int(np.argmin(x0)), int(np.argmax(x0))
         x = np.asarray(res["traj"].x)[i, -1, :, 0]
-        out["order_preserved"] = bool(np.all(np.diff(z[:, np.argsort(x0[:, 0]), 0],
-                                                     axis=1) > 0))
+        out["order_preserved"] = bool(np.all(np.diff(z[:, np.argsort(x0[:, 0]), 0], axis=1) > 0))
         out["leaders_are_extreme_tokens"] = leaders <= {lo, hi}
-        out["rows_attend_by_sign"] = bool(np.array_equal(rt.attends_to[i, -1],
-                                                         np.where(x > 0, hi, lo)))
+        out["rows_attend_by_sign"] = bool(
+            np.array_equal(rt.attends_to[i, -1], np.where(x > 0, hi, lo))
+        )
     elif np.allclose(V, np.eye(V.shape[0])):
         try:
             from scipy.spatial import ConvexHull
@@ -339,8 +426,7 @@ def _checks(res: dict, i: int) -> dict:
         on = [min(abs(p[L] - p.max()), abs(p[L] - p.min())) <= tol for L in leaders]
         out["leaders_on_extreme_hyperplanes"] = bool(all(on))
         p0 = x0 @ u
-        out["leaders_were_phi1_extremes_at_start"] = leaders == {int(p0.argmin()),
-                                                                 int(p0.argmax())}
+        out["leaders_were_phi1_extremes_at_start"] = leaders == {int(p0.argmin()), int(p0.argmax())}
     out["rank_equals_number_of_leaders"] = int(rt.final_rank[i]) == len(leaders)
     return out
 
@@ -351,30 +437,35 @@ def _summary(res: dict) -> dict:
     b = len(traj.statuses)
     per = []
     for i in range(b):
-        per.append(dict(
-            checks=_checks(res, i),
-            status=traj.statuses[i],
-            final_rank=int(rt.final_rank[i]),
-            leaders=rt.leaders[i].tolist(),
-            leaders_settled=bool(rt.leaders_settled[i]),
-            final_boolean_distance=float(rt.boolean_distance[i][traj.reached[i]][-1]),
-            final_log_boolean_distance=float(rt.log_boolean_distance[i][traj.reached[i]][-1]),
-            rate=float(rt.rate[i]), r2=float(rt.r2[i]), intercept=float(rt.intercept[i]),
-            rate_stderr=float(rt.rate_stderr[i]),
-            fit_window=[float(v) for v in rt.fit_window[i]], fit_points=int(rt.fit_points[i]),
-            deep_rate=float(deep.rate[i]), deep_r2=float(deep.r2[i]),
-            deep_fit_window=[float(v) for v in deep.fit_window[i]],
-            cluster_rate_deep=float(deep.cluster_rate[i]),
-            cluster_r2_deep=float(deep.cluster_r2[i]),
-        ))
+        per.append(
+            dict(
+                checks=_checks(res, i),
+                status=traj.statuses[i],
+                final_rank=int(rt.final_rank[i]),
+                leaders=rt.leaders[i].tolist(),
+                leaders_settled=bool(rt.leaders_settled[i]),
+                final_boolean_distance=float(rt.boolean_distance[i][traj.reached[i]][-1]),
+                final_log_boolean_distance=float(rt.log_boolean_distance[i][traj.reached[i]][-1]),
+                rate=float(rt.rate[i]),
+                r2=float(rt.r2[i]),
+                intercept=float(rt.intercept[i]),
+                rate_stderr=float(rt.rate_stderr[i]),
+                fit_window=[float(v) for v in rt.fit_window[i]],
+                fit_points=int(rt.fit_points[i]),
+                deep_rate=float(deep.rate[i]),
+                deep_r2=float(deep.r2[i]),
+                deep_fit_window=[float(v) for v in deep.fit_window[i]],
+                cluster_rate_deep=float(deep.cluster_rate[i]),
+                cluster_r2_deep=float(deep.cluster_r2[i]),
+            )
+        )
 
     def stats(key, scale=1.0):
         v = np.array([p[key] for p in per], float) / scale
         v = v[np.isfinite(v)]
         if v.size == 0:
             return None
-        return dict(mean=float(v.mean()), min=float(v.min()), max=float(v.max()),
-                    count=int(v.size))
+        return dict(mean=float(v.mean()), min=float(v.min()), max=float(v.max()), count=int(v.size))
 
     ranks = [p["final_rank"] for p in per]
     checks = {}
@@ -431,9 +522,16 @@ def _make(out_dir: Path, quick: bool, plt) -> dict:
         quick=bool(quick),
         x64=True,
         solver=solver,
-        track_rank=dict(default=dict(tol=1e-6, norm="inf", leader_threshold=0.5,
-                                     fit_max=1e-10, fit_min="1e3 * finfo(float64).tiny"),
-                        deep=DEEP),
+        track_rank=dict(
+            default=dict(
+                tol=1e-6,
+                norm="inf",
+                leader_threshold=0.5,
+                fit_max=1e-10,
+                fit_min="1e3 * finfo(float64).tiny",
+            ),
+            deep=DEEP,
+        ),
         heatmap_system="seed index 0 of each batch",
         cases=[dict(c, x0_values=r["x0"].tolist()) for c, r in zip(cases, results)],
         versions=run_metadata(),
@@ -443,8 +541,7 @@ def _make(out_dir: Path, quick: bool, plt) -> dict:
     )
     jpath = out_dir / f"{NAME}.json"
     jpath.write_text(json.dumps(sidecar, indent=1))
-    compact = {k: {kk: vv for kk, vv in v.items() if kk != "systems"}
-               for k, v in summary.items()}
+    compact = {k: {kk: vv for kk, vv in v.items() if kk != "systems"} for k, v in summary.items()}
     return {"figures": figures, "json": jpath, "summary": compact}
 
 
@@ -462,12 +559,14 @@ def main(argv=None) -> None:
         r = s["rate_over_lambda"] or {}
         dd = s["deep_rate_over_lambda"] or {}
         cl = s["cluster_rate_over_lambda_deep"] or {}
-        print(f"{key:15s} lambda={s['lambda_max']:.4g} final ranks {s['final_rank_counts']} "
-              f"rate/lambda {r.get('mean', float('nan')):.3f} "
-              f"[{r.get('min', float('nan')):.3f}, {r.get('max', float('nan')):.3f}] "
-              f"deep {dd.get('mean', float('nan')):.3f} "
-              f"[{dd.get('min', float('nan')):.3f}, {dd.get('max', float('nan')):.3f}] "
-              f"cluster(deep) {cl.get('mean', float('nan')):.3f}")
+        print(
+            f"{key:15s} lambda={s['lambda_max']:.4g} final ranks {s['final_rank_counts']} "
+            f"rate/lambda {r.get('mean', float('nan')):.3f} "
+            f"[{r.get('min', float('nan')):.3f}, {r.get('max', float('nan')):.3f}] "
+            f"deep {dd.get('mean', float('nan')):.3f} "
+            f"[{dd.get('min', float('nan')):.3f}, {dd.get('max', float('nan')):.3f}] "
+            f"cluster(deep) {cl.get('mean', float('nan')):.3f}"
+        )
         print(f"{'':15s} checks {s['checks_passed']}")
 
 

@@ -41,8 +41,9 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         V = -np.eye(d)
         # full: every layer (the log-log panel needs the early times); quick: 121 saves,
         # the shapes of the other figures (no extra compilation)
-        traj, params = AP.simulate_tokens(V, n=N, seed=SEED, t1=T, dt=DT, frame="original",
-                                          saves=121 if quick else None)
+        traj, params = AP.simulate_tokens(
+            V, n=N, seed=SEED, t1=T, dt=DT, frame="original", saves=121 if quick else None
+        )
         traj.raise_for_status()
         x = np.asarray(traj.x)
         ts = np.asarray(traj.ts)
@@ -52,14 +53,19 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         obs = H.observation(traj)
         late = ts >= T / 4
         slope = float(np.polyfit(np.log(ts[late]), np.log(spread[late]), 1)[0])
-        params.update(name=f"d{d}", predicted=H.prediction(V), observed=obs,
-                      radius_0=float(radius[0]), radius_T=float(radius[-1]),
-                      mean_T=float(np.linalg.norm(mean[-1])), spread_T=float(spread[-1]),
-                      spread_loglog_slope_late=slope,
-                      spread_times_sqrt_t_T=float(spread[-1] * np.sqrt(ts[-1])))
+        params.update(
+            name=f"d{d}",
+            predicted=H.prediction(V),
+            observed=obs,
+            radius_0=float(radius[0]),
+            radius_T=float(radius[-1]),
+            mean_T=float(np.linalg.norm(mean[-1])),
+            spread_T=float(spread[-1]),
+            spread_loglog_slope_late=slope,
+            spread_times_sqrt_t_T=float(spread[-1] * np.sqrt(ts[-1])),
+        )
         runs.append(params)
-        res[d] = dict(x=x, ts=ts, mean=mean, radius=radius, spread=spread, slope=slope,
-                      obs=obs)
+        res[d] = dict(x=x, ts=ts, mean=mean, radius=radius, spread=spread, slope=slope, obs=obs)
 
     fig = plt.figure(figsize=(6.5, 2.6))
     r = res[2]
@@ -88,7 +94,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     # (b) late snapshots, zoomed
     ax = fig.add_axes([0.36, 0.17, 0.26, 0.65])
     snaps = [t for t in (5, 10, 25, 50, 100) if t <= T]
-    for j, th in enumerate(snaps):
+    for th in snaps:
         k = int(np.argmin(np.abs(ts - th)))
         c = cmap(norm(tt[k]))
         ax.plot(x[k, :, 0], x[k, :, 1], "o", ms=2.5, color=c)
@@ -113,12 +119,32 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     for d, ls in ((2, "-"), (3, "--")):
         q = res[d]
         s = q["ts"] > 0
-        ax.loglog(q["ts"][s], q["radius"][s], color="C0", ls=ls, lw=1.0,
-                  label=r"$\max_i|x_i|$" if d == 2 else None, zorder=3)
-        ax.loglog(q["ts"][s], q["spread"][s], color="C1", ls=ls, lw=2.4, alpha=0.6,
-                  label=r"$\max_i|x_i-\bar x|$" if d == 2 else None)
-        ax.loglog(q["ts"][s], np.linalg.norm(q["mean"], axis=1)[s], color="C2", ls=ls,
-                  lw=1.0, label=r"$|\bar x|$ (mean)" if d == 2 else None)
+        ax.loglog(
+            q["ts"][s],
+            q["radius"][s],
+            color="C0",
+            ls=ls,
+            lw=1.0,
+            label=r"$\max_i|x_i|$" if d == 2 else None,
+            zorder=3,
+        )
+        ax.loglog(
+            q["ts"][s],
+            q["spread"][s],
+            color="C1",
+            ls=ls,
+            lw=2.4,
+            alpha=0.6,
+            label=r"$\max_i|x_i-\bar x|$" if d == 2 else None,
+        )
+        ax.loglog(
+            q["ts"][s],
+            np.linalg.norm(q["mean"], axis=1)[s],
+            color="C2",
+            ls=ls,
+            lw=1.0,
+            label=r"$|\bar x|$ (mean)" if d == 2 else None,
+        )
     q = res[2]
     ref = q["spread"][-1] * np.sqrt(q["ts"][-1] / q["ts"][1:])
     ax.loglog(q["ts"][1:], ref, color="k", lw=0.7, ls=":", label=r"$\propto t^{-1/2}$")
@@ -126,25 +152,51 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ax.set_xlabel("$t$", labelpad=1)
     ax.legend(fontsize=6, loc="lower left", frameon=False, borderaxespad=0.1)
     ax.set_title("solid: $d=2$, dashed: $d=3$", pad=3)
-    ax.text(0.97, 0.6, f"late slope of the spread:\n{res[2]['slope']:.3f} ($d=2$), "
-            f"{res[3]['slope']:.3f} ($d=3$)", transform=ax.transAxes, ha="right",
-            fontsize=6)
+    ax.text(
+        0.97,
+        0.6,
+        f"late slope of the spread:\n{res[2]['slope']:.3f} ($d=2$), {res[3]['slope']:.3f} ($d=3$)",
+        transform=ax.transAxes,
+        ha="right",
+        fontsize=6,
+    )
     H.panel_label(ax, "c")
-    fig.text(0.5, 0.995, r"$V=-I$, $Q=K=I$: every token tends to 0 (original frame); "
-             r"the mean collapses fast, the spread only like $t^{-1/2}$",
-             ha="center", va="top",
-             fontsize=9)
-    fig.text(0.5, 0.925, rf"observed: {res[2]['obs']['label']} ($d=2$), "
-             rf"{res[3]['obs']['label']} ($d=3$); $n=20$, $x_0$ uniform in $[-5,5]^d$, "
-             rf"Euler $dt=0.1$ to $T={T:g}$", ha="center", va="top", fontsize=7,
-             color="0.3")
+    fig.text(
+        0.5,
+        0.995,
+        r"$V=-I$, $Q=K=I$: every token tends to 0 (original frame); "
+        r"the mean collapses fast, the spread only like $t^{-1/2}$",
+        ha="center",
+        va="top",
+        fontsize=9,
+    )
+    fig.text(
+        0.5,
+        0.925,
+        rf"observed: {res[2]['obs']['label']} ($d=2$), "
+        rf"{res[3]['obs']['label']} ($d=3$); $n=20$, $x_0$ uniform in $[-5,5]^d$, "
+        rf"Euler $dt=0.1$ to $T={T:g}$",
+        ha="center",
+        va="top",
+        fontsize=7,
+        color="0.3",
+    )
     figures = H.save(fig, out_dir, NAME, quick)
     jpath = H.write_sidecar(
-        out_dir, NAME, script="attnflow.experiments.fig_origin", quick=quick, runs=runs,
-        figures=figures, t_start=t_start,
-        theorem="[E] V = -I, Q^T K = I: every x_i (original frame) tends to 0.")
-    return {"figures": figures, "json": str(jpath),
-            "observed": {r["name"]: r["observed"]["label"] for r in runs}}
+        out_dir,
+        NAME,
+        script="attnflow.experiments.fig_origin",
+        quick=quick,
+        runs=runs,
+        figures=figures,
+        t_start=t_start,
+        theorem="[E] V = -I, Q^T K = I: every x_i (original frame) tends to 0.",
+    )
+    return {
+        "figures": figures,
+        "json": str(jpath),
+        "observed": {r["name"]: r["observed"]["label"] for r in runs},
+    }
 
 
 if __name__ == "__main__":

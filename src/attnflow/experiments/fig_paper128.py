@@ -86,9 +86,11 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     np.asarray(_again.z)
     run_only = time.perf_counter() - t0
     del _again
-    print(f"paper 128: n = d = {d}, {int(round(T / DT))} Euler layers, float64: "
-          f"{first:.2f} s including JIT compilation, {run_only:.2f} s compiled run",
-          flush=True)
+    print(
+        f"paper 128: n = d = {d}, {int(round(T / DT))} Euler layers, float64: "
+        f"{first:.2f} s including JIT compilation, {run_only:.2f} s compiled run",
+        flush=True,
+    )
 
     c, mu, source = modal_coordinates(traj)
     ts = np.asarray(traj.ts)
@@ -98,7 +100,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     # (d) the same coordinates projected from the standard-basis z
     prop = traj.model.propagator
     Tm = np.asarray(prop.T, np.float64)[:, order]
-    c_proj = np.asarray(traj.z, np.float64) @ Tm   # T orthogonal (V symmetric)
+    c_proj = np.asarray(traj.z, np.float64) @ Tm  # T orthogonal (V symmetric)
     std_T = c[-1].std(axis=0)
     std_T_proj = c_proj[-1].std(axis=0)
     speed = np.abs(np.diff(c, axis=0)).max(axis=1) / np.diff(ts)[:, None]  # (m-1, d)
@@ -115,21 +117,30 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     pos = (mu > 0) & (np.arange(d) != lead)
     params.update(
         name="paper-128",
-        V_eigenvalues=mu, seconds_first_call_with_compile=round(first, 3),
-        seconds_compiled_run=round(run_only, 3), coordinates_from=source,
-        std_over_tokens_at_T=std_T, std_over_tokens_at_T_projected_from_z=std_T_proj,
+        V_eigenvalues=mu,
+        seconds_first_call_with_compile=round(first, 3),
+        seconds_compiled_run=round(run_only, 3),
+        coordinates_from=source,
+        std_over_tokens_at_T=std_T,
+        std_over_tokens_at_T_projected_from_z=std_T_proj,
         negative_modes_std_at_T_range=[float(std_T[neg].min()), float(std_T[neg].max())],
         positive_modes_std_at_T_range=[float(std_T[pos].min()), float(std_T[pos].max())],
         positive_modes_final_speed_max=float(speed[-1, pos].max()),
         negative_modes_final_speed_min=float(speed[-1, neg].min()),
         leading_coordinate_final_values=leaders_final,
-        attention_check={"t": ts[picks], "min_row_max": rowmax_min,
-                         "distinct_argmax": n_leaders, "boolean_at_t": boolean_at},
-        finding=("negative-eigenvalue coordinates diverge, positive ones freeze at their "
-                 "leader's value, the leading one converges to the two leaders' values; "
-                 "the opposite of the sign stated in REFERENCES.md / the issue. "
-                 "Projecting traj.z (standard basis) onto the eigenvectors swamps the "
-                 "positive coordinates with the rounding of the diverging ones."),
+        attention_check={
+            "t": ts[picks],
+            "min_row_max": rowmax_min,
+            "distinct_argmax": n_leaders,
+            "boolean_at_t": boolean_at,
+        },
+        finding=(
+            "negative-eigenvalue coordinates diverge, positive ones freeze at their "
+            "leader's value, the leading one converges to the two leaders' values; "
+            "the opposite of the sign stated in REFERENCES.md / the issue. "
+            "Projecting traj.z (standard basis) onto the eigenvectors swamps the "
+            "positive coordinates with the rounding of the diverging ones."
+        ),
     )
 
     fig = plt.figure(figsize=(6.5, 4.9))
@@ -147,17 +158,22 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ax.set_yticks([-1e20, -1e10, 0, 1e10, 1e20])
     ax.set_xlabel("$t$", labelpad=1)
     ax.set_ylabel("coordinate along eigenvector\n(mean $\\pm$ std over tokens)")
-    ax.legend(fontsize=5.5, ncol=2, loc="upper left", frameon=False, borderaxespad=0.1,
-              handlelength=1.2, columnspacing=0.8)
-    ax.set_title("negative $\\mu$ diverge, positive freeze, leading converges", pad=3,
-                 fontsize=7)
+    ax.legend(
+        fontsize=5.5,
+        ncol=2,
+        loc="upper left",
+        frameon=False,
+        borderaxespad=0.1,
+        handlelength=1.2,
+        columnspacing=0.8,
+    )
+    ax.set_title("negative $\\mu$ diverge, positive freeze, leading converges", pad=3, fontsize=7)
     H.panel_label(ax, "a", x=-0.14)
     # (b) speed of every coordinate
     ax = fig.add_axes([0.58, 0.55, 0.34, 0.33])
     for j in range(d):
         col = "k" if j == lead else cmap(norm(mu[j]))
-        ax.semilogy(ts[1:], speed[:, j], color=col, lw=0.5 if j != lead else 1.2,
-                    alpha=0.8)
+        ax.semilogy(ts[1:], speed[:, j], color=col, lw=0.5 if j != lead else 1.2, alpha=0.8)
     ax.set_ylim(max(speed[speed > 0].min(), 1e-18), speed.max() * 5)
     ax.set_xlabel("$t$", labelpad=1)
     ax.set_ylabel(r"speed $\max_i|\Delta c_i|/\Delta t$")
@@ -173,38 +189,70 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ax.plot(ts, c[:, :, lead], color="0.3", lw=0.4, alpha=0.7)
     ax.set_xlabel("$t$", labelpad=1)
     ax.set_ylabel(rf"leading coordinate ($\mu={mu[lead]:.2f}$)")
-    ax.set_title(f"converges to {len(leaders_final)} values (the two leaders')" if
-                 len(leaders_final) == 2 else f"converges to {len(leaders_final)} values",
-                 pad=3, fontsize=7)
+    ax.set_title(
+        f"converges to {len(leaders_final)} values (the two leaders')"
+        if len(leaders_final) == 2
+        else f"converges to {len(leaders_final)} values",
+        pad=3,
+        fontsize=7,
+    )
     H.panel_label(ax, "c", x=-0.14)
     # (d) spread at T against mu
     ax = fig.add_axes([0.58, 0.08, 0.4, 0.33])
-    ax.semilogy(mu, std_T_proj, "x", color="0.6", ms=3.5, mew=0.7,
-                label="projecting traj.z (rounding artefact)")
-    ax.semilogy(mu, std_T, "o", color="C3", ms=2.5,
-                label="solver's modal state (correct)")
+    ax.semilogy(
+        mu,
+        std_T_proj,
+        "x",
+        color="0.6",
+        ms=3.5,
+        mew=0.7,
+        label="projecting traj.z (rounding artefact)",
+    )
+    ax.semilogy(mu, std_T, "o", color="C3", ms=2.5, label="solver's modal state (correct)")
     ax.set_xlabel(r"eigenvalue $\mu$", labelpad=1)
     ax.set_ylabel(f"std over tokens at $T={T:g}$")
     ax.legend(fontsize=5.5, loc="center right", frameon=False)
     ax.set_title("all coordinates at $T$", pad=3, fontsize=7)
     H.panel_label(ax, "d", x=-0.14)
-    fig.text(0.5, 0.995, rf"The authors' $n=d={d}$ experiment ($T=15$): negative-$\mu$ "
-             r"coordinates diverge, positive freeze, the leading one converges",
-             ha="center", va="top", fontsize=9)
-    fig.text(0.5, 0.953, rf"$V$ = paper_128(seed 0), $x_0$ uniform in $[-0.5,0.5]^{{{d}}}$, "
-             rf"$Q=K=I$, Euler $dt=0.1$ (150 layers), float64; runtime {first:.1f} s "
-             rf"({run_only:.2f} s once compiled)",
-             ha="center", va="top", fontsize=7, color="0.3")
+    fig.text(
+        0.5,
+        0.995,
+        rf"The authors' $n=d={d}$ experiment ($T=15$): negative-$\mu$ "
+        r"coordinates diverge, positive freeze, the leading one converges",
+        ha="center",
+        va="top",
+        fontsize=9,
+    )
+    fig.text(
+        0.5,
+        0.953,
+        rf"$V$ = paper_128(seed 0), $x_0$ uniform in $[-0.5,0.5]^{{{d}}}$, "
+        rf"$Q=K=I$, Euler $dt=0.1$ (150 layers), float64; runtime {first:.1f} s "
+        rf"({run_only:.2f} s once compiled)",
+        ha="center",
+        va="top",
+        fontsize=7,
+        color="0.3",
+    )
     figures = H.save(fig, out_dir, NAME, quick)
     params["V"] = V.tolist()
-    jpath = H.write_sidecar(out_dir, NAME, script="attnflow.experiments.fig_paper128",
-                            quick=quick, runs=[params], figures=figures, t_start=t_start,
-                            V=f"attnflow.matrices.paper_128(seed={SEED}, d={d}); the "
-                              f"matrix is runs[0].V",
-                            runtime_simulation_seconds={"first_call_with_compile": first,
-                                                        "compiled_run": run_only})
-    return {"figures": figures, "json": str(jpath), "runtime_seconds": first,
-            "compiled_run_seconds": run_only}
+    jpath = H.write_sidecar(
+        out_dir,
+        NAME,
+        script="attnflow.experiments.fig_paper128",
+        quick=quick,
+        runs=[params],
+        figures=figures,
+        t_start=t_start,
+        V=f"attnflow.matrices.paper_128(seed={SEED}, d={d}); the matrix is runs[0].V",
+        runtime_simulation_seconds={"first_call_with_compile": first, "compiled_run": run_only},
+    )
+    return {
+        "figures": figures,
+        "json": str(jpath),
+        "runtime_seconds": first,
+        "compiled_run_seconds": run_only,
+    }
 
 
 if __name__ == "__main__":

@@ -75,14 +75,23 @@ def run_cell(V: np.ndarray, seed: int, batch: int = BATCH) -> dict:
     else:
         frame, t1 = "rescaled", min(60.0, max(15.0, 30.0 / lmax)) if lmax > 0 else 15.0
     t1 = round(round(t1 / DT) * DT, 9)
-    traj, params = AP.simulate_tokens(V, n=N, seed=seed, t1=t1, dt=DT, frame=frame,
-                                      saves=SAVES, batch=batch)
+    traj, params = AP.simulate_tokens(
+        V, n=N, seed=seed, t1=t1, dt=DT, frame=frame, saves=SAVES, batch=batch
+    )
     obs = [af.observe_limit(traj, system=i).label for i in range(batch)]
     major = Counter(obs).most_common()
     top = max(major, key=lambda kv: (kv[1], kv[0] == reg.label))[0]
-    return {"V": V.tolist(), "predicted": reg.label, "observed": obs, "majority": top,
-            "t1": t1, "frame": frame, "status": traj.status, "seconds": params["seconds"],
-            "eigenvalues": reg.eigenvalues}
+    return {
+        "V": V.tolist(),
+        "predicted": reg.label,
+        "observed": obs,
+        "majority": top,
+        "t1": t1,
+        "frame": frame,
+        "status": traj.status,
+        "seconds": params["seconds"],
+        "eigenvalues": reg.eigenvalues,
+    }
 
 
 @H.styled
@@ -101,19 +110,27 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     rho = np.linspace(0.0, 2.0, k)
     theta = np.linspace(0.0, np.pi, k)
     grids = {}
-    for key, xs, ys, build in (("a", lam, lam, lambda x, y: family_a(x, y)),
-                               ("b", theta, rho, lambda x, y: family_b(y, x))):
+    for key, xs, ys, build in (
+        ("a", lam, lam, lambda x, y: family_a(x, y)),
+        ("b", theta, rho, lambda x, y: family_b(y, x)),
+    ):
         cells = [[run_cell(build(float(x), float(y)), SEED, batch) for x in xs] for y in ys]
         grids[key] = dict(xs=xs, ys=ys, cells=cells)
 
     fig = plt.figure(figsize=(6.5, 3.55))
     specs = {
-        "a": dict(rect=[0.07, 0.25, 0.36, 0.62], xlabel=r"$\lambda_1$ (on $Se_1$)",
-                  ylabel=r"$\lambda_2$ (on $Se_2$)",
-                  title=r"(a) $d=2$, $V=S\,\mathrm{diag}(\lambda_1,\lambda_2)\,S^{-1}$"),
-        "b": dict(rect=[0.58, 0.25, 0.36, 0.62], xlabel=r"rotation angle $\theta/\pi$",
-                  ylabel=r"modulus $\rho$ of the pair $\rho e^{\pm i\theta}$",
-                  title=r"(b) $d=3$, eigenvalues $1$ and $\rho e^{\pm i\theta}$"),
+        "a": dict(
+            rect=[0.07, 0.25, 0.36, 0.62],
+            xlabel=r"$\lambda_1$ (on $Se_1$)",
+            ylabel=r"$\lambda_2$ (on $Se_2$)",
+            title=r"(a) $d=2$, $V=S\,\mathrm{diag}(\lambda_1,\lambda_2)\,S^{-1}$",
+        ),
+        "b": dict(
+            rect=[0.58, 0.25, 0.36, 0.62],
+            xlabel=r"rotation angle $\theta/\pi$",
+            ylabel=r"modulus $\rho$ of the pair $\rho e^{\pm i\theta}$",
+            title=r"(b) $d=3$, eigenvalues $1$ and $\rho e^{\pm i\theta}$",
+        ),
     }
     summary = {}
     for key, g in grids.items():
@@ -126,9 +143,16 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         for i, y in enumerate(ys):
             for j, x in enumerate(xv):
                 c = g["cells"][i][j]
-                ax.add_patch(Rectangle((x - dx / 2, y - dy / 2), dx, dy,
-                                       facecolor=LABEL_COLORS[c["predicted"]],
-                                       edgecolor="white", lw=0.3))
+                ax.add_patch(
+                    Rectangle(
+                        (x - dx / 2, y - dy / 2),
+                        dx,
+                        dy,
+                        facecolor=LABEL_COLORS[c["predicted"]],
+                        edgecolor="white",
+                        lw=0.3,
+                    )
+                )
                 m = c["majority"]
                 if m == c["predicted"]:
                     agree += 1
@@ -137,8 +161,16 @@ def make(out_dir: Path, quick: bool = False) -> dict:
                     unsettled += 1
                 else:
                     disagree += 1
-                ax.add_patch(Rectangle((x - dx / 4, y - dy / 4), dx / 2, dy / 2,
-                                       facecolor=LABEL_COLORS[m], edgecolor="k", lw=0.4))
+                ax.add_patch(
+                    Rectangle(
+                        (x - dx / 4, y - dy / 4),
+                        dx / 2,
+                        dy / 2,
+                        facecolor=LABEL_COLORS[m],
+                        edgecolor="k",
+                        lw=0.4,
+                    )
+                )
                 if m == "not-converged":
                     ax.plot(x, y, ".", color="k", ms=1.5)
         ax.set_xlim(xv[0] - dx / 2, xv[-1] + dx / 2)
@@ -153,51 +185,104 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         ax.set_ylabel(sp["ylabel"], labelpad=1)
         ax.set_title(sp["title"], pad=3, fontsize=7.5)
         n_cells = len(xs) * len(ys)
-        ax.text(0.5, -0.2, f"{agree} of {n_cells} cells agree; {disagree} differ, "
-                f"{unsettled} not settled", transform=ax.transAxes, ha="center",
-                va="top", fontsize=6.5, color="0.25")
-        summary[key] = {"cells": n_cells, "agree": agree, "disagree": disagree,
-                        "not_settled": unsettled,
-                        "predicted_counts": dict(Counter(c["predicted"] for row in g["cells"]
-                                                         for c in row)),
-                        "observed_counts": dict(Counter(o for row in g["cells"] for c in row
-                                                        for o in c["observed"]))}
-    handles = [Patch(facecolor=LABEL_COLORS[lab], edgecolor="0.5", lw=0.4, label=lab)
-               for lab in ORDER]
-    fig.legend(handles=handles, loc="lower center", ncol=6, frameon=False, fontsize=6.5,
-               bbox_to_anchor=(0.5, 0.0), handlelength=1.2, columnspacing=1.0)
-    fig.text(0.5, 0.995, "Phase diagram: cell colour = predicted regime (from V's "
-             "spectrum); inner square = observed limit where it differs", ha="center",
-             va="top", fontsize=8.5)
+        ax.text(
+            0.5,
+            -0.2,
+            f"{agree} of {n_cells} cells agree; {disagree} differ, {unsettled} not settled",
+            transform=ax.transAxes,
+            ha="center",
+            va="top",
+            fontsize=6.5,
+            color="0.25",
+        )
+        summary[key] = {
+            "cells": n_cells,
+            "agree": agree,
+            "disagree": disagree,
+            "not_settled": unsettled,
+            "predicted_counts": dict(Counter(c["predicted"] for row in g["cells"] for c in row)),
+            "observed_counts": dict(
+                Counter(o for row in g["cells"] for c in row for o in c["observed"])
+            ),
+        }
+    handles = [
+        Patch(facecolor=LABEL_COLORS[lab], edgecolor="0.5", lw=0.4, label=lab) for lab in ORDER
+    ]
+    fig.legend(
+        handles=handles,
+        loc="lower center",
+        ncol=6,
+        frameon=False,
+        fontsize=6.5,
+        bbox_to_anchor=(0.5, 0.0),
+        handlelength=1.2,
+        columnspacing=1.0,
+    )
+    fig.text(
+        0.5,
+        0.995,
+        "Phase diagram: cell colour = predicted regime (from V's "
+        "spectrum); inner square = observed limit where it differs",
+        ha="center",
+        va="top",
+        fontsize=8.5,
+    )
     systems = f"{batch} systems" if batch > 1 else "1 system"
-    fig.text(0.5, 0.95, rf"$Q=K=I$; per cell {systems} of $n={N}$ tokens uniform in "
-             r"$[-5,5]^d$, Euler $dt=0.1$ to $t_1=\min(60,\max(15,30/|\lambda|_{\max}))$, "
-             r"majority of observe_limit",
-             ha="center", va="top", fontsize=6.5, color="0.3")
+    fig.text(
+        0.5,
+        0.95,
+        rf"$Q=K=I$; per cell {systems} of $n={N}$ tokens uniform in "
+        r"$[-5,5]^d$, Euler $dt=0.1$ to $t_1=\min(60,\max(15,30/|\lambda|_{\max}))$, "
+        r"majority of observe_limit",
+        ha="center",
+        va="top",
+        fontsize=6.5,
+        color="0.3",
+    )
     figures = H.save(fig, out_dir, NAME, quick)
     runs = []
     for key, g in grids.items():
-        runs.append({
-            "name": f"family_{key}", "seed": SEED, "n": N, "batch": batch,
-            "d": 2 if key == "a" else 3,
-            "t1": "min(60, max(15, 30 / |lambda_max|)) (rescaled); min(100, 60 / c) for "
-                  "V = -cI (original frame); per cell in 'cells'",
-            "Q": "identity", "K": "identity",
-            "V": ("S2 diag(lambda_1, lambda_2) S2^-1 (lambda I when equal), S2 = "
-                  f"{S2.tolist()}" if key == "a" else
-                  "S3 (1 (+) rho R(theta)) S3^-1, S3 = " f"{S3.tolist()}"),
-            "solver": {"method": "euler", "dt": DT, "saves": SAVES},
-            "tolerances": {"rtol": None, "atol": None,
-                           "observe_limit": {"tol": 1e-2, "move_tol": 1e-3}},
-            "x0": f"numpy.random.default_rng({SEED}).uniform(-5, 5, ({batch}, {N}, d))",
-            "grid_x": g["xs"], "grid_y": g["ys"],
-            "grid_x_name": "lambda_1" if key == "a" else "theta",
-            "grid_y_name": "lambda_2" if key == "a" else "rho",
-            "cells": g["cells"], "summary": summary[key],
-        })
-    jpath = H.write_sidecar(out_dir, NAME, script="attnflow.experiments.fig_phase_diagram",
-                            quick=quick, runs=runs, figures=figures, t_start=t_start,
-                            summary=summary)
+        runs.append(
+            {
+                "name": f"family_{key}",
+                "seed": SEED,
+                "n": N,
+                "batch": batch,
+                "d": 2 if key == "a" else 3,
+                "t1": "min(60, max(15, 30 / |lambda_max|)) (rescaled); min(100, 60 / c) for "
+                "V = -cI (original frame); per cell in 'cells'",
+                "Q": "identity",
+                "K": "identity",
+                "V": (
+                    f"S2 diag(lambda_1, lambda_2) S2^-1 (lambda I when equal), S2 = {S2.tolist()}"
+                    if key == "a"
+                    else f"S3 (1 (+) rho R(theta)) S3^-1, S3 = {S3.tolist()}"
+                ),
+                "solver": {"method": "euler", "dt": DT, "saves": SAVES},
+                "tolerances": {
+                    "rtol": None,
+                    "atol": None,
+                    "observe_limit": {"tol": 1e-2, "move_tol": 1e-3},
+                },
+                "x0": f"numpy.random.default_rng({SEED}).uniform(-5, 5, ({batch}, {N}, d))",
+                "grid_x": g["xs"],
+                "grid_y": g["ys"],
+                "grid_x_name": "lambda_1" if key == "a" else "theta",
+                "grid_y_name": "lambda_2" if key == "a" else "rho",
+                "cells": g["cells"],
+                "summary": summary[key],
+            }
+        )
+    jpath = H.write_sidecar(
+        out_dir,
+        NAME,
+        script="attnflow.experiments.fig_phase_diagram",
+        quick=quick,
+        runs=runs,
+        figures=figures,
+        t_start=t_start,
+        summary=summary,
+    )
     return {"figures": figures, "json": str(jpath), "summary": summary}
 
 

@@ -50,9 +50,13 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         ts = np.asarray(traj.ts)
         measure = np.array([AP.hull_measure(z[k]) for k in range(len(ts))])
         obs = H.observation(traj)
-        params.update(name=f"d{d}", observed=obs, predicted=H.prediction(np.eye(d)),
-                      hull_measure_relative_end=float(measure[-1] / measure[0]),
-                      hull_measure_max_increase=float(np.max(np.diff(measure)) / measure[0]))
+        params.update(
+            name=f"d{d}",
+            observed=obs,
+            predicted=H.prediction(np.eye(d)),
+            hull_measure_relative_end=float(measure[-1] / measure[0]),
+            hull_measure_max_increase=float(np.max(np.diff(measure)) / measure[0]),
+        )
         runs.append(params)
         trajs[d] = (ts, z, measure, obs)
         trajs[f"traj{d}"] = traj
@@ -64,17 +68,32 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     cmap = plt.get_cmap("viridis")
     for j, th in enumerate(HULL_TIMES):
         k = int(np.argmin(np.abs(ts - th)))
-        AP.draw_hull(ax, z[k], color=cmap(j / (len(HULL_TIMES) - 1)), lw=0.9,
-                     label=f"$t={ts[k]:g}$", zorder=1)
+        AP.draw_hull(
+            ax,
+            z[k],
+            color=cmap(j / (len(HULL_TIMES) - 1)),
+            lw=0.9,
+            label=f"$t={ts[k]:g}$",
+            zorder=1,
+        )
     AP.draw_trajectories(ax, z, color="0.6", lw=0.5)
     ax.plot(0, 0, "+", color="C3", ms=6, mew=1)
     ax.set_aspect("equal", adjustable="box")
     ax.set_xlabel("$z_1$", labelpad=1)
     ax.set_ylabel("$z_2$", labelpad=0)
     ax.set_title(f"$d=2$: {obs['n_clusters']} limit points", pad=3)
-    ax.legend(title="convex hull at", fontsize=6, title_fontsize=6, ncol=3,
-              loc="upper center", bbox_to_anchor=(0.5, -0.17), handlelength=1.2,
-              columnspacing=0.8, frameon=False, borderaxespad=0)
+    ax.legend(
+        title="convex hull at",
+        fontsize=6,
+        title_fontsize=6,
+        ncol=3,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.17),
+        handlelength=1.2,
+        columnspacing=0.8,
+        frameon=False,
+        borderaxespad=0,
+    )
     H.panel_label(ax, "a")
     # (b) d = 3
     ax = fig.add_axes([0.34, 0.12, 0.34, 0.76], projection="3d")
@@ -83,8 +102,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     AP.draw_hull(ax, z3[-1], facecolor="C0", edgecolor="C0", alpha=0.22, lw=0.4)
     ax.view_init(elev=18, azim=-55)
     H.axes3d(ax, pads=(-8, -8, -9))
-    ax.set_title(f"$d=3$: {obs3['n_clusters']} limit points, polytope $K$", pad=-6,
-                 y=0.98)
+    ax.set_title(f"$d=3$: {obs3['n_clusters']} limit points, polytope $K$", pad=-6, y=0.98)
     H.panel_label(ax, "b", x=0.1, y=0.92)
     # (c) hull measure
     ax = fig.add_axes([0.79, 0.25, 0.2, 0.58])
@@ -96,24 +114,49 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ax.legend(loc="lower left", frameon=False)
     ax.set_title("the hull never grows", pad=3)
     H.panel_label(ax, "c")
-    fig.text(0.5, 0.985, r"$V=I$: the tokens $z_i=e^{-tV}x_i$ cluster at the vertices "
-             r"of a polytope $K$ (or at 0)", ha="center", va="top", fontsize=9)
-    fig.text(0.5, 0.925, r"$n=20$, $x_0$ uniform in $[-5,5]^d$, $Q=K=I$, discrete "
-             r"transformer (Euler, $dt=0.1$) to $T=12$; open circles: start, dots: end",
-             ha="center", va="top", fontsize=7, color="0.3")
+    fig.text(
+        0.5,
+        0.985,
+        r"$V=I$: the tokens $z_i=e^{-tV}x_i$ cluster at the vertices "
+        r"of a polytope $K$ (or at 0)",
+        ha="center",
+        va="top",
+        fontsize=9,
+    )
+    fig.text(
+        0.5,
+        0.925,
+        r"$n=20$, $x_0$ uniform in $[-5,5]^d$, $Q=K=I$, discrete "
+        r"transformer (Euler, $dt=0.1$) to $T=12$; open circles: start, dots: end",
+        ha="center",
+        va="top",
+        fontsize=7,
+        color="0.3",
+    )
     figures = H.save(fig, out_dir, NAME, quick)
 
     # the same runs as the figure (= attnflow animate --case CASE)
-    movies = H.movies([(trajs["traj2"], "polytope"), (trajs["traj3"], "polytope-3d")],
-                      out_dir, quick, draw="hull")
+    movies = H.movies(
+        [(trajs["traj2"], "polytope"), (trajs["traj3"], "polytope-3d")], out_dir, quick, draw="hull"
+    )
     jpath = H.write_sidecar(
-        out_dir, NAME, script="attnflow.experiments.fig_polytope", quick=quick, runs=runs,
-        figures=figures + movies, t_start=t_start, hull_times=list(HULL_TIMES),
+        out_dir,
+        NAME,
+        script="attnflow.experiments.fig_polytope",
+        quick=quick,
+        runs=runs,
+        figures=figures + movies,
+        t_start=t_start,
+        hull_times=list(HULL_TIMES),
         movies=movies,
         theorem="[E] V = I, Q^T K positive definite: hull non-increasing, converges to a "
-                "polytope K; every z_i tends to 0 or to the boundary of K.")
-    return {"figures": figures + [Path(m) for m in movies], "json": str(jpath),
-            "observed": {r["name"]: r["observed"]["label"] for r in runs}}
+        "polytope K; every z_i tends to 0 or to the boundary of K.",
+    )
+    return {
+        "figures": figures + [Path(m) for m in movies],
+        "json": str(jpath),
+        "observed": {r["name"]: r["observed"]["label"] for r in runs},
+    }
 
 
 if __name__ == "__main__":

@@ -59,13 +59,18 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     # the limit points found by observe_limit (its clusters), drawn in (z_1, z_2)
     cl = np.asarray(obs.details["cluster_of"])
     limits = np.array([F_points[cl == c].mean(axis=0) for c in range(cl.max() + 1)])
-    params.update(name="paranormal", predicted=H.prediction(V),
-                  observed={"label": obs.label, "n_clusters": obs.n_clusters,
-                            "reason": obs.reason},
-                  F_basis=st.F, G_rate_predicted=rate, G_rate_measured=float(fit[0]),
-                  F_limit_points=limits, leaders=np.unique(leader),
-                  z3_final_range=[float(z[-1, :, 2].min()), float(z[-1, :, 2].max())],
-                  x3_final_max=float(np.abs(np.asarray(traj.x)[-1, :, 2]).max()))
+    params.update(
+        name="paranormal",
+        predicted=H.prediction(V),
+        observed={"label": obs.label, "n_clusters": obs.n_clusters, "reason": obs.reason},
+        F_basis=st.F,
+        G_rate_predicted=rate,
+        G_rate_measured=float(fit[0]),
+        F_limit_points=limits,
+        leaders=np.unique(leader),
+        z3_final_range=[float(z[-1, :, 2].min()), float(z[-1, :, 2].max())],
+        x3_final_max=float(np.abs(np.asarray(traj.x)[-1, :, 2]).max()),
+    )
 
     fig = plt.figure(figsize=(6.5, 2.75))
     # (a) 3-d
@@ -92,29 +97,53 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     # (c) G-part
     ax = fig.add_axes([0.77, 0.2, 0.22, 0.6])
     ax.semilogy(ts, gap[:, followers], color="0.6", lw=0.5)
-    ax.semilogy(ts, np.median(gap[:, followers], axis=1), color="k", lw=1.2,
-                label="median")
+    ax.semilogy(ts, np.median(gap[:, followers], axis=1), color="k", lw=1.2, label="median")
     ref = np.exp(fit[1] + rate * ts)
-    ax.semilogy(ts, ref, color="C3", ls="--", lw=0.9,
-                label=f"predicted slope {rate:.3f}\n(fitted {fit[0]:.3f})")
+    ax.semilogy(
+        ts,
+        ref,
+        color="C3",
+        ls="--",
+        lw=0.9,
+        label=f"predicted slope {rate:.3f}\n(fitted {fit[0]:.3f})",
+    )
     ax.set_ylim(max(gap[:, followers].min(), 1e-3), gap.max() * 3)
     ax.set_xlabel("$t$", labelpad=1)
     ax.set_ylabel(r"$|z_{3,i} - z_{3,\mathrm{leader}(i)}|$")
     ax.legend(loc="lower right", frameon=False, fontsize=6)
     ax.set_title("$G$-part: free, unbounded", pad=3, fontsize=7)
     H.panel_label(ax, "c")
-    fig.text(0.5, 0.995, r"Paranormal $V=\mathrm{diag}(1,1,-0.5)$: polytope in "
-             r"$F=\mathrm{span}(e_1,e_2)$ $\times$ the free subspace $G=\mathrm{span}(e_3)$",
-             ha="center", va="top", fontsize=9)
-    fig.text(0.5, 0.93, rf"observed: {obs.label}; (b) blue: hull of the $F$-parts at $T$, "
-             r"dashed: at $t=0$; $n=20$, $[-5,5]^3$, $Q=K=I$, Euler $dt=0.1$, $T=12$",
-             ha="center", va="top", fontsize=7, color="0.3")
+    fig.text(
+        0.5,
+        0.995,
+        r"Paranormal $V=\mathrm{diag}(1,1,-0.5)$: polytope in "
+        r"$F=\mathrm{span}(e_1,e_2)$ $\times$ the free subspace $G=\mathrm{span}(e_3)$",
+        ha="center",
+        va="top",
+        fontsize=9,
+    )
+    fig.text(
+        0.5,
+        0.93,
+        rf"observed: {obs.label}; (b) blue: hull of the $F$-parts at $T$, "
+        r"dashed: at $t=0$; $n=20$, $[-5,5]^3$, $Q=K=I$, Euler $dt=0.1$, $T=12$",
+        ha="center",
+        va="top",
+        fontsize=7,
+        color="0.3",
+    )
     figures = H.save(fig, out_dir, NAME, quick)
     jpath = H.write_sidecar(
-        out_dir, NAME, script="attnflow.experiments.fig_subspace", quick=quick,
-        runs=[params], figures=figures, t_start=t_start,
+        out_dir,
+        NAME,
+        script="attnflow.experiments.fig_subspace",
+        quick=quick,
+        runs=[params],
+        figures=figures,
+        t_start=t_start,
         theorem="[E] paranormal V, Q^T K positive definite: z_i -> (boundary of a "
-                "polytope in F, or 0) x G.")
+        "polytope in F, or 0) x G.",
+    )
     return {"figures": figures, "json": str(jpath), "observed": obs.label}
 
 

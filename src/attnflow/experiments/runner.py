@@ -61,8 +61,9 @@ def _load(exp_dir: Path, name: str):
     if Path(exp_dir).resolve() == _installed():
         mod = importlib.import_module(f"{__package__}.{name}")
     else:
-        spec = importlib.util.spec_from_file_location(f"attnflow_experiments.{name}",
-                                                      Path(exp_dir) / f"{name}.py")
+        spec = importlib.util.spec_from_file_location(
+            f"attnflow_experiments.{name}", Path(exp_dir) / f"{name}.py"
+        )
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
     if not hasattr(mod, "make"):
@@ -112,9 +113,15 @@ def default_jobs() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def run_figures(out_dir: str | Path = "figures", *, only: list[str] | None = None,
-                quick: bool = False, experiments: str | Path | None = None,
-                progress: bool = True, jobs: int | None = None) -> dict:
+def run_figures(
+    out_dir: str | Path = "figures",
+    *,
+    only: list[str] | None = None,
+    quick: bool = False,
+    experiments: str | Path | None = None,
+    progress: bool = True,
+    jobs: int | None = None,
+) -> dict:
     """Run the figure scripts; return ``{"figures": {name: result}, "failed": {...}}``.
 
     Args:
@@ -140,8 +147,9 @@ def run_figures(out_dir: str | Path = "figures", *, only: list[str] | None = Non
     x64 = bool(jax.config.jax_enable_x64)
     jax.config.update("jax_enable_x64", True)
     try:
-        return _run_figures(out_dir, only=only, quick=quick, experiments=experiments,
-                            progress=progress, jobs=jobs)
+        return _run_figures(
+            out_dir, only=only, quick=quick, experiments=experiments, progress=progress, jobs=jobs
+        )
     finally:
         jax.config.update("jax_enable_x64", x64)
 
@@ -190,15 +198,23 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs) -> dict:
                 record(*_run_one(str(exp_dir), name, str(out), quick))
     else:
         ctx = multiprocessing.get_context("spawn")  # never fork a process running JAX
-        with ProcessPoolExecutor(max_workers=min(jobs, len(names)), mp_context=ctx,
-                                 initializer=_init_worker) as pool:
+        with ProcessPoolExecutor(
+            max_workers=min(jobs, len(names)), mp_context=ctx, initializer=_init_worker
+        ) as pool:
             futures = [pool.submit(_run_one, str(exp_dir), n, str(out), quick) for n in order]
             for fut in as_completed(futures):
                 record(*fut.result())
     bar.close()
     results = {n: results[n] for n in names if n in results}
-    index = {"quick": quick, "jobs": jobs, "seconds": round(time.perf_counter() - t_all, 2),
-             "figures": results, "failed": failed, "versions": run_metadata()}
+    index = {
+        "quick": quick,
+        "jobs": jobs,
+        "seconds": round(time.perf_counter() - t_all, 2),
+        "figures": results,
+        "failed": failed,
+        "versions": run_metadata(),
+    }
     (out / ("index_quick.json" if quick else "index.json")).write_text(
-        json.dumps(index, indent=2, default=str))
+        json.dumps(index, indent=2, default=str)
+    )
     return index

@@ -19,17 +19,29 @@ PAPER = {
     # 1.348, -0.068
     "paper-2d": np.array([[0.64709742, 0.81911926], [0.61210449, 0.63263484]]),
     # 0.991, -0.055 +- 0.254i
-    "paper-3d-re-neg": np.array([[0.2362413, 0.0599536, 0.40506019],
-                                 [0.81321448, 0.49948705, 0.33754772],
-                                 [0.2160645, 0.38505272, 0.14588075]]),
+    "paper-3d-re-neg": np.array(
+        [
+            [0.2362413, 0.0599536, 0.40506019],
+            [0.81321448, 0.49948705, 0.33754772],
+            [0.2160645, 0.38505272, 0.14588075],
+        ]
+    ),
     # 1.078, 0.099 +- 0.082i
-    "paper-3d-re-pos": np.array([[0.18608476, 0.34391026, 0.13905949],
-                                 [0.35244288, 0.6694859, 0.39992145],
-                                 [0.46685606, 0.17094454, 0.42092308]]),
+    "paper-3d-re-pos": np.array(
+        [
+            [0.18608476, 0.34391026, 0.13905949],
+            [0.35244288, 0.6694859, 0.39992145],
+            [0.46685606, 0.17094454, 0.42092308],
+        ]
+    ),
     # symmetric, 1.963, 0.253, -0.222 (the codimension-k conjecture)
-    "paper-codim": np.array([[0.92761287, 0.94333073, 0.3827744],
-                             [0.94333073, 0.59991396, 0.47825472],
-                             [0.3827744, 0.47825472, 0.46668605]]),
+    "paper-codim": np.array(
+        [
+            [0.92761287, 0.94333073, 0.3827744],
+            [0.94333073, 0.59991396, 0.47825472],
+            [0.3827744, 0.47825472, 0.46668605],
+        ]
+    ),
     # "paranormal": F = span(e1, e2) with V = Id, G = span(e3) with V = -0.5
     "paranormal": np.diag([1.0, 1.0, -0.5]),
 }
@@ -99,8 +111,10 @@ def named(name: str, d: int | None = None, seed: int = 0) -> np.ndarray:
             raise ValueError(f"the matrix {name!r} is {A.shape[0]}x{A.shape[0]}; got d = {d}.")
         return A
     if name not in _GENERATED:
-        raise ValueError(f"unknown matrix name {name!r}; known names: {', '.join(NAMES)}, "
-                         f"or a .npy/.npz/.txt file.")
+        raise ValueError(
+            f"unknown matrix name {name!r}; known names: {', '.join(NAMES)}, "
+            f"or a .npy/.npz/.txt file."
+        )
     if d is None or d < 1:
         raise ValueError(f"the matrix {name!r} needs a dimension d >= 1.")
     return np.asarray(_GENERATED[name](int(d), int(seed)), dtype=np.float64)
@@ -108,7 +122,9 @@ def named(name: str, d: int | None = None, seed: int = 0) -> np.ndarray:
 
 def load(spec: str, d: int | None = None, seed: int = 0) -> np.ndarray:
     """A matrix by name (``named``) or from a ``.npy``, ``.npz[:key]`` or ``.txt`` file."""
-    path, _, key = spec.partition(":") if spec.count(":") == 1 and ".npz:" in spec else (spec, "", "")
+    path, _, key = (
+        spec.partition(":") if spec.count(":") == 1 and ".npz:" in spec else (spec, "", "")
+    )
     p = Path(path)
     if p.suffix in (".npy", ".npz", ".txt", ".csv"):
         if not p.exists():

@@ -20,7 +20,20 @@ from .draw import (
 )
 
 __all__ = [
-    "STYLE", "use_style", "simulate_tokens", "euler_saves", "hull_vertices",
-    "hull_measure", "draw_hull", "box_section", "draw_level", "draw_trajectories",
-    "data_box", "edge_on_view", "LABEL_COLORS", "MOVIE_CASES", "animate", "movie",
+    "STYLE",
+    "use_style",
+    "simulate_tokens",
+    "euler_saves",
+    "hull_vertices",
+    "hull_measure",
+    "draw_hull",
+    "box_section",
+    "draw_level",
+    "draw_trajectories",
+    "data_box",
+    "edge_on_view",
+    "LABEL_COLORS",
+    "MOVIE_CASES",
+    "animate",
+    "movie",
 ]

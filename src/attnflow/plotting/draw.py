@@ -35,9 +35,19 @@ import numpy as np
 from ..studies.setups import MOVIE_CASES, case_matrix, simulate_tokens
 
 __all__ = [
-    "STYLE", "use_style", "hull_vertices", "hull_measure", "draw_hull", "box_section",
-    "draw_level", "draw_trajectories", "data_box", "edge_on_view", "LABEL_COLORS",
-    "animate", "movie",
+    "STYLE",
+    "use_style",
+    "hull_vertices",
+    "hull_measure",
+    "draw_hull",
+    "box_section",
+    "draw_level",
+    "draw_trajectories",
+    "data_box",
+    "edge_on_view",
+    "LABEL_COLORS",
+    "animate",
+    "movie",
 ]
 
 # Readable at paper size: a 6.5 in wide figure with 8 pt text.
@@ -193,9 +203,19 @@ def draw_level(ax, phi, c: float, lo, hi, **kw):
     return coll
 
 
-def draw_trajectories(ax, z, *, color="0.55", lw: float = 0.6, alpha: float = 0.8,
-                      start: bool = True, end: bool = True, end_color="k", ms: float = 3.5,
-                      colors=None):
+def draw_trajectories(
+    ax,
+    z,
+    *,
+    color="0.55",
+    lw: float = 0.6,
+    alpha: float = 0.8,
+    start: bool = True,
+    end: bool = True,
+    end_color="k",
+    ms: float = 3.5,
+    colors=None,
+):
     """Draw token paths ``z`` ``(m, n, d)`` (d = 2 or 3) with start (open) and end
     (filled) markers; ``colors`` one colour per token overrides ``color``."""
     z = np.asarray(z)
@@ -204,8 +224,15 @@ def draw_trajectories(ax, z, *, color="0.55", lw: float = 0.6, alpha: float = 0.
         c = color if colors is None else colors[i]
         ax.plot(*[z[:, i, k] for k in range(d)], color=c, lw=lw, alpha=alpha)
     if start:
-        ax.plot(*[z[0, :, k] for k in range(d)], "o", ms=ms * 0.7, mfc="none",
-                mec="0.35", mew=0.5, ls="none")
+        ax.plot(
+            *[z[0, :, k] for k in range(d)],
+            "o",
+            ms=ms * 0.7,
+            mfc="none",
+            mec="0.35",
+            mew=0.5,
+            ls="none",
+        )
     if end:
         ax.plot(*[z[-1, :, k] for k in range(d)], "o", ms=ms, color=end_color, ls="none")
 
@@ -242,9 +269,20 @@ def edge_on_view(phi, lo, hi) -> tuple[float, float]:
     return 0.0, float(np.degrees(np.arctan2(v[1], v[0])))
 
 
-def animate(traj, path, *, frames: int = 60, fps: int = 12, dpi: int = 90,
-            frame: str | None = None, draw: str = "none", title: str = "",
-            trail: int = 12, size: float = 4.0, system: int = 0) -> dict:
+def animate(
+    traj,
+    path,
+    *,
+    frames: int = 60,
+    fps: int = 12,
+    dpi: int = 90,
+    frame: str | None = None,
+    draw: str = "none",
+    title: str = "",
+    trail: int = 12,
+    size: float = 4.0,
+    system: int = 0,
+) -> dict:
     """Write a GIF of the tokens moving.
 
     Args:
@@ -289,15 +327,17 @@ def animate(traj, path, *, frames: int = 60, fps: int = 12, dpi: int = 90,
     if draw not in ("hull", "levels", "none"):
         raise ValueError(f"draw must be 'hull', 'levels' or 'none'; got {draw!r}.")
     if frames < 2 or m < 2:
-        raise ValueError(f"need at least 2 frames and 2 saved times; got frames = "
-                         f"{frames}, {m} saves.")
+        raise ValueError(
+            f"need at least 2 frames and 2 saved times; got frames = {frames}, {m} saves."
+        )
     idx = _frame_indices(ts, frames)
     phi = None
     if draw == "levels":
         st = spectral_structure(np.asarray(traj.model.V, np.float64))
         if st.phi1_left is None:
-            raise ValueError("draw='levels' needs a simple leading eigenvalue "
-                             f"(V's structure is {st.kind!r}).")
+            raise ValueError(
+                f"draw='levels' needs a simple leading eigenvalue (V's structure is {st.kind!r})."
+            )
         phi = st.phi1_left
     lo, hi = data_box(Y)
     path = Path(path)
@@ -317,8 +357,7 @@ def animate(traj, path, *, frames: int = 60, fps: int = 12, dpi: int = 90,
             ax.set_zlim(lo[2], hi[2])
             ax.set_zlabel(f"${label}_3$")
             elev0, azim0 = 22.0, -60.0
-            elev1, azim1 = (edge_on_view(phi, lo, hi) if phi is not None
-                            else (22.0, -20.0))
+            elev1, azim1 = edge_on_view(phi, lo, hi) if phi is not None else (22.0, -20.0)
             if azim1 - azim0 > 180:
                 azim1 -= 360
             elif azim1 - azim0 < -180:
@@ -334,8 +373,7 @@ def animate(traj, path, *, frames: int = 60, fps: int = 12, dpi: int = 90,
             draw_hull(ax, Y[-1], color="C3", lw=0.8, ls="--")
             lines2d = [ax.plot([], [], color="C0", lw=1.0)[0]]
         elif d == 2 and draw == "levels":
-            lines2d = [ax.plot([], [], color="C3", lw=0.8, ls=ls)[0]
-                       for ls in ("-", ":", "-")]
+            lines2d = [ax.plot([], [], color="C3", lw=0.8, ls=ls)[0] for ls in ("-", ":", "-")]
         if d == 3 and draw == "hull":
             draw_hull(ax, Y[-1], facecolor="C3", edgecolor="C3", alpha=0.12, lw=0.4)
         polys = []
@@ -344,7 +382,7 @@ def animate(traj, path, *, frames: int = 60, fps: int = 12, dpi: int = 90,
             k = idx[j]
             k0 = max(0, k - trail)
             for i, ln in enumerate(trails):
-                seg = Y[k0:k + 1, i]
+                seg = Y[k0 : k + 1, i]
                 if d == 2:
                     ln.set_data(seg[:, 0], seg[:, 1])
                 else:
@@ -368,26 +406,40 @@ def animate(traj, path, *, frames: int = 60, fps: int = 12, dpi: int = 90,
                     while polys:
                         polys.pop().remove()
                     for c in levels:
-                        coll = draw_level(ax, phi, c, lo, hi, facecolor="C3",
-                                          edgecolor="C3", alpha=0.12, lw=0.4)
+                        coll = draw_level(
+                            ax, phi, c, lo, hi, facecolor="C3", edgecolor="C3", alpha=0.12, lw=0.4
+                        )
                         if coll is not None:
                             polys.append(coll)
             if d == 3:
                 s = j / max(len(idx) - 1, 1)
-                ax.view_init(elev=elev0 + (elev1 - elev0) * s,
-                             azim=azim0 + (azim1 - azim0) * s)
+                ax.view_init(elev=elev0 + (elev1 - elev0) * s, azim=azim0 + (azim1 - azim0) * s)
             title_artist.set_text(f"{title}\n$t = {ts[k]:.1f}$")
             return []
 
         anim = FuncAnimation(fig, update, frames=len(idx), blit=False)
         anim.save(str(path), writer=PillowWriter(fps=fps), dpi=dpi)
-    return {"path": str(path), "frames": int(len(idx)), "fps": int(fps),
-            "seconds": round(time.perf_counter() - t_start, 2),
-            "bytes": path.stat().st_size}
+    return {
+        "path": str(path),
+        "frames": int(len(idx)),
+        "fps": int(fps),
+        "seconds": round(time.perf_counter() - t_start, 2),
+        "bytes": path.stat().st_size,
+    }
 
 
-def movie(case: str, path, *, n: int = 20, seed: int = 0, t1: float | None = None,
-          dt: float = 0.1, frames: int = 60, fps: int = 12, dpi: int = 90) -> dict:
+def movie(
+    case: str,
+    path,
+    *,
+    n: int = 20,
+    seed: int = 0,
+    t1: float | None = None,
+    dt: float = 0.1,
+    frames: int = 60,
+    fps: int = 12,
+    dpi: int = 90,
+) -> dict:
     """Simulate a named case of ``MOVIE_CASES`` and write its GIF (``animate``).
 
     Returns ``animate``'s dict with the simulation parameters under ``"params"``."""
@@ -395,10 +447,17 @@ def movie(case: str, path, *, n: int = 20, seed: int = 0, t1: float | None = Non
         raise ValueError(f"unknown case {case!r}; known: {', '.join(MOVIE_CASES)}.")
     c = MOVIE_CASES[case]
     t1 = c["t1"] if t1 is None else float(t1)
-    traj, params = simulate_tokens(case_matrix(c), n=n, seed=seed, t1=t1, dt=dt,
-                                   frame=c["frame"])
-    info = animate(traj, path, frames=frames, fps=fps, dpi=dpi, draw=c["draw"],
-                   title=c["title"], frame=c["frame"])
+    traj, params = simulate_tokens(case_matrix(c), n=n, seed=seed, t1=t1, dt=dt, frame=c["frame"])
+    info = animate(
+        traj,
+        path,
+        frames=frames,
+        fps=fps,
+        dpi=dpi,
+        draw=c["draw"],
+        title=c["title"],
+        frame=c["frame"],
+    )
     info["params"] = params
     info["case"] = case
     return info

@@ -149,8 +149,9 @@ def _beta_quantile(q: float, a: float, b: float) -> float:
     return 0.5 * (lo + hi)
 
 
-def binomial_interval(count: int, samples: int, *, level: float = 0.95,
-                      method: str = "wilson") -> tuple[float, float]:
+def binomial_interval(
+    count: int, samples: int, *, level: float = 0.95, method: str = "wilson"
+) -> tuple[float, float]:
     """Two-sided confidence interval for a binomial proportion.
 
     Arguments:
@@ -196,8 +197,10 @@ def _interval_name(method: str) -> str:
     if m in ("exact", "clopper", "cp"):
         m = "clopper-pearson"
     if m not in INTERVALS:
-        raise ValueError(f"interval must be one of {INTERVALS} ('exact' is an alias of "
-                         f"'clopper-pearson'); got {method!r}.")
+        raise ValueError(
+            f"interval must be one of {INTERVALS} ('exact' is an alias of "
+            f"'clopper-pearson'); got {method!r}."
+        )
     return m
 
 
@@ -213,7 +216,7 @@ class Proportion:
     high: float
 
     @classmethod
-    def of(cls, count: int, samples: int, level: float, method: str) -> "Proportion":
+    def of(cls, count: int, samples: int, level: float, method: str) -> Proportion:
         low, high = binomial_interval(count, samples, level=level, method=method)
         return cls(int(count), int(samples), count / samples, low, high)
 
@@ -257,30 +260,51 @@ class GinibreEstimate:
 
     def summary(self) -> str:
         pct = f"{100 * self.level:g}%"
-        return (f"d = {self.d:4d}  fraction = {self.fraction:.5f}  {pct} "
-                f"[{self.low:.5f}, {self.high:.5f}]  ({self.count}/{self.samples}); "
-                f"good triples Q=K=I {self.good_identity.fraction:.5f}, Q,K Ginibre "
-                f"{self.good_ginibre.fraction:.5f} [{self.good_ginibre.low:.5f}, "
-                f"{self.good_ginibre.high:.5f}]; borderline {self.borderline}")
+        return (
+            f"d = {self.d:4d}  fraction = {self.fraction:.5f}  {pct} "
+            f"[{self.low:.5f}, {self.high:.5f}]  ({self.count}/{self.samples}); "
+            f"good triples Q=K=I {self.good_identity.fraction:.5f}, Q,K Ginibre "
+            f"{self.good_ginibre.fraction:.5f} [{self.good_ginibre.low:.5f}, "
+            f"{self.good_ginibre.high:.5f}]; borderline {self.borderline}"
+        )
 
 
-def summarize(arrays, *, d: int, seed: int, tol: float, backend: str = "numpy",
-              level: float = 0.95, interval: str = "wilson") -> GinibreEstimate:
+def summarize(
+    arrays,
+    *,
+    d: int,
+    seed: int,
+    tol: float,
+    backend: str = "numpy",
+    level: float = 0.95,
+    interval: str = "wilson",
+) -> GinibreEstimate:
     """A ``GinibreEstimate`` from the per-sample arrays of ``ginibre_kernel``."""
     n = int(np.asarray(arrays["spectral"]).shape[0])
     interval = _interval_name(interval)
     k = int(np.count_nonzero(arrays["spectral"]))
     low, high = binomial_interval(k, n, level=level, method=interval)
     return GinibreEstimate(
-        d=int(d), samples=n, seed=int(seed), count=k, fraction=k / n, low=low, high=high,
-        level=float(level), interval=interval,
-        good_identity=Proportion.of(int(np.count_nonzero(arrays["good_identity"])), n,
-                                    level, interval),
-        good_ginibre=Proportion.of(int(np.count_nonzero(arrays["good_ginibre"])), n,
-                                   level, interval),
+        d=int(d),
+        samples=n,
+        seed=int(seed),
+        count=k,
+        fraction=k / n,
+        low=low,
+        high=high,
+        level=float(level),
+        interval=interval,
+        good_identity=Proportion.of(
+            int(np.count_nonzero(arrays["good_identity"])), n, level, interval
+        ),
+        good_ginibre=Proportion.of(
+            int(np.count_nonzero(arrays["good_ginibre"])), n, level, interval
+        ),
         borderline=int(np.count_nonzero(arrays["borderline"])),
         borderline_ginibre=int(np.count_nonzero(arrays["borderline_ginibre"])),
-        tol=float(tol), backend=str(backend))
+        tol=float(tol),
+        backend=str(backend),
+    )
 
 
 # -------------------------------------------------------------------- samples
@@ -299,9 +323,9 @@ def _generate_V(seed: int, d: int, start: int, stop: int) -> np.ndarray:
         s, e = max(lo, start), min(lo + B, stop)
         g = _sweep.rng(seed, TAG, d, 0, blk)
         if s == lo:  # the block starts inside the range: draw straight into it
-            g.standard_normal(out=out[s - start:e - start])
+            g.standard_normal(out=out[s - start : e - start])
         else:  # skip the first s - lo matrices of the block
-            out[s - start:e - start] = g.standard_normal((e - lo, d, d))[s - lo:]
+            out[s - start : e - start] = g.standard_normal((e - lo, d, d))[s - lo :]
     return out
 
 
@@ -321,8 +345,9 @@ def _generate_QK(seed: int, d: int, indices: np.ndarray) -> tuple[np.ndarray, np
     return Q, K
 
 
-def ginibre_sample(d: int, index: int, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray,
-                                                                  np.ndarray]:
+def ginibre_sample(
+    d: int, index: int, *, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The triple ``(V, Q, K)`` (each (d, d) float64) of sample ``index`` of the study
     with this ``d`` and ``seed``: exactly the matrices ``ginibre_fraction`` used."""
     d = _sweep._nonneg_int("d", d, minimum=1)
@@ -373,7 +398,7 @@ def _top_eigenvectors(V: np.ndarray, lam: np.ndarray) -> np.ndarray:
             for j in range(p):
                 with np.errstate(all="ignore"):
                     try:
-                        x[j] = _inverse_iteration(A[j:j + 1], x0[j:j + 1])[0]
+                        x[j] = _inverse_iteration(A[j : j + 1], x0[j : j + 1])[0]
                     except np.linalg.LinAlgError:
                         pass
         res = np.linalg.norm(np.einsum("pij,pj->pi", V, x) - lam[:, None] * x, axis=1)
@@ -409,9 +434,11 @@ def _analyse(V: np.ndarray, start: int, seed: int, tol: float, backend: str) -> 
     wide = BORDERLINE_FACTOR * a
     real_top = np.abs(lam.imag) <= a
     spectral = real_top & (lam.real > a) & (m1 - m2 > a)
-    borderline = np.where(real_top,
-                          (np.abs(lam.real) <= wide) | (m1 - m2 <= wide),
-                          (np.abs(lam.imag) <= wide) | (m1 - m3 <= wide))
+    borderline = np.where(
+        real_top,
+        (np.abs(lam.real) <= wide) | (m1 - m2 <= wide),
+        (np.abs(lam.imag) <= wide) | (m1 - m3 <= wide),
+    )
     qk = np.full(b, np.nan)
     good_id = np.zeros(b, dtype=bool)
     idx = np.nonzero(spectral)[0]
@@ -421,14 +448,22 @@ def _analyse(V: np.ndarray, start: int, seed: int, tol: float, backend: str) -> 
         Q, K = _generate_QK(seed, d, start + idx)
         qphi = np.einsum("pij,pj->pi", Q, phi)
         kphi = np.einsum("pij,pj->pi", K, phi)
-        qk[idx] = np.einsum("pi,pi->p", qphi, kphi) / (
-            _fro(Q) * _fro(K))
+        qk[idx] = np.einsum("pi,pi->p", qphi, kphi) / (_fro(Q) * _fro(K))
     with np.errstate(invalid="ignore"):
         good_gin = spectral & (qk > tol)
         border_gin = spectral & (np.abs(qk) <= BORDERLINE_FACTOR * tol)
-    return {"lam1": lam, "mod2": m2, "mod3": m3, "fro": fro, "spectral": spectral,
-            "borderline": borderline, "qk": qk, "good_identity": good_id,
-            "good_ginibre": good_gin, "borderline_ginibre": border_gin}
+    return {
+        "lam1": lam,
+        "mod2": m2,
+        "mod3": m3,
+        "fro": fro,
+        "spectral": spectral,
+        "borderline": borderline,
+        "qk": qk,
+        "good_identity": good_id,
+        "good_ginibre": good_gin,
+        "borderline_ginibre": border_gin,
+    }
 
 
 def ginibre_kernel(config, start: int, stop: int, seed: int) -> dict:
@@ -444,9 +479,11 @@ def ginibre_kernel(config, start: int, stop: int, seed: int) -> dict:
     """
     d, tol, backend = int(config["d"]), float(config["tol"]), str(config["backend"])
     if int(config.get("version", KERNEL_VERSION)) != KERNEL_VERSION:
-        raise ValueError(f"this sweep was made by ginibre kernel version "
-                         f"{config.get('version')}; this attnflow has version "
-                         f"{KERNEL_VERSION}. Use a new output directory.")
+        raise ValueError(
+            f"this sweep was made by ginibre kernel version "
+            f"{config.get('version')}; this attnflow has version "
+            f"{KERNEL_VERSION}. Use a new output directory."
+        )
     step = max(block_size(d), (_BATCH_ELEMS // (d * d)) // block_size(d) * block_size(d))
     parts = []
     s = start
@@ -461,7 +498,7 @@ def ginibre_kernel(config, start: int, stop: int, seed: int) -> dict:
 # ------------------------------------------------------------------ front end
 def _seconds_per_matrix(d: int) -> float:
     """Rough single-core cost model of one sample (for shard sizes)."""
-    return 1e-6 + 1e-7 * d * d + 2e-9 * d ** 3
+    return 1e-6 + 1e-7 * d * d + 2e-9 * d**3
 
 
 def _auto_workers(workers: int | None, seconds: float) -> int:
@@ -493,53 +530,81 @@ def _check_common(d, samples, seed, level, interval, tol, backend, workers):
     try:
         tol = float(tol)
     except (TypeError, ValueError):
-        raise ValueError(f"tol must be a positive number (relative to ||V||_F) or None; "
-                         f"got {tol!r}.") from None
+        raise ValueError(
+            f"tol must be a positive number (relative to ||V||_F) or None; got {tol!r}."
+        ) from None
     if not (math.isfinite(tol) and 0.0 < tol < 1e-2):
-        raise ValueError(f"tol must be a positive number below 1e-2 (a relative rounding "
-                         f"tolerance; default d * eps); got {tol!r}.")
+        raise ValueError(
+            f"tol must be a positive number below 1e-2 (a relative rounding "
+            f"tolerance; default d * eps); got {tol!r}."
+        )
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}.")
     if backend == "jax":
         import jax
 
         if not jax.config.jax_enable_x64:
-            raise ValueError("backend='jax' computes in float64 and needs "
-                             "jax.config.update('jax_enable_x64', True) (or the CLI's "
-                             "default); or use backend='numpy'.")
+            raise ValueError(
+                "backend='jax' computes in float64 and needs "
+                "jax.config.update('jax_enable_x64', True) (or the CLI's "
+                "default); or use backend='numpy'."
+            )
         if workers not in (1, None):
-            raise ValueError("backend='jax' shards over the local JAX devices; use "
-                             "workers=1 with it (workers > 1 is for backend='numpy').")
+            raise ValueError(
+                "backend='jax' shards over the local JAX devices; use "
+                "workers=1 with it (workers > 1 is for backend='numpy')."
+            )
         workers = 1
     if workers is not None:
         workers = _sweep._nonneg_int("workers", workers, minimum=1)
     return d, samples, seed, level, interval, tol, workers
 
 
-def _make_sweep(d: int, samples: int, seed: int, tol: float, backend: str,
-                shard_size: int | None) -> _sweep.Sweep:
+def _make_sweep(
+    d: int, samples: int, seed: int, tol: float, backend: str, shard_size: int | None
+) -> _sweep.Sweep:
     return _sweep.Sweep(
         name="ginibre",
         kernel=ginibre_kernel,
         config={"d": d, "tol": tol, "backend": backend, "version": KERNEL_VERSION},
-        size=samples, seed=seed,
+        size=samples,
+        seed=seed,
         shard_size=default_shard_size(d) if shard_size is None else shard_size,
-        align=block_size(d), unit="matrix")
+        align=block_size(d),
+        unit="matrix",
+    )
 
 
-def ginibre_sweep(d: int, samples: int, *, seed: int = 0, tol: float | None = None,
-                  backend: str = "numpy", shard_size: int | None = None) -> _sweep.Sweep:
+def ginibre_sweep(
+    d: int,
+    samples: int,
+    *,
+    seed: int = 0,
+    tol: float | None = None,
+    backend: str = "numpy",
+    shard_size: int | None = None,
+) -> _sweep.Sweep:
     """The ``Sweep`` behind ``ginibre_fraction`` (for ``sweep.run`` / ``sweep.merge``)."""
-    d, samples, seed, _, _, tol, _ = _check_common(d, samples, seed, 0.95, "wilson", tol,
-                                                   backend, 1)
+    d, samples, seed, _, _, tol, _ = _check_common(
+        d, samples, seed, 0.95, "wilson", tol, backend, 1
+    )
     return _make_sweep(d, samples, seed, tol, backend, shard_size)
 
 
-def ginibre_fraction(d: int, samples: int, *, seed: int = 0, level: float = 0.95,
-                     interval: str = "wilson", tol: float | None = None,
-                     workers: int | None = 1, backend: str = "numpy",
-                     out: str | Path | None = None, shard_size: int | None = None,
-                     progress: bool = False) -> GinibreEstimate:
+def ginibre_fraction(
+    d: int,
+    samples: int,
+    *,
+    seed: int = 0,
+    level: float = 0.95,
+    interval: str = "wilson",
+    tol: float | None = None,
+    workers: int | None = 1,
+    backend: str = "numpy",
+    out: str | Path | None = None,
+    shard_size: int | None = None,
+    progress: bool = False,
+) -> GinibreEstimate:
     """Fraction of d x d real Ginibre matrices satisfying the spectral hypothesis of the
     hyperplane theorem (lambda_1 real, positive, simple), with a confidence interval, and
     the fractions of good triples (see the module docstring for the exact decisions).
@@ -566,7 +631,8 @@ def ginibre_fraction(d: int, samples: int, *, seed: int = 0, level: float = 0.95
     Returns a ``GinibreEstimate`` (``.fraction, .low, .high, .samples``, ...).
     """
     d, samples, seed, level, interval, tol, workers = _check_common(
-        d, samples, seed, level, interval, tol, backend, workers)
+        d, samples, seed, level, interval, tol, backend, workers
+    )
     sw = _make_sweep(d, samples, seed, tol, backend, shard_size)
     workers = _auto_workers(workers, samples * _seconds_per_matrix(d))
     if out is None:
@@ -574,8 +640,9 @@ def ginibre_fraction(d: int, samples: int, *, seed: int = 0, level: float = 0.95
     else:
         _sweep.run(sw, out, workers=workers, progress=progress)
         data = _sweep.merge(out, expect=sw)
-    return summarize(data.arrays, d=d, seed=seed, tol=tol, backend=backend, level=level,
-                     interval=interval)
+    return summarize(
+        data.arrays, d=d, seed=seed, tol=tol, backend=backend, level=level, interval=interval
+    )
 
 
 @dataclasses.dataclass
@@ -594,20 +661,37 @@ class GinibreStudy:
     shard: str | None
 
     def to_dict(self) -> dict:
-        return {"d": self.d, "samples": self.samples, "seed": self.seed,
-                "results": [r.to_dict() for r in self.results], "runs": self.runs,
-                "complete": self.complete, "out": self.out, "shard": self.shard}
+        return {
+            "d": self.d,
+            "samples": self.samples,
+            "seed": self.seed,
+            "results": [r.to_dict() for r in self.results],
+            "runs": self.runs,
+            "complete": self.complete,
+            "out": self.out,
+            "shard": self.shard,
+        }
 
 
 def _subdir(out: Path, d: int) -> Path:
     return out / f"d{d:05d}"
 
 
-def ginibre_curve(ds: Sequence[int], samples: int, *, seed: int = 0, level: float = 0.95,
-                  interval: str = "wilson", tol: float | None = None,
-                  workers: int | None = 1, backend: str = "numpy",
-                  out: str | Path | None = None, shard: str | tuple[int, int] | None = None,
-                  merge_only: bool = False, progress: bool = False) -> GinibreStudy:
+def ginibre_curve(
+    ds: Sequence[int],
+    samples: int,
+    *,
+    seed: int = 0,
+    level: float = 0.95,
+    interval: str = "wilson",
+    tol: float | None = None,
+    workers: int | None = 1,
+    backend: str = "numpy",
+    out: str | Path | None = None,
+    shard: str | tuple[int, int] | None = None,
+    merge_only: bool = False,
+    progress: bool = False,
+) -> GinibreStudy:
     """``ginibre_fraction`` for every d in ``ds``, optionally as a job-array sweep.
 
     ``out``: the sweep directory (one subdirectory ``dNNNNN`` per d); needed with
@@ -626,17 +710,34 @@ def ginibre_curve(ds: Sequence[int], samples: int, *, seed: int = 0, level: floa
     shard_t = _sweep.parse_shard(shard)
     if (shard_t is not None or merge_only) and out is None:
         raise ValueError("shard and merge need an output directory (out / --out).")
-    checked = [_check_common(x, samples, seed, level, interval, tol, backend, workers)
-               for x in ds]
-    samples, seed, level, interval, workers = (checked[0][1], checked[0][2], checked[0][3],
-                                               checked[0][4], checked[0][6])
+    checked = [_check_common(x, samples, seed, level, interval, tol, backend, workers) for x in ds]
+    samples, seed, level, interval, workers = (
+        checked[0][1],
+        checked[0][2],
+        checked[0][3],
+        checked[0][4],
+        checked[0][6],
+    )
     shard_txt = None if shard_t is None else f"{shard_t[0]}/{shard_t[1]}"
-    workers = _auto_workers(workers, samples * sum(map(_seconds_per_matrix, ds))
-                            / (1 if shard_t is None else shard_t[1]))
+    workers = _auto_workers(
+        workers,
+        samples * sum(map(_seconds_per_matrix, ds)) / (1 if shard_t is None else shard_t[1]),
+    )
     if out is None:
-        res = [ginibre_fraction(x, samples, seed=seed, level=level, interval=interval,
-                                tol=tol, workers=workers, backend=backend,
-                                progress=progress) for x in ds]
+        res = [
+            ginibre_fraction(
+                x,
+                samples,
+                seed=seed,
+                level=level,
+                interval=interval,
+                tol=tol,
+                workers=workers,
+                backend=backend,
+                progress=progress,
+            )
+            for x in ds
+        ]
         return GinibreStudy(ds, samples, seed, res, None, True, None, None)
     out = Path(out)
     sweeps = [_make_sweep(c[0], samples, seed, c[5], backend, None) for c in checked]
@@ -647,19 +748,32 @@ def ginibre_curve(ds: Sequence[int], samples: int, *, seed: int = 0, level: floa
         every = [(j, k) for j, sw in enumerate(sweeps) for k in range(sw.n_shards)]
         mine = [every[m] for m in _sweep.shard_slice(len(every), shard_t)]
         for j, (x, sw) in enumerate(zip(ds, sweeps)):
-            rep = _sweep.run(sw, _subdir(out, x), shards=[k for jj, k in mine if jj == j],
-                             workers=workers, progress=progress)
+            rep = _sweep.run(
+                sw,
+                _subdir(out, x),
+                shards=[k for jj, k in mine if jj == j],
+                workers=workers,
+                progress=progress,
+            )
             runs.append({"d": x, **rep.to_dict()})
     complete = all(_is_complete(_subdir(out, x), sw) for x, sw in zip(ds, sweeps))
     results = []
     if complete or merge_only:
         for c, sw in zip(checked, sweeps):
             data = _sweep.merge(_subdir(out, c[0]), expect=sw)  # raises if incomplete
-            results.append(summarize(data.arrays, d=c[0], seed=seed, tol=c[5],
-                                     backend=backend, level=level, interval=interval))
+            results.append(
+                summarize(
+                    data.arrays,
+                    d=c[0],
+                    seed=seed,
+                    tol=c[5],
+                    backend=backend,
+                    level=level,
+                    interval=interval,
+                )
+            )
         complete = True
-    return GinibreStudy(ds, samples, seed, results, runs or None, complete, str(out),
-                        shard_txt)
+    return GinibreStudy(ds, samples, seed, results, runs or None, complete, str(out), shard_txt)
 
 
 def _is_complete(path: Path, sw: _sweep.Sweep) -> bool:
@@ -675,16 +789,17 @@ def parse_dims(text: str) -> list[int]:
     (arithmetic); the last term must lie on the progression."""
     items = [t.strip() for t in str(text).split(",") if t.strip()]
     if not items:
-        raise ValueError(f"--d must list dimensions like '2,4,8' or '2,4,8,...,256'; got "
-                         f"{text!r}.")
+        raise ValueError(f"--d must list dimensions like '2,4,8' or '2,4,8,...,256'; got {text!r}.")
     out: list[int] = []
     k = 0
     while k < len(items):
         t = items[k]
         if t == "...":
             if len(out) < 3 or k + 1 >= len(items) or items[k + 1] == "...":
-                raise ValueError(f"--d: '...' needs three terms before it and a last term "
-                                 f"after it, e.g. '2,4,8,...,256'; got {text!r}.")
+                raise ValueError(
+                    f"--d: '...' needs three terms before it and a last term "
+                    f"after it, e.g. '2,4,8,...,256'; got {text!r}."
+                )
             a, b, c = out[-3:]
             end = _dim(items[k + 1], text)
             if b - a == c - b and c > b:
@@ -701,8 +816,10 @@ def parse_dims(text: str) -> list[int]:
                 if out[-1] != end:
                     raise ValueError(f"--d: {end} is not on the progression {a},{b},{c},...")
             else:
-                raise ValueError(f"--d: {a},{b},{c} is neither an increasing arithmetic nor "
-                                 f"an integer geometric progression; list the dimensions.")
+                raise ValueError(
+                    f"--d: {a},{b},{c} is neither an increasing arithmetic nor "
+                    f"an integer geometric progression; list the dimensions."
+                )
             k += 2
             continue
         out.append(_dim(t, text))
@@ -714,8 +831,9 @@ def _dim(t: str, text: str) -> int:
     try:
         v = int(t)
     except ValueError:
-        raise ValueError(f"--d: {t!r} is not an integer (in {text!r}); write e.g. "
-                         f"'2,4,8,...,256'.") from None
+        raise ValueError(
+            f"--d: {t!r} is not an integer (in {text!r}); write e.g. '2,4,8,...,256'."
+        ) from None
     if v < 1:
         raise ValueError(f"--d: dimensions must be >= 1; got {v}.")
     return v

@@ -44,8 +44,9 @@ import json
 import math
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -151,10 +152,18 @@ def resolve_checkpoint(checkpoint: str | Path) -> Path:
 # "__metadata__": {str: str}}, then the raw little-endian, C-order bytes; offsets are
 # relative to the end of the header.
 _ST_DTYPES = {
-    "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
-    "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"),
-    "I8": np.dtype("i1"), "U64": np.dtype("<u8"), "U32": np.dtype("<u4"),
-    "U16": np.dtype("<u2"), "U8": np.dtype("u1"), "BOOL": np.dtype("?"),
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"),
+    "I8": np.dtype("i1"),
+    "U64": np.dtype("<u8"),
+    "U32": np.dtype("<u4"),
+    "U16": np.dtype("<u2"),
+    "U8": np.dtype("u1"),
+    "BOOL": np.dtype("?"),
     "BF16": np.dtype("<u2"),  # decoded to float32 below
 }
 _ST_NAMES = {v: k for k, v in _ST_DTYPES.items() if k != "BF16"}
@@ -169,20 +178,24 @@ def _read_header(path: Path) -> tuple[dict, int, int]:
             raise ValueError(f"checkpoint {str(path)!r} is not a safetensors file (too short).")
         n = int.from_bytes(raw, "little")
         if n < 2 or n > min(_MAX_HEADER, size - 8):
-            raise ValueError(f"checkpoint {str(path)!r} is not a safetensors file (header "
-                             f"length {n} for a file of {size} bytes).")
+            raise ValueError(
+                f"checkpoint {str(path)!r} is not a safetensors file (header "
+                f"length {n} for a file of {size} bytes)."
+            )
         try:
             header = json.loads(f.read(n).decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"checkpoint {str(path)!r}: unreadable safetensors header "
-                             f"({exc}).") from None
+            raise ValueError(
+                f"checkpoint {str(path)!r}: unreadable safetensors header ({exc})."
+            ) from None
     if not isinstance(header, dict):
         raise ValueError(f"checkpoint {str(path)!r}: the safetensors header is not an object.")
     return header, 8 + n, size
 
 
-def read_safetensors(path: str | Path, names: Sequence[str] | None = None, *,
-                     reader: str = "auto") -> dict[str, np.ndarray]:
+def read_safetensors(
+    path: str | Path, names: Sequence[str] | None = None, *, reader: str = "auto"
+) -> dict[str, np.ndarray]:
     """Read tensors from a ``.safetensors`` file as numpy arrays.
 
     Args:
@@ -206,16 +219,18 @@ def read_safetensors(path: str | Path, names: Sequence[str] | None = None, *,
     if missing:
         raise ValueError(f"checkpoint {str(path)!r} has no tensor(s) {missing[:5]}.")
     if reader == "auto":
-        bf16 = any(isinstance(header[k], dict) and header[k].get("dtype") == "BF16"
-                   for k in wanted)  # numpy has no bfloat16: the package cannot return it
-        reader = ("safetensors" if importlib.util.find_spec("safetensors") and not bf16
-                  else "numpy")
+        bf16 = any(
+            isinstance(header[k], dict) and header[k].get("dtype") == "BF16" for k in wanted
+        )  # numpy has no bfloat16: the package cannot return it
+        reader = "safetensors" if importlib.util.find_spec("safetensors") and not bf16 else "numpy"
     if reader == "safetensors":
         try:
             from safetensors import safe_open
         except ImportError:
-            raise ValueError("reader='safetensors' needs the safetensors package: "
-                             "pip install safetensors (or reader='numpy').") from None
+            raise ValueError(
+                "reader='safetensors' needs the safetensors package: "
+                "pip install safetensors (or reader='numpy')."
+            ) from None
         with safe_open(str(path), framework="numpy") as f:
             return {k: f.get_tensor(k) for k in wanted}
     mm = np.memmap(path, dtype=np.uint8, mode="r")
@@ -227,22 +242,26 @@ def read_safetensors(path: str | Path, names: Sequence[str] | None = None, *,
             shape = tuple(int(s) for s in info["shape"])
             begin, end = (int(o) for o in info["data_offsets"])
         except (KeyError, TypeError, ValueError):
-            raise ValueError(f"checkpoint {str(path)!r}: tensor {k!r} has a malformed header "
-                             f"entry {info!r}.") from None
+            raise ValueError(
+                f"checkpoint {str(path)!r}: tensor {k!r} has a malformed header entry {info!r}."
+            ) from None
         count = math.prod(shape)
         if end - begin != count * dt.itemsize or begin < 0 or base + end > size:
-            raise ValueError(f"checkpoint {str(path)!r}: tensor {k!r} has offsets "
-                             f"[{begin}, {end}] inconsistent with dtype {info['dtype']} "
-                             f"shape {shape} or with the file size.")
-        arr = np.frombuffer(mm[base + begin: base + end], dtype=dt).reshape(shape)
+            raise ValueError(
+                f"checkpoint {str(path)!r}: tensor {k!r} has offsets "
+                f"[{begin}, {end}] inconsistent with dtype {info['dtype']} "
+                f"shape {shape} or with the file size."
+            )
+        arr = np.frombuffer(mm[base + begin : base + end], dtype=dt).reshape(shape)
         if info["dtype"] == "BF16":
             arr = (arr.astype(np.uint32) << 16).view(np.float32)
         out[k] = np.array(arr, dtype=arr.dtype.newbyteorder("="))
     return out
 
 
-def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray],
-                      metadata: dict[str, str] | None = None) -> Path:
+def write_safetensors(
+    path: str | Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None
+) -> Path:
     """Write numpy arrays to a ``.safetensors`` file (numpy only; for tests and fixtures).
 
     Args:
@@ -267,8 +286,11 @@ def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray],
         if dt not in _ST_NAMES:
             raise ValueError(f"tensors[{name!r}] has unsupported dtype {arr.dtype}.")
         data = arr.astype(dt, copy=False).tobytes(order="C")
-        header[name] = {"dtype": _ST_NAMES[dt], "shape": list(arr.shape),
-                        "data_offsets": [offset, offset + len(data)]}
+        header[name] = {
+            "dtype": _ST_NAMES[dt],
+            "shape": list(arr.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
         blobs.append(data)
         offset += len(data)
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
@@ -315,8 +337,10 @@ def _layout(header_names: Sequence[str], path: Path) -> tuple[str, dict[int, dic
             f"'[prefix.]encoder.layer.L.attention.self.query.weight' and so on)."
         )
     if len(prefixes) > 1:
-        raise ValueError(f"checkpoint {str(path)!r} holds several models (prefixes "
-                         f"{sorted(prefixes)}); extract one.")
+        raise ValueError(
+            f"checkpoint {str(path)!r} holds several models (prefixes "
+            f"{sorted(prefixes)}); extract one."
+        )
     for layer, parts in layers.items():
         missing = sorted(set(_PARTS.values()) - set(parts))
         if missing:
@@ -371,17 +395,20 @@ def _num_heads(num_heads, cfg: dict, d: int, path: Path) -> int:
                 f"num_attention_heads beside it; pass num_heads= (12 for BERT-base and "
                 f"MiniLM-L6)."
             )
-    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) \
-            or num_heads < 1:
+    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
         raise ValueError(f"num_heads must be a positive integer; got {num_heads!r}.")
     if d % num_heads:
         raise ValueError(f"num_heads = {num_heads} does not divide the model width d = {d}.")
     return int(num_heads)
 
 
-def load_bert_heads(checkpoint: str | Path, *, num_heads: int | None = None,
-                    layers: Sequence[int] | None = None,
-                    reader: str = "auto") -> list[HeadWeights]:
+def load_bert_heads(
+    checkpoint: str | Path,
+    *,
+    num_heads: int | None = None,
+    layers: Sequence[int] | None = None,
+    reader: str = "auto",
+) -> list[HeadWeights]:
     """Load every attention head of a BERT-style checkpoint (biases ignored).
 
     Args:
@@ -405,23 +432,27 @@ def load_bert_heads(checkpoint: str | Path, *, num_heads: int | None = None,
     if layers is not None:
         bad = [l for l in layers if l not in layout]
         if bad:
-            raise ValueError(f"layers {bad} are not in the checkpoint (it has "
-                             f"{sorted(layout)}).")
+            raise ValueError(f"layers {bad} are not in the checkpoint (it has {sorted(layout)}).")
         layout = {l: layout[l] for l in layers}
     cfg = read_config(path)
     heads: list[HeadWeights] = []
     n_heads = None
     for layer, parts in layout.items():
-        W = {k: np.asarray(v, np.float64)
-             for k, v in read_safetensors(path, [parts[p] for p in ("W_Q", "W_K", "W_V", "W_O")],
-                                          reader=reader).items()}
+        W = {
+            k: np.asarray(v, np.float64)
+            for k, v in read_safetensors(
+                path, [parts[p] for p in ("W_Q", "W_K", "W_V", "W_O")], reader=reader
+            ).items()
+        }
         WQ, WK, WV, WO = (W[parts[p]] for p in ("W_Q", "W_K", "W_V", "W_O"))
         d = WQ.shape[-1] if WQ.ndim == 2 else -1
         for p, A in zip(("W_Q", "W_K", "W_V", "W_O"), (WQ, WK, WV, WO)):
             if A.shape != (d, d):
-                raise ValueError(f"checkpoint tensor {parts[p]!r} has shape {A.shape}; every "
-                                 f"attention weight must be (d, d) with d = {d} (models whose "
-                                 f"heads do not tile the width are not supported).")
+                raise ValueError(
+                    f"checkpoint tensor {parts[p]!r} has shape {A.shape}; every "
+                    f"attention weight must be (d, d) with d = {d} (models whose "
+                    f"heads do not tile the width are not supported)."
+                )
             if not np.all(np.isfinite(A)):
                 raise ValueError(f"checkpoint tensor {parts[p]!r} has non-finite entries.")
         if n_heads is None:
@@ -430,9 +461,19 @@ def load_bert_heads(checkpoint: str | Path, *, num_heads: int | None = None,
         for h in range(n_heads):
             r = slice(h * dh, (h + 1) * dh)
             WOh, WVh = WO[:, r].copy(), WV[r, :].copy()
-            heads.append(HeadWeights(layer=layer, head=h, Q=WQ[r, :].copy(),
-                                     K=WK[r, :].copy(), V=WOh @ WVh, beta=1.0 / math.sqrt(dh),
-                                     W_O_h=WOh, W_V_h=WVh, source=str(path)))
+            heads.append(
+                HeadWeights(
+                    layer=layer,
+                    head=h,
+                    Q=WQ[r, :].copy(),
+                    K=WK[r, :].copy(),
+                    V=WOh @ WVh,
+                    beta=1.0 / math.sqrt(dh),
+                    W_O_h=WOh,
+                    W_V_h=WVh,
+                    source=str(path),
+                )
+            )
     return heads
 
 
@@ -501,8 +542,11 @@ def reduced_triple(head: HeadWeights) -> tuple[np.ndarray, np.ndarray, np.ndarra
     """
     d, V = head.d, head.V
     A, B = head.W_O_h, head.W_V_h
-    if A.shape[0] != d or B.shape[1] != d or \
-            not np.allclose(A @ B, V, rtol=0, atol=1e-12 * max(np.abs(V).max(), 1e-300)):
+    if (
+        A.shape[0] != d
+        or B.shape[1] != d
+        or not np.allclose(A @ B, V, rtol=0, atol=1e-12 * max(np.abs(V).max(), 1e-300))
+    ):
         return head.Q, head.K, V, d
     M = np.concatenate([A, B.T, head.Q.T, head.K.T], axis=1)
     U, sv, _ = np.linalg.svd(M, full_matrices=False)
@@ -552,10 +596,23 @@ def _report(hw: HeadWeights, rtol: float, reduce: bool = True):
     rank = int((sv > hw.d * np.finfo(float).eps * sv[0]).sum()) if sv[0] > 0 else 0
     spectral = st.kind == "simple"
     rep = HeadReport(
-        layer=hw.layer, head=hw.head, lambda1=l1, lambda1_abs=abs(l1), lambda2_abs=lam2,
-        real=bool(real), positive=bool(positive), simple=bool(simple), dominant=bool(dominant),
-        spectral=bool(spectral), qk_phi1=qk, qk_pd=bool(pd), label=reg.label,
-        theorem=reg.theorem, reason=reg.reason, beta=float(hw.beta), rank_V=rank,
+        layer=hw.layer,
+        head=hw.head,
+        lambda1=l1,
+        lambda1_abs=abs(l1),
+        lambda2_abs=lam2,
+        real=bool(real),
+        positive=bool(positive),
+        simple=bool(simple),
+        dominant=bool(dominant),
+        spectral=bool(spectral),
+        qk_phi1=qk,
+        qk_pd=bool(pd),
+        label=reg.label,
+        theorem=reg.theorem,
+        reason=reg.reason,
+        beta=float(hw.beta),
+        rank_V=rank,
         n_positive=int((w.real > tol).sum()),
     )
     return rep, reg
@@ -589,11 +646,19 @@ class HeadsAnalysis:
     reduced: bool = True
 
     def to_dict(self) -> dict[str, Any]:
-        return {"heads": [h.to_dict() for h in self.heads], "counts": dict(self.counts),
-                "hypotheses": dict(self.hypotheses), "checkpoint": self.checkpoint,
-                "num_layers": self.num_layers, "num_heads": self.num_heads,
-                "d_model": self.d_model, "d_head": self.d_head, "beta": self.beta,
-                "rtol": self.rtol, "reduced": self.reduced}
+        return {
+            "heads": [h.to_dict() for h in self.heads],
+            "counts": dict(self.counts),
+            "hypotheses": dict(self.hypotheses),
+            "checkpoint": self.checkpoint,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "d_model": self.d_model,
+            "d_head": self.d_head,
+            "beta": self.beta,
+            "rtol": self.rtol,
+            "reduced": self.reduced,
+        }
 
     def grid(self) -> np.ndarray:
         """``(num_layers, num_heads)`` array of labels (object dtype)."""
@@ -605,22 +670,28 @@ class HeadsAnalysis:
 
     def table(self) -> str:
         """The per-head table and the counts, as plain text."""
-        lines = [f"checkpoint: {self.checkpoint}",
-                 f"{self.num_layers} layers x {self.num_heads} heads, d_model = "
-                 f"{self.d_model}, d_head = {self.d_head}, beta = 1/sqrt({self.d_head}) = "
-                 f"{self.beta:.4g} (changes no label)",
-                 f"{'L':>2} {'H':>2} {'lambda_1':>19} {'|lambda_2|':>10} {'R':>1}{'+':>1}"
-                 f"{'S':>1}{'D':>1} {'<Qphi,Kphi>':>12}  {'label':<12} reason"]
+        lines = [
+            f"checkpoint: {self.checkpoint}",
+            f"{self.num_layers} layers x {self.num_heads} heads, d_model = "
+            f"{self.d_model}, d_head = {self.d_head}, beta = 1/sqrt({self.d_head}) = "
+            f"{self.beta:.4g} (changes no label)",
+            f"{'L':>2} {'H':>2} {'lambda_1':>19} {'|lambda_2|':>10} {'R':>1}{'+':>1}"
+            f"{'S':>1}{'D':>1} {'<Qphi,Kphi>':>12}  {'label':<12} reason",
+        ]
         for h in self.heads:
             l1 = h.lambda1
-            lam = (f"{l1.real:+.4f}" if h.real else
-                   f"{l1.real:+.4f}{'+' if l1.imag >= 0 else '-'}{abs(l1.imag):.4f}i")
-            flags = "".join("x" if f else "." for f in (h.real, h.positive, h.simple,
-                                                          h.dominant))
+            lam = (
+                f"{l1.real:+.4f}"
+                if h.real
+                else f"{l1.real:+.4f}{'+' if l1.imag >= 0 else '-'}{abs(l1.imag):.4f}i"
+            )
+            flags = "".join("x" if f else "." for f in (h.real, h.positive, h.simple, h.dominant))
             qk = f"{h.qk_phi1:+.4g}" if h.qk_phi1 is not None else "-"
             why = h.reason.split(". (")[0]
-            lines.append(f"{h.layer:2d} {h.head:2d} {lam:>19} {h.lambda2_abs:10.4f} {flags} "
-                         f"{qk:>12}  {h.label:<12} {why}")
+            lines.append(
+                f"{h.layer:2d} {h.head:2d} {lam:>19} {h.lambda2_abs:10.4f} {flags} "
+                f"{qk:>12}  {h.label:<12} {why}"
+            )
         lines.append("flags: R real, + positive, S simple, D dominant (lambda_1 > |lambda_2|)")
         lines.append("counts: " + ", ".join(f"{k} {v}" for k, v in self.counts.items()))
         hy = self.hypotheses
@@ -631,13 +702,19 @@ class HeadsAnalysis:
             f"{hy['spectral_and_qk']}, <= 0 {hy['spectral_not_qk']}; sym(Q^T K) positive "
             f"definite {hy['qk_pd']} of {n} (polytope and paranormal theorems); lambda_1 "
             f"complex {hy['lambda1_complex']}, real negative {hy['lambda1_negative']}, real "
-            f"positive {hy['lambda1_real_positive']}.")
+            f"positive {hy['lambda1_real_positive']}."
+        )
         return "\n".join(lines)
 
 
-def analyze_heads(checkpoint: str | Path | Sequence[HeadWeights] = "minilm", *,
-                  num_heads: int | None = None, rtol: float = 1e-8,
-                  reader: str = "auto", reduce: bool = True) -> HeadsAnalysis:
+def analyze_heads(
+    checkpoint: str | Path | Sequence[HeadWeights] = "minilm",
+    *,
+    num_heads: int | None = None,
+    rtol: float = 1e-8,
+    reader: str = "auto",
+    reduce: bool = True,
+) -> HeadsAnalysis:
     """Test every head of a checkpoint against the clustering theorems.
 
     Args:
@@ -669,15 +746,17 @@ def analyze_heads(checkpoint: str | Path | Sequence[HeadWeights] = "minilm", *,
     else:
         heads = list(checkpoint)
         if not heads or not all(isinstance(h, HeadWeights) for h in heads):
-            raise ValueError("checkpoint must be 'minilm', a path, or a non-empty list of "
-                             "HeadWeights.")
+            raise ValueError(
+                "checkpoint must be 'minilm', a path, or a non-empty list of HeadWeights."
+            )
         name = heads[0].source or "<HeadWeights>"
     reports = tuple(_report(h, rtol, reduce)[0] for h in heads)
     counts = {lab: sum(r.label == lab for r in reports) for lab in LABELS}
     hyp = {
         "spectral": sum(r.spectral for r in reports),
-        "spectral_and_qk": sum(r.spectral and (r.qk_phi1 or 0) > 0
-                               and r.label == "hyperplanes" for r in reports),
+        "spectral_and_qk": sum(
+            r.spectral and (r.qk_phi1 or 0) > 0 and r.label == "hyperplanes" for r in reports
+        ),
         "spectral_not_qk": sum(r.spectral and r.label != "hyperplanes" for r in reports),
         "qk_pd": sum(r.qk_pd for r in reports),
         "lambda1_complex": sum(not r.real for r in reports),
@@ -685,11 +764,18 @@ def analyze_heads(checkpoint: str | Path | Sequence[HeadWeights] = "minilm", *,
         "lambda1_real_positive": sum(r.positive for r in reports),
     }
     return HeadsAnalysis(
-        heads=reports, counts=counts, hypotheses=hyp, checkpoint=name,
+        heads=reports,
+        counts=counts,
+        hypotheses=hyp,
+        checkpoint=name,
         num_layers=len({h.layer for h in heads}),
-        num_heads=len({h.head for h in heads}), d_model=heads[0].d,
-        d_head=heads[0].d_head, beta=float(heads[0].beta), rtol=float(rtol),
-        reduced=bool(reduce))
+        num_heads=len({h.head for h in heads}),
+        d_model=heads[0].d,
+        d_head=heads[0].d_head,
+        beta=float(heads[0].beta),
+        rtol=float(rtol),
+        reduced=bool(reduce),
+    )
 
 
 # ====================================================================== embeddings
@@ -704,19 +790,22 @@ def load_embedding_weights(checkpoint: str | Path, *, reader: str = "auto") -> d
     header, _, _ = _read_header(path)
     names = [k for k in header if k != "__metadata__"]
     prefix, _ = _layout(names, path)
-    want = {"word": "embeddings.word_embeddings.weight",
-            "position": "embeddings.position_embeddings.weight",
-            "token_type": "embeddings.token_type_embeddings.weight",
-            "ln_weight": "embeddings.LayerNorm.weight",
-            "ln_bias": "embeddings.LayerNorm.bias"}
+    want = {
+        "word": "embeddings.word_embeddings.weight",
+        "position": "embeddings.position_embeddings.weight",
+        "token_type": "embeddings.token_type_embeddings.weight",
+        "ln_weight": "embeddings.LayerNorm.weight",
+        "ln_bias": "embeddings.LayerNorm.bias",
+    }
     full = {k: prefix + v for k, v in want.items()}
     for k, v in full.items():
         if v not in header and k != "token_type":
-            raise ValueError(f"checkpoint {str(path)!r} has no tensor {v!r} (input "
-                             f"embeddings of a BERT-style model).")
+            raise ValueError(
+                f"checkpoint {str(path)!r} has no tensor {v!r} (input "
+                f"embeddings of a BERT-style model)."
+            )
     arrays = read_safetensors(path, [v for v in full.values() if v in header], reader=reader)
-    out = {k: (np.asarray(arrays[v], np.float64) if v in arrays else None)
-           for k, v in full.items()}
+    out = {k: (np.asarray(arrays[v], np.float64) if v in arrays else None) for k, v in full.items()}
     out["ln_eps"] = float(read_config(path).get("layer_norm_eps", 1e-12))
     return out
 
@@ -744,8 +833,9 @@ def bert_embeddings(emb: dict, ids, token_type_ids=None) -> np.ndarray:
     if emb.get("token_type") is not None:
         tt = np.zeros_like(ids) if token_type_ids is None else np.asarray(token_type_ids)
         if tt.shape != ids.shape or tt.min() < 0 or tt.max() >= emb["token_type"].shape[0]:
-            raise ValueError(f"token_type_ids must be {ids.shape} ids in "
-                             f"[0, {emb['token_type'].shape[0]}).")
+            raise ValueError(
+                f"token_type_ids must be {ids.shape} ids in [0, {emb['token_type'].shape[0]})."
+            )
         x = x + emb["token_type"][tt]
     mu = x.mean(axis=-1, keepdims=True)
     var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
@@ -761,13 +851,17 @@ def load_tokenizer(checkpoint: str | Path):
     path = resolve_checkpoint(checkpoint)
     tj = path.parent / "tokenizer.json"
     if not tj.is_file():
-        raise ValueError(f"checkpoint {str(path)!r} has no tokenizer.json beside it; pass "
-                         f"token ids to bert_embeddings instead.")
+        raise ValueError(
+            f"checkpoint {str(path)!r} has no tokenizer.json beside it; pass "
+            f"token ids to bert_embeddings instead."
+        )
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        raise ValueError("tokenising text needs the tokenizers package: "
-                         "pip install 'attnflow[heads]' (or pip install tokenizers).") from None
+        raise ValueError(
+            "tokenising text needs the tokenizers package: "
+            "pip install 'attnflow[heads]' (or pip install tokenizers)."
+        ) from None
     tok = Tokenizer.from_file(str(tj))
     tok.no_padding()
     tok.no_truncation()
@@ -785,8 +879,14 @@ def tokenize(checkpoint: str | Path, texts: Sequence[str]) -> list[dict]:
         if not isinstance(t, str) or not t.strip():
             raise ValueError(f"texts must be non-empty strings; got {t!r}.")
         e = tok.encode(t)
-        out.append({"text": t, "ids": np.asarray(e.ids, np.int64), "tokens": list(e.tokens),
-                    "type_ids": np.asarray(e.type_ids, np.int64)})
+        out.append(
+            {
+                "text": t,
+                "ids": np.asarray(e.ids, np.int64),
+                "tokens": list(e.tokens),
+                "type_ids": np.asarray(e.type_ids, np.int64),
+            }
+        )
     return out
 
 
@@ -857,18 +957,34 @@ class HeadRun:
     fallback: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-             if f.name != "trajectories"}
+        d = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name != "trajectories"
+        }
         d["agree"] = [o == self.predicted for o in self.observed]
         return d
 
 
-def head_dynamics(head: HeadWeights, x0s: Sequence[np.ndarray], *, t1: float | None = None,
-                  horizon: float = 20.0, t1_max: float = 80.0, saves: int = 41,
-                  frame: str = "auto", method: str = "adaptive", dt: float | None = None,
-                  rtol: float = 1e-6, atol: float = 1e-9, max_steps: int = 4000,
-                  euler_dt: float | None = None, tol: float | None = None,
-                  keep: bool = False, label: str | None = None) -> HeadRun:
+def head_dynamics(
+    head: HeadWeights,
+    x0s: Sequence[np.ndarray],
+    *,
+    t1: float | None = None,
+    horizon: float = 20.0,
+    t1_max: float = 80.0,
+    saves: int = 41,
+    frame: str = "auto",
+    method: str = "adaptive",
+    dt: float | None = None,
+    rtol: float = 1e-6,
+    atol: float = 1e-9,
+    max_steps: int = 4000,
+    euler_dt: float | None = None,
+    tol: float | None = None,
+    keep: bool = False,
+    label: str | None = None,
+) -> HeadRun:
     """Run one head's particle system from each initial state and observe the limit.
 
     Args:
@@ -926,7 +1042,8 @@ def head_dynamics(head: HeadWeights, x0s: Sequence[np.ndarray], *, t1: float | N
         ts = np.unique(np.clip(np.rint(ts / dt) * dt, 0, t1))
 
     obs_l, rsn, ncl, sts, lev0, lev, bd, lead, trajs, meths, steps = (
-        [None] * len(arrs) for _ in range(11))
+        [None] * len(arrs) for _ in range(11)
+    )
     fallback = []
     start = time.perf_counter()
     groups: dict[int, list[int]] = {}
@@ -936,22 +1053,34 @@ def head_dynamics(head: HeadWeights, x0s: Sequence[np.ndarray], *, t1: float | N
     def run(idx, meth, step):
         tts = ts if meth != "euler" else np.unique(np.clip(np.rint(ts / step) * step, 0, t1))
         x0 = np.stack([arrs[i] for i in idx])
-        traj = simulate(model, x0, t1, ts=tts, frame=fr, method=meth, dt=step, rtol=rtol,
-                        atol=atol, max_steps=max_steps)
+        traj = simulate(
+            model,
+            x0,
+            t1,
+            ts=tts,
+            frame=fr,
+            method=meth,
+            dt=step,
+            rtol=rtol,
+            atol=atol,
+            max_steps=max_steps,
+        )
         return traj
 
     for n, idx in groups.items():
         traj = run(idx, method, dt)
         todo = [k for k, s in enumerate(traj.statuses) if s == "max_steps"]
         results = {k: (traj, k) for k in range(len(idx))}
-        for k, i in enumerate(idx):
+        for i in idx:
             meths[i] = method if method != "euler" else f"euler dt={dt:.4g}"
         if todo and method != "euler":
             step = euler_dt if euler_dt is not None else t1 / 4000
             sub = [idx[k] for k in todo]
             traj2 = run(sub, "euler", step)
-            fallback.append(f"{len(todo)} system(s) of n = {n} hit max_steps = {max_steps} "
-                            f"with {method}; rerun with euler dt = {step:.4g}")
+            fallback.append(
+                f"{len(todo)} system(s) of n = {n} hit max_steps = {max_steps} "
+                f"with {method}; rerun with euler dt = {step:.4g}"
+            )
             for j, k in enumerate(todo):
                 results[k] = (traj2, j)
                 meths[idx[k]] = f"euler dt={step:.4g}"
@@ -971,11 +1100,26 @@ def head_dynamics(head: HeadWeights, x0s: Sequence[np.ndarray], *, t1: float | N
             lead[i] = tuple(int(c) for c in leaders_of(P))
             trajs[i] = (tr, j) if keep else None
     seconds = time.perf_counter() - start
-    return HeadRun(layer=head.layer, head=head.head, predicted=label, observed=tuple(obs_l),
-                   reasons=tuple(rsn), n_clusters=tuple(ncl), statuses=tuple(sts),
-                   methods=tuple(meths), num_steps=tuple(steps), t1=t1,
-                   frame=fr, method=method, dt=dt, propagator=model.propagator.method,
-                   seconds=seconds, levels0=tuple(lev0), levels=tuple(lev),
-                   boolean_distance=tuple(bd), leaders=tuple(lead),
-                   trajectories=tuple(trajs) if keep else None,
-                   fallback="; ".join(fallback) or None)
+    return HeadRun(
+        layer=head.layer,
+        head=head.head,
+        predicted=label,
+        observed=tuple(obs_l),
+        reasons=tuple(rsn),
+        n_clusters=tuple(ncl),
+        statuses=tuple(sts),
+        methods=tuple(meths),
+        num_steps=tuple(steps),
+        t1=t1,
+        frame=fr,
+        method=method,
+        dt=dt,
+        propagator=model.propagator.method,
+        seconds=seconds,
+        levels0=tuple(lev0),
+        levels=tuple(lev),
+        boolean_distance=tuple(bd),
+        leaders=tuple(lead),
+        trajectories=tuple(trajs) if keep else None,
+        fallback="; ".join(fallback) or None,
+    )

@@ -31,10 +31,24 @@ def euler_saves(t1: float, dt: float, saves: int | None = None) -> np.ndarray:
     return k * dt
 
 
-def simulate_tokens(V, *, n: int = 20, seed: int = 0, t1: float = 12.0, dt: float = 0.1,
-                    method: str = "euler", frame: str = "rescaled", scale: float = 5.0,
-                    saves: int | None = None, Q=None, K=None, batch: int | None = None,
-                    rtol: float = 1e-6, atol: float = 1e-9, max_steps: int = 100_000):
+def simulate_tokens(
+    V,
+    *,
+    n: int = 20,
+    seed: int = 0,
+    t1: float = 12.0,
+    dt: float = 0.1,
+    method: str = "euler",
+    frame: str = "rescaled",
+    scale: float = 5.0,
+    saves: int | None = None,
+    Q=None,
+    K=None,
+    batch: int | None = None,
+    rtol: float = 1e-6,
+    atol: float = 1e-9,
+    max_steps: int = 100_000,
+):
     """Simulate ``n`` tokens uniform in ``[-scale, scale]^d`` under one head.
 
     By default the authors' tokens, weights and step -- Q = K = I, ``dt = 0.1``, every
@@ -79,19 +93,39 @@ def simulate_tokens(V, *, n: int = 20, seed: int = 0, t1: float = 12.0, dt: floa
     else:
         ts = np.linspace(0.0, t1, 121 if saves is None else saves)
     t0 = time.perf_counter()
-    traj = simulate(model, x0, t1, ts=ts, frame=frame, method=method,
-                       dt=dt if method == "euler" else None, rtol=rtol, atol=atol,
-                       max_steps=max_steps)
+    traj = simulate(
+        model,
+        x0,
+        t1,
+        ts=ts,
+        frame=frame,
+        method=method,
+        dt=dt if method == "euler" else None,
+        rtol=rtol,
+        atol=atol,
+        max_steps=max_steps,
+    )
     seconds = time.perf_counter() - t0
     params = {
-        "seed": int(seed), "n": int(n), "d": int(d), "t1": float(t1),
-        "batch": batch, "Q": Q.tolist(), "K": K.tolist(), "V": V.tolist(),
-        "x0": f"numpy.random.default_rng({seed}).uniform(-{scale:g}, {scale:g}, "
-              f"{shape})",
-        "frame": frame, "solver": dict(traj.solver),
-        "tolerances": ({"rtol": None, "atol": None, "note": "fixed-step Euler: none"}
-                       if method == "euler" else {"rtol": rtol, "atol": atol}),
-        "saves": int(len(ts)), "status": traj.status, "seconds": round(seconds, 3),
+        "seed": int(seed),
+        "n": int(n),
+        "d": int(d),
+        "t1": float(t1),
+        "batch": batch,
+        "Q": Q.tolist(),
+        "K": K.tolist(),
+        "V": V.tolist(),
+        "x0": f"numpy.random.default_rng({seed}).uniform(-{scale:g}, {scale:g}, {shape})",
+        "frame": frame,
+        "solver": dict(traj.solver),
+        "tolerances": (
+            {"rtol": None, "atol": None, "note": "fixed-step Euler: none"}
+            if method == "euler"
+            else {"rtol": rtol, "atol": atol}
+        ),
+        "saves": int(len(ts)),
+        "status": traj.status,
+        "seconds": round(seconds, 3),
         "propagator": model.propagator.method,
     }
     return traj, params
@@ -99,17 +133,46 @@ def simulate_tokens(V, *, n: int = 20, seed: int = 0, t1: float = 12.0, dt: floa
 
 # ---------------------------------------------------------------------- movies
 MOVIE_CASES = {
-    "polytope": dict(V="identity", d=2, t1=12.0, frame="rescaled", draw="hull",
-                     title=r"$V=I$, $d=2$: clustering to the vertices of a polytope"),
-    "polytope-3d": dict(V="identity", d=3, t1=12.0, frame="rescaled", draw="hull",
-                        title=r"$V=I$, $d=3$: clustering to the vertices of a polytope"),
-    "hyperplanes": dict(V="paper-2d", d=2, t1=12.0, frame="rescaled", draw="levels",
-                        title=r"paper 2x2 $V$ ($\lambda_1=1.348$): three parallel lines"),
-    "hyperplanes-3d": dict(V="paper-3d-re-pos", d=3, t1=12.0, frame="rescaled",
-                           draw="levels",
-                           title=r"paper 3x3 $V$ ($\lambda_1=1.078$): parallel planes"),
-    "origin": dict(V="neg-identity", d=2, t1=30.0, frame="original", draw="none",
-                   title=r"$V=-I$: every token tends to 0 (original frame)"),
+    "polytope": dict(
+        V="identity",
+        d=2,
+        t1=12.0,
+        frame="rescaled",
+        draw="hull",
+        title=r"$V=I$, $d=2$: clustering to the vertices of a polytope",
+    ),
+    "polytope-3d": dict(
+        V="identity",
+        d=3,
+        t1=12.0,
+        frame="rescaled",
+        draw="hull",
+        title=r"$V=I$, $d=3$: clustering to the vertices of a polytope",
+    ),
+    "hyperplanes": dict(
+        V="paper-2d",
+        d=2,
+        t1=12.0,
+        frame="rescaled",
+        draw="levels",
+        title=r"paper 2x2 $V$ ($\lambda_1=1.348$): three parallel lines",
+    ),
+    "hyperplanes-3d": dict(
+        V="paper-3d-re-pos",
+        d=3,
+        t1=12.0,
+        frame="rescaled",
+        draw="levels",
+        title=r"paper 3x3 $V$ ($\lambda_1=1.078$): parallel planes",
+    ),
+    "origin": dict(
+        V="neg-identity",
+        d=2,
+        t1=30.0,
+        frame="original",
+        draw="none",
+        title=r"$V=-I$: every token tends to 0 (original frame)",
+    ),
 }
 
 

@@ -178,14 +178,16 @@ def parse_shard(text: str | tuple[int, int] | None) -> tuple[int, int] | None:
     else:
         m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
         if not m:
-            raise ValueError(f"shard must look like 'i/N' with 0 <= i < N (e.g. '0/4'); "
-                             f"got {text!r}.")
+            raise ValueError(
+                f"shard must look like 'i/N' with 0 <= i < N (e.g. '0/4'); got {text!r}."
+            )
         i, n = int(m.group(1)), int(m.group(2))
     if not (isinstance(i, (int, np.integer)) and isinstance(n, (int, np.integer))):
         raise ValueError(f"shard must be two integers (i, N); got {text!r}.")
     if n < 1 or not 0 <= i < n:
-        raise ValueError(f"shard i/N needs N >= 1 and 0 <= i < N (job i of N counts from "
-                         f"0); got {i}/{n}.")
+        raise ValueError(
+            f"shard i/N needs N >= 1 and 0 <= i < N (job i of N counts from 0); got {i}/{n}."
+        )
     return int(i), int(n)
 
 
@@ -232,19 +234,20 @@ class Sweep:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"Sweep name must be a non-empty string; got {self.name!r}.")
         if not callable(self.kernel):
-            raise ValueError("Sweep kernel must be callable as kernel(config, start, stop, "
-                             "seed).")
+            raise ValueError("Sweep kernel must be callable as kernel(config, start, stop, seed).")
         if not isinstance(self.config, Mapping):
             raise ValueError(f"Sweep config must be a mapping; got {type(self.config)}.")
         try:
             json.dumps(dict(self.config), sort_keys=True, allow_nan=False)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"Sweep config must be JSON-serialisable (ints, floats, "
-                             f"strings, lists): {exc}") from None
+            raise ValueError(
+                f"Sweep config must be JSON-serialisable (ints, floats, strings, lists): {exc}"
+            ) from None
         object.__setattr__(self, "size", _nonneg_int("size", self.size, minimum=1))
         object.__setattr__(self, "seed", _nonneg_int("seed", self.seed))
-        object.__setattr__(self, "shard_size",
-                           _nonneg_int("shard_size", self.shard_size, minimum=1))
+        object.__setattr__(
+            self, "shard_size", _nonneg_int("shard_size", self.shard_size, minimum=1)
+        )
         object.__setattr__(self, "align", _nonneg_int("align", self.align, minimum=1))
 
     @property
@@ -269,9 +272,16 @@ class Sweep:
     def manifest(self) -> dict:
         ident = self.identity()
         digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
-        kern = f"{getattr(self.kernel, '__module__', '?')}.{getattr(self.kernel, '__qualname__', '?')}"
-        return {**ident, "digest": digest[:16], "n_shards": self.n_shards, "kernel": kern,
-                "versions": run_metadata()}
+        kern = (
+            f"{getattr(self.kernel, '__module__', '?')}.{getattr(self.kernel, '__qualname__', '?')}"
+        )
+        return {
+            **ident,
+            "digest": digest[:16],
+            "n_shards": self.n_shards,
+            "kernel": kern,
+            "versions": run_metadata(),
+        }
 
 
 @dataclasses.dataclass
@@ -306,10 +316,16 @@ class RunReport:
     seconds: float
 
     def to_dict(self) -> dict:
-        return {"out_dir": str(self.out_dir), "n_shards": self.n_shards,
-                "selected": list(self.selected), "computed": list(self.computed),
-                "skipped": list(self.skipped), "complete": self.complete,
-                "missing": self.missing, "seconds": self.seconds}
+        return {
+            "out_dir": str(self.out_dir),
+            "n_shards": self.n_shards,
+            "selected": list(self.selected),
+            "computed": list(self.computed),
+            "skipped": list(self.skipped),
+            "complete": self.complete,
+            "missing": self.missing,
+            "seconds": self.seconds,
+        }
 
 
 # ------------------------------------------------------------------ BLAS threads
@@ -364,20 +380,28 @@ def blas_threads(n: int | None):
 # ------------------------------------------------------------------ kernel calls
 def _check_output(out, start: int, stop: int, name: str) -> dict[str, np.ndarray]:
     if not isinstance(out, Mapping) or not out:
-        raise ValueError(f"the kernel of sweep {name!r} must return a non-empty dict of "
-                         f"arrays; got {type(out).__name__}.")
+        raise ValueError(
+            f"the kernel of sweep {name!r} must return a non-empty dict of "
+            f"arrays; got {type(out).__name__}."
+        )
     res = {}
     for k, v in out.items():
         if not isinstance(k, str) or not k.isidentifier() or k.startswith("__"):
-            raise ValueError(f"sweep {name!r}: array names must be identifiers not "
-                             f"starting with '__'; got {k!r}.")
+            raise ValueError(
+                f"sweep {name!r}: array names must be identifiers not "
+                f"starting with '__'; got {k!r}."
+            )
         a = np.asarray(v)
         if a.ndim < 1 or a.shape[0] != stop - start:
-            raise ValueError(f"sweep {name!r}: kernel array {k!r} has shape {a.shape}; its "
-                             f"leading axis must be stop - start = {stop - start}.")
+            raise ValueError(
+                f"sweep {name!r}: kernel array {k!r} has shape {a.shape}; its "
+                f"leading axis must be stop - start = {stop - start}."
+            )
         if a.dtype == object:
-            raise ValueError(f"sweep {name!r}: kernel array {k!r} has dtype object; "
-                             f"return numeric or boolean arrays.")
+            raise ValueError(
+                f"sweep {name!r}: kernel array {k!r} has dtype object; "
+                f"return numeric or boolean arrays."
+            )
         res[k] = a
     return res
 
@@ -445,8 +469,9 @@ def _pool(workers: int):
     pool = _POOLS.get(workers)
     if pool is None:
         # spawn, never fork: forking a process in which JAX runs threads can deadlock.
-        pool = ProcessPoolExecutor(max_workers=workers,
-                                   mp_context=multiprocessing.get_context("spawn"))
+        pool = ProcessPoolExecutor(
+            max_workers=workers, mp_context=multiprocessing.get_context("spawn")
+        )
         _POOLS[workers] = pool
     return pool
 
@@ -497,24 +522,26 @@ def _in_pool(tasks: list, workers: int) -> Iterable:
             "a sweep worker process died (killed, out of memory, or it could not start: "
             "worker processes are spawned and re-import your main script, so run "
             "scripts that use workers > 1 from a file, under "
-            "`if __name__ == \"__main__\":`; or use workers=1).") from exc
+            '`if __name__ == "__main__":`; or use workers=1).'
+        ) from exc
     except BaseException:
         _drop_pool(workers)  # do not leave workers computing abandoned tasks
         raise
 
 
-def _execute(tasks: list, workers: int, progress, desc: str, unit: str, total: int,
-             initial: int = 0) -> Iterable:
+def _execute(
+    tasks: list, workers: int, progress, desc: str, unit: str, total: int, initial: int = 0
+) -> Iterable:
     """Run tasks (in order for one worker, as completed for several), with a bar."""
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=total, initial=initial, unit=unit, desc=desc, unit_scale=True,
-                   smoothing=0.1)
+        bar = tqdm(
+            total=total, initial=initial, unit=unit, desc=desc, unit_scale=True, smoothing=0.1
+        )
     try:
-        it = map(_run_one, tasks) if workers == 1 or len(tasks) <= 1 else _in_pool(tasks,
-                                                                                   workers)
+        it = map(_run_one, tasks) if workers == 1 or len(tasks) <= 1 else _in_pool(tasks, workers)
         for res in it:
             if bar is not None:
                 bar.update(res[1] - res[0])
@@ -525,8 +552,9 @@ def _execute(tasks: list, workers: int, progress, desc: str, unit: str, total: i
 
 
 # ---------------------------------------------------------------- in memory
-def compute(sweep: Sweep, *, workers: int | None = 1, progress: bool = False,
-            chunk: int | None = None) -> SweepData:
+def compute(
+    sweep: Sweep, *, workers: int | None = 1, progress: bool = False, chunk: int | None = None
+) -> SweepData:
     """Run the whole sweep in memory and return the concatenated arrays.
 
     ``workers``: processes to spread the chunks over (1: in this process; None: one per
@@ -541,21 +569,23 @@ def compute(sweep: Sweep, *, workers: int | None = 1, progress: bool = False,
         chunk = min(sweep.shard_size, max(want, 1))
         chunk = max(sweep.align, -(-chunk // sweep.align) * sweep.align)
     chunk = _nonneg_int("chunk", chunk, minimum=1)
-    tasks = [(sweep.kernel, dict(sweep.config), s, min(s + chunk, n), sweep.seed,
-              sweep.name, None, None) for s in range(0, n, chunk)]
+    tasks = [
+        (sweep.kernel, dict(sweep.config), s, min(s + chunk, n), sweep.seed, sweep.name, None, None)
+        for s in range(0, n, chunk)
+    ]
     parts = {}
     for start, _, arrays, _ in _execute(tasks, workers, progress, sweep.name, sweep.unit, n):
         parts[start] = arrays
-    return SweepData(_concat([parts[s] for s in sorted(parts)], sweep.name),
-                     sweep.manifest())
+    return SweepData(_concat([parts[s] for s in sorted(parts)], sweep.name), sweep.manifest())
 
 
 def _concat(parts: Sequence[dict], name: str) -> dict[str, np.ndarray]:
     keys = list(parts[0])
     for p in parts[1:]:
         if list(p) != keys:
-            raise ValueError(f"sweep {name!r}: shards hold different arrays "
-                             f"({sorted(keys)} vs {sorted(p)}).")
+            raise ValueError(
+                f"sweep {name!r}: shards hold different arrays ({sorted(keys)} vs {sorted(p)})."
+            )
     return {k: np.concatenate([p[k] for p in parts], axis=0) for k in keys}
 
 
@@ -564,13 +594,16 @@ def read_manifest(out_dir: str | os.PathLike) -> dict:
     """The manifest of the sweep stored in ``out_dir`` (ValueError if there is none)."""
     p = Path(out_dir) / MANIFEST
     if not p.is_file():
-        raise ValueError(f"{str(out_dir)!r} holds no sweep (no {MANIFEST}); run the sweep "
-                         f"with this output directory first.")
+        raise ValueError(
+            f"{str(out_dir)!r} holds no sweep (no {MANIFEST}); run the sweep "
+            f"with this output directory first."
+        )
     try:
         return json.loads(p.read_text())
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{str(p)!r} is not valid JSON ({exc}); delete the directory or "
-                         f"choose another one.") from None
+        raise ValueError(
+            f"{str(p)!r} is not valid JSON ({exc}); delete the directory or choose another one."
+        ) from None
 
 
 def _prepare_dir(sweep: Sweep, out_dir: Path) -> dict:
@@ -582,8 +615,10 @@ def _prepare_dir(sweep: Sweep, out_dir: Path) -> dict:
         diff = [k for k in _IDENTITY if old.get(k) != man[k]]
         if diff:
             detail = "; ".join(f"{k}: stored {old.get(k)!r}, asked {man[k]!r}" for k in diff)
-            raise ValueError(f"{str(out_dir)!r} holds a different sweep ({detail}); use the "
-                             f"same parameters to resume it, or another output directory.")
+            raise ValueError(
+                f"{str(out_dir)!r} holds a different sweep ({detail}); use the "
+                f"same parameters to resume it, or another output directory."
+            )
         return old
     text = json.dumps(man, indent=2, sort_keys=True) + "\n"
     _write_atomic(p, lambda f: f.write(text.encode()))
@@ -600,9 +635,15 @@ def _present(out_dir: Path) -> set[tuple[int, int]]:
     return found
 
 
-def run(sweep: Sweep, out_dir: str | os.PathLike, *, shard: str | tuple[int, int] | None = None,
-        shards: Sequence[int] | None = None, workers: int | None = 1,
-        progress: bool = False) -> RunReport:
+def run(
+    sweep: Sweep,
+    out_dir: str | os.PathLike,
+    *,
+    shard: str | tuple[int, int] | None = None,
+    shards: Sequence[int] | None = None,
+    workers: int | None = 1,
+    progress: bool = False,
+) -> RunReport:
     """Compute this job's shards of ``sweep`` into ``out_dir``, skipping those on disk.
 
     Arguments:
@@ -630,8 +671,7 @@ def run(sweep: Sweep, out_dir: str | os.PathLike, *, shard: str | tuple[int, int
             raise ValueError("give shard ('i/N') or shards (explicit numbers), not both.")
         selected = sorted({_nonneg_int("shards", k) for k in shards})
         if selected and selected[-1] >= sweep.n_shards:
-            raise ValueError(f"shards must lie in 0 .. {sweep.n_shards - 1}; got "
-                             f"{selected[-1]}.")
+            raise ValueError(f"shards must lie in 0 .. {sweep.n_shards - 1}; got {selected[-1]}.")
     else:
         selected = list(shard_slice(sweep.n_shards, shard))
     present = _present(out_dir)
@@ -641,20 +681,38 @@ def run(sweep: Sweep, out_dir: str | os.PathLike, *, shard: str | tuple[int, int
     tasks = []
     for k in todo:
         s, e = sweep.shard_range(k)
-        tasks.append((sweep.kernel, dict(sweep.config), s, e, sweep.seed, sweep.name,
-                      str(out_dir / _shard_name(s, e)), man["digest"]))
+        tasks.append(
+            (
+                sweep.kernel,
+                dict(sweep.config),
+                s,
+                e,
+                sweep.seed,
+                sweep.name,
+                str(out_dir / _shard_name(s, e)),
+                man["digest"],
+            )
+        )
     sel_total = sum(e - s for s, e in map(sweep.shard_range, selected))
     done = sum(e - s for s, e in map(sweep.shard_range, skipped))
     computed = []
     by_start = {sweep.shard_range(k)[0]: k for k in todo}
-    for start, _, _, _ in _execute(tasks, workers, progress, sweep.name, sweep.unit,
-                                   int(sel_total), int(done)):
+    for start, _, _, _ in _execute(
+        tasks, workers, progress, sweep.name, sweep.unit, int(sel_total), int(done)
+    ):
         computed.append(by_start[start])
     present = _present(out_dir)
     missing = sum(1 for k in range(sweep.n_shards) if sweep.shard_range(k) not in present)
-    return RunReport(out_dir=out_dir, n_shards=sweep.n_shards, selected=selected,
-                     computed=sorted(computed), skipped=skipped, complete=missing == 0,
-                     missing=missing, seconds=time.perf_counter() - t0)
+    return RunReport(
+        out_dir=out_dir,
+        n_shards=sweep.n_shards,
+        selected=selected,
+        computed=sorted(computed),
+        skipped=skipped,
+        complete=missing == 0,
+        missing=missing,
+        seconds=time.perf_counter() - t0,
+    )
 
 
 def merge(out_dir: str | os.PathLike, *, expect: Sweep | None = None) -> SweepData:
@@ -670,8 +728,9 @@ def merge(out_dir: str | os.PathLike, *, expect: Sweep | None = None) -> SweepDa
         want = expect.manifest()
         diff = [k for k in _IDENTITY if man.get(k) != want[k]]
         if diff:
-            raise ValueError(f"{str(out_dir)!r} holds a different sweep (differs in "
-                             f"{', '.join(diff)}).")
+            raise ValueError(
+                f"{str(out_dir)!r} holds a different sweep (differs in {', '.join(diff)})."
+            )
     size, shard_size = int(man["size"]), int(man["shard_size"])
     ranges = [(s, min(s + shard_size, size)) for s in range(0, size, shard_size)]
     present = _present(out_dir)
@@ -679,17 +738,21 @@ def merge(out_dir: str | os.PathLike, *, expect: Sweep | None = None) -> SweepDa
     if missing:
         shown = ", ".join(f"[{s}, {e})" for s, e in missing[:5])
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise ValueError(f"{str(out_dir)!r} is incomplete: {len(missing)} of {len(ranges)} "
-                         f"shards missing (samples {shown}{more}); rerun the sweep with the "
-                         f"same parameters (it resumes) or run the missing --shard slices.")
+        raise ValueError(
+            f"{str(out_dir)!r} is incomplete: {len(missing)} of {len(ranges)} "
+            f"shards missing (samples {shown}{more}); rerun the sweep with the "
+            f"same parameters (it resumes) or run the missing --shard slices."
+        )
     parts = []
     for s, e in ranges:
         path = out_dir / _shard_name(s, e)
         with np.load(path, allow_pickle=False) as f:
             meta = json.loads(str(f[_META_KEY])) if _META_KEY in f else {}
             if meta.get("digest") != man["digest"] or meta.get("start") != s:
-                raise ValueError(f"shard {str(path)!r} does not belong to the sweep in "
-                                 f"{str(out_dir)!r}; delete it and rerun.")
+                raise ValueError(
+                    f"shard {str(path)!r} does not belong to the sweep in "
+                    f"{str(out_dir)!r}; delete it and rerun."
+                )
             parts.append({k: f[k] for k in f.files if k != _META_KEY})
     return SweepData(_concat(parts, str(man.get("name"))), man)
 
@@ -722,16 +785,19 @@ def map_devices(fn: Callable, *args, devices: Sequence | None = None):
     arrs = [np.asarray(a) if not isinstance(a, jax.Array) else a for a in args]
     b = arrs[0].shape[0] if arrs[0].ndim else None
     if b is None or b < 1 or any(a.ndim < 1 or a.shape[0] != b for a in arrs):
-        raise ValueError(f"map_devices: every argument needs the same leading batch size "
-                         f">= 1; got shapes {[tuple(a.shape) for a in arrs]}.")
+        raise ValueError(
+            f"map_devices: every argument needs the same leading batch size "
+            f">= 1; got shapes {[tuple(a.shape) for a in arrs]}."
+        )
     devs = list(jax.local_devices() if devices is None else devices)
     if not devs:
         raise ValueError("map_devices: devices is empty.")
     n = len(devs)
     pad = (-b) % n
     if pad:
-        arrs = [np.concatenate([np.asarray(a), np.repeat(np.asarray(a)[-1:], pad, 0)], 0)
-                for a in arrs]
+        arrs = [
+            np.concatenate([np.asarray(a), np.repeat(np.asarray(a)[-1:], pad, 0)], 0) for a in arrs
+        ]
     mesh = jax.make_mesh((n,), ("batch",), axis_types=(AxisType.Auto,), devices=devs)
     sharding = NamedSharding(mesh, PartitionSpec("batch"))
     placed = [jax.device_put(a, sharding) for a in arrs]
