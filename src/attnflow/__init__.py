@@ -29,7 +29,16 @@ from .analysis import (
     spectral_structure,
     track_rank,
 )
-from .dynamics import SOLVERS, Attention, Propagator, SimulationError, Trajectory, kernels, simulate
+from .dynamics import (
+    SOLVERS,
+    Attention,
+    Propagator,
+    SimulationError,
+    Status,
+    Trajectory,
+    kernels,
+    simulate,
+)
 from .dynamics.kernels import KERNELS
 from .io import matrices
 from .studies import GinibreEstimate, HeadsAnalysis, analyze_heads, ginibre_fraction, sweep
@@ -46,6 +55,7 @@ __all__ = [
     "Propagator",
     "SOLVERS",
     "SimulationError",
+    "Status",
     "Trajectory",
     "simulate",
     "KERNELS",

@@ -7,6 +7,14 @@ This layer imports nothing from the layers above it (``analysis``, ``studies``, 
 from .model import Attention
 from .propagator import Propagator
 from .simulate import SOLVERS, simulate
-from .trajectory import SimulationError, Trajectory
+from .trajectory import SimulationError, Status, Trajectory
 
-__all__ = ["Attention", "Propagator", "SOLVERS", "SimulationError", "Trajectory", "simulate"]
+__all__ = [
+    "Attention",
+    "Propagator",
+    "SOLVERS",
+    "SimulationError",
+    "Status",
+    "Trajectory",
+    "simulate",
+]

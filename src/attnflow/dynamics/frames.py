@@ -206,6 +206,15 @@ class AbstractTime(eqx.Module):
         """Per-mode factors ``(re, im)`` of the flow (``sign=+1``) or its inverse at the
         saved times ``ts``, ``(m, d)`` each."""
 
+    @abc.abstractmethod
+    def log_multipliers(self, prop, ts, sign: int) -> tuple[np.ndarray, np.ndarray]:
+        """The same factors as ``(log r, theta)`` in float64 (``r e^{i theta}``): the
+        overflow-safe form used where the factors leave the float range."""
+
+    @abc.abstractmethod
+    def maps64(self, prop, ts, sign: int) -> np.ndarray:
+        """The flow (or its inverse) as ``(m, d, d)`` float64 matrices."""
+
 
 class Continuous(AbstractTime):
     """Continuous time: ``x = e^{tV} z``, values multiplied by V."""
@@ -236,6 +245,17 @@ class Continuous(AbstractTime):
     def multipliers(self, prop, ts: Array, sign: int) -> tuple[Array, Array]:
         return jax.vmap(lambda t: prop.exp_multipliers(sign * t))(ts)
 
+    def log_multipliers(self, prop, ts, sign: int) -> tuple[np.ndarray, np.ndarray]:
+        t = sign * np.asarray(ts, np.float64)[:, None]
+        return (t * np.asarray(prop.mu_re, np.float64), t * np.asarray(prop.mu_im, np.float64))
+
+    def maps64(self, prop, ts, sign: int) -> np.ndarray:
+        """``e^{+-tV}`` at the saved times in float64 (overflow-safe conversions)."""
+        from scipy.linalg import expm
+
+        V = np.asarray(prop.V, np.float64)
+        return np.stack([expm(sign * float(t) * V) for t in np.asarray(ts)])
+
     def maps(self, prop, ts: Array) -> Array:
         """``(m, d, d)``: ``e^{tV}`` at the saved times (standard coordinates)."""
         return jax.vmap(prop)(ts)
@@ -263,3 +283,17 @@ class Layers(AbstractTime):
     def multipliers(self, prop, ts: Array, sign: int) -> tuple[Array, Array]:
         k = jnp.round(ts / self.dt)
         return jax.vmap(lambda kk: prop.power_multipliers(sign * kk, self.dt))(k)
+
+    def log_multipliers(self, prop, ts, sign: int) -> tuple[np.ndarray, np.ndarray]:
+        k = sign * np.round(np.asarray(ts, np.float64) / self.dt)[:, None]
+        a = 1.0 + self.dt * np.asarray(prop.mu_re, np.float64)
+        b = self.dt * np.asarray(prop.mu_im, np.float64)
+        return k * 0.5 * np.log(a * a + b * b), k * np.arctan2(b, a)
+
+    def maps64(self, prop, ts, sign: int) -> np.ndarray:
+        """``R^{+-k}`` at the saved times in float64 (overflow-safe conversions)."""
+        R = np.eye(prop.d) + self.dt * np.asarray(prop.V, np.float64)
+        if sign < 0:
+            R = np.linalg.inv(R)
+        ks = np.round(np.asarray(ts, np.float64) / self.dt).astype(int)
+        return np.stack([np.linalg.matrix_power(R, int(k)) for k in ks])

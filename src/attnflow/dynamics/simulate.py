@@ -32,7 +32,7 @@ from .. import _checks
 from .base import AbstractModel
 from .frames import FRAMES, AbstractFrame, Continuous, Layers, make_frame
 from .model import _warn_float64_cast
-from .trajectory import STATUS_CODES, Trajectory
+from .trajectory import Status, Trajectory
 
 __all__ = ["simulate", "SOLVERS"]
 
@@ -153,11 +153,15 @@ def _solve_adaptive(
         finite = jnp.all(jnp.isfinite(y_stop))
         code = jnp.where(
             res == diffrax.RESULTS.successful,
-            0,
+            Status.OK.code,
             jnp.where(
                 res == diffrax.RESULTS.event_occurred,
-                jnp.where(finite, 1, 3),
-                jnp.where(res == diffrax.RESULTS.max_steps_reached, 2, 4),
+                jnp.where(finite, Status.OVERFLOW.code, Status.NONFINITE.code),
+                jnp.where(
+                    res == diffrax.RESULTS.max_steps_reached,
+                    Status.MAX_STEPS.code,
+                    Status.FAILED.code,
+                ),
             ),
         )
         stats = {
@@ -365,7 +369,7 @@ def simulate(
         ys, Rks, reached, y_end, k_stop, stopped = _solve_euler(
             fr, y0, dtf, n_layers, save_layers, progress=progress
         )
-        codes = np.where(np.asarray(stopped), STATUS_CODES.index("overflow"), 0)
+        codes = np.where(np.asarray(stopped), Status.OVERFLOW.code, Status.OK.code)
         t_stop = np.asarray(k_stop, np.float64) * dtf
         stats = {
             "num_steps": np.asarray(k_stop),

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import os
 import tempfile
+import warnings
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -21,9 +23,37 @@ from .._meta import run_metadata
 from .base import AbstractModel
 from .frames import AbstractTime, Continuous, Layers
 
-__all__ = ["Trajectory", "SimulationError", "STATUS_CODES", "FORMAT_VERSION"]
+__all__ = ["Trajectory", "SimulationError", "Status", "STATUS_CODES", "FORMAT_VERSION"]
 
-STATUS_CODES = ("ok", "overflow", "max_steps", "nonfinite", "failed")
+
+class Status(enum.StrEnum):
+    """What happened to a system (and whether an array of it is representable).
+
+    Members are strings (``Status.OK == "ok"``), so code written against the plain
+    strings keeps working and JSON output is unchanged."""
+
+    OK = "ok"  # reached t1
+    OVERFLOW = "overflow"  # the logits (or a converted frame) left the float range
+    MAX_STEPS = "max_steps"  # the adaptive solver used max_steps steps before t1
+    NONFINITE = "nonfinite"  # a non-finite state appeared (reported, never hidden)
+    FAILED = "failed"  # any other solver failure
+
+    @property
+    def code(self) -> int:
+        """The integer the compiled solve returns for this status."""
+        return _CODES[self]
+
+
+_CODES = {
+    Status.OK: 0,
+    Status.OVERFLOW: 1,
+    Status.MAX_STEPS: 2,
+    Status.NONFINITE: 3,
+    Status.FAILED: 4,
+}
+_BY_CODE = {c: s for s, c in _CODES.items()}
+# The vocabulary as plain strings, in code order (kept for older callers).
+STATUS_CODES = tuple(str(_BY_CODE[c]) for c in range(len(_BY_CODE)))
 
 # Version of the ``.npz`` layout written by ``Trajectory.save`` (``metadata["format"]``).
 FORMAT_VERSION = 1
@@ -33,6 +63,22 @@ FORMAT_VERSION = 1
 def _logit_rows(model, xs):
     """``model.logits`` of each system's tokens ``xs`` ``(b, n, d)``."""
     return jax.vmap(model.logits)(xs)
+
+
+def _safe_matmul(a: np.ndarray, M: np.ndarray) -> np.ndarray:
+    """``a @ M.T`` in float64 where a zero factor times an infinite one counts 0, and a
+    sum of infinite terms of both signs takes the sign of their majority (+inf on a tie):
+    never NaN from finite or infinite inputs."""
+    terms = a[..., None, :] * M  # (..., d_out, d_in)
+    zero = (a[..., None, :] == 0) | (M == 0)
+    terms = np.where(zero, 0.0, terms)
+    with np.errstate(invalid="ignore"):
+        out = terms.sum(-1)
+    nan = np.isnan(out)
+    if nan.any():
+        vote = np.sign(np.where(np.isinf(terms), np.sign(terms), 0.0).sum(-1))
+        out = np.where(nan, np.where(vote < 0, -np.inf, np.inf), out)
+    return out
 
 
 def _model_family(name: str) -> type[AbstractModel]:
@@ -158,7 +204,7 @@ class Trajectory:
     ):
         disc = Continuous() if discretisation is None else discretisation
         codes = np.asarray(codes).reshape(-1)
-        statuses = tuple(STATUS_CODES[int(c)] for c in codes)
+        statuses = tuple(_BY_CODE[int(c)] for c in codes)
         reached = np.asarray(reached, bool)
         ys = jnp.asarray(ys)
         t_stop = np.asarray(t_stop, np.float64).reshape(-1)
@@ -288,15 +334,102 @@ class Trajectory:
         sol = jnp.linalg.solve(self._maps()[None], jnp.swapaxes(y, -1, -2))
         return jnp.swapaxes(sol, -1, -2)
 
+    def _convert64(self, y: np.ndarray, to_original: bool) -> np.ndarray:
+        """The same conversion in float64 and overflow-safe: a zero coordinate times an
+        overflowing factor is 0 (not NaN), magnitudes beyond float64 are +-inf. Used only
+        for the saves where the fast conversion left the float range."""
+        prop = self.model.propagator
+        disc = self.discretisation
+        sign = 1 if to_original else -1
+        y = np.asarray(y, np.float64)
+        if self.coords == "modal" and not to_original:
+            return _safe_matmul(y, np.asarray(prop.T, np.float64))
+        if self.coords == "modal" or prop.has_modal:
+            T = np.asarray(prop.T, np.float64)
+            w = y if self.coords == "modal" else _safe_matmul(y, np.asarray(prop.T_inv, np.float64))
+            logr, theta = disc.log_multipliers(prop, np.asarray(self.ts), sign)  # (m, d)
+            partner = np.asarray(prop.partner)
+            sgn = np.asarray(prop.sign, np.float64)
+            logr, theta = logr[None, :, None, :], theta[None, :, None, :]
+            with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+                v = np.cos(theta) * w + sgn * np.sin(theta) * w[..., partner]
+                scaled = np.sign(v) * np.exp(logr + np.log(np.abs(v)))
+            return _safe_matmul(scaled, T)
+        if to_original and self._to_x is not None:
+            M = np.asarray(self._to_x, np.float64)
+        else:
+            M = disc.maps64(prop, np.asarray(self.ts), sign)
+        return np.stack([_safe_matmul(y[:, j], M[j]) for j in range(y.shape[1])], axis=1)
+
+    def _checked(self, name: str, A: Array, to_original: bool) -> Array:
+        """``A``, the frame ``name`` converted from the state, with every save where the
+        conversion left the float range recomputed overflow-safe: entries beyond the
+        range are +-inf, never NaN. Records where it happened for ``status_of``."""
+        state_ok = np.all(np.isfinite(np.asarray(self._y)), axis=-1)  # (b, m, n)
+        bad = ~np.all(np.isfinite(np.asarray(A)), axis=-1) & state_ok
+        if not bad.any():
+            return A
+        out = np.array(A)
+        for b, j in sorted({(int(b), int(j)) for b, j, _ in np.argwhere(bad)}):
+            sl = np.asarray(self._y)[b : b + 1, j : j + 1]
+            one = dataclasses.replace(
+                self,
+                ts=self.ts[j : j + 1],
+                _to_x=None if self._to_x is None else self._to_x[j : j + 1],
+            )
+            fixed = one._convert64(sl, to_original)[0, 0]
+            with np.errstate(over="ignore"):
+                out[b, j] = fixed.astype(out.dtype)
+        t_first = float(np.asarray(self.ts)[np.argwhere(bad)[:, 1].min()])
+        self._overflowed[name] = t_first
+        warnings.warn(
+            f"traj.{name} leaves the {np.dtype(out.dtype).name} range from t = "
+            f"{t_first:.6g} on (e^(tV) over- or underflows there); those entries are "
+            f"+-inf. traj.status_of({name!r}) says so; use x64 or a smaller t1 to "
+            f"represent them.",
+            RuntimeWarning,
+            stacklevel=5,
+        )
+        return jnp.asarray(out)
+
+    @cached_property
+    def _overflowed(self) -> dict:
+        return {}
+
+    @property
+    def has_z(self) -> bool:
+        """Whether the rescaled frame exists for this model (it needs one value matrix)."""
+        return self.frame == "rescaled" or self.model.propagator is not None
+
     @cached_property
     def _z(self) -> Array:
         if self.frame == "rescaled" and self.coords == "standard":
             return self._y
-        return self._convert(self._y, False)
+        if not self.has_z:
+            raise ValueError(
+                f"{type(self.model).__name__} has no value matrix V, so the "
+                f"rescaled frame z = e^(-tV) x is not defined; use traj.x."
+            )
+        return self._checked("z", self._convert(self._y, False), False)
 
     @cached_property
     def _x(self) -> Array:
-        return self._y if self.frame == "original" else self._convert(self._y, True)
+        if self.frame == "original":
+            return self._y
+        return self._checked("x", self._convert(self._y, True), True)
+
+    def status_of(self, name: str) -> Status:
+        """Whether the array ``traj.<name>`` (``"z"``, ``"x"`` or ``"state"``) is
+        representable: ``Status.OVERFLOW`` when the frame that was not integrated leaves
+        the float range at some saved time (its entries there are +-inf), else the status
+        of the solve (``"ok"``, or the first failure)."""
+        _checks.choice("name", name, ("z", "x", "state"))
+        if name != "state":
+            getattr(self, f"_{name}")  # materialise (and check) the frame
+            if name in self._overflowed:
+                return Status.OVERFLOW
+        bad = [s for s in self.statuses if s != Status.OK]
+        return Status(bad[0]) if bad else Status.OK
 
     @property
     def z(self) -> Array:
@@ -430,12 +563,13 @@ class Trajectory:
         m = self.model
         arrays = {
             "ts": np.asarray(self.ts),
-            "z": np.asarray(self.z),
             "x": np.asarray(self.x),
             "reached": np.asarray(self.reached),
             "state": np.asarray(self._y),
             "t_stop": np.asarray(self.t_stop),
         }
+        if self.has_z:
+            arrays["z"] = np.asarray(self.z)
         arrays.update({f"model.{k}": np.asarray(v) for k, v in m.arrays().items()})
         if self._to_x is not None:
             arrays["to_x"] = np.asarray(self._to_x)
@@ -555,11 +689,12 @@ class Trajectory:
         sys_dims = ("system",) if self.batched else ()
         reached = self.reached if self.batched else np.asarray(self.reached)
         data_vars = {
-            "z": (dims, np.asarray(self.z)),
             "x": (dims, np.asarray(self.x)),
             "reached": (sys_dims + ("time",), np.asarray(reached)),
             "t_stop": (sys_dims, np.asarray(self.t_stop if self.batched else self.t_stop[0])),
         }
+        if self.has_z:
+            data_vars["z"] = (dims, np.asarray(self.z))
         meta = self.metadata()
         attrs = {
             k: (
@@ -577,5 +712,5 @@ class Trajectory:
         return (
             f"Trajectory(frame={self.frame!r}, shape={shape}, "
             f"t=[{float(self.ts[0]):.4g}, {float(self.ts[-1]):.4g}], "
-            f"status={self.status!r})"
+            f"status={str(self.status)!r})"
         )
