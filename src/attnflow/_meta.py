@@ -26,19 +26,18 @@ def run_metadata() -> dict:
     import diffrax
     import equinox
     import jax
-    import jaxlib
     import numpy as np
     import scipy
 
     return {
         "attnflow": attnflow_version(),
         "jax": jax.__version__,
-        "jaxlib": jaxlib.__version__,
+        "jaxlib": version("jaxlib"),
         "diffrax": diffrax.__version__,
         "equinox": equinox.__version__,
         "numpy": np.__version__,
         "scipy": scipy.__version__,
         "python": platform.python_version(),
-        "x64": bool(jax.config.jax_enable_x64),
+        "x64": bool(jax.config.read("jax_enable_x64")),
         "backend": jax.default_backend(),
     }

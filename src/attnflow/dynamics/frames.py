@@ -64,7 +64,7 @@ class AbstractFrame(eqx.Module):
     frame, where the state is the tokens)."""
 
     model: eqx.AbstractVar[AbstractModel]
-    name: eqx.AbstractClassVar[str]
+    name: ClassVar[str]
 
     @property
     @abc.abstractmethod
@@ -120,13 +120,13 @@ class Rescaled(AbstractFrame):
     diagonalisable V). Needs an attention system with one value matrix (a
     ``propagator``)."""
 
-    model: AbstractAttentionSystem
+    model: AbstractAttentionSystem  # pyright: ignore[reportIncompatibleVariableOverride]
     QT: Array | None  # Q T and K T: queries and keys straight from modal coordinates
     KT: Array | None
     _coords: str = eqx.field(static=True)
     name: ClassVar[str] = "rescaled"
 
-    def __init__(self, model: AbstractAttentionSystem, coords: str | None = None):
+    def __init__(self, model: AbstractModel, coords: str | None = None):
         prop = getattr(model, "propagator", None)
         if not isinstance(model, AbstractAttentionSystem) or prop is None:
             raise ValueError(
@@ -143,7 +143,7 @@ class Rescaled(AbstractFrame):
             coords = "modal" if prop.has_modal else "standard"
         if coords == "modal" and not prop.has_modal:
             raise ValueError("modal coordinates need a diagonalisable V (propagator eig/eigh).")
-        self.model = model
+        self.model = model  # pyright: ignore[reportIncompatibleVariableOverride]
         self._coords = coords
         if coords == "modal":
             Q, K = model.query_key_maps()
@@ -199,7 +199,7 @@ def make_frame(name: str, model: AbstractModel, coords: str | None = None) -> Ab
 class AbstractTime(eqx.Module):
     """How tokens are propagated between the frames, and what multiplies the values."""
 
-    name: eqx.AbstractClassVar[str]
+    name: ClassVar[str]
 
     @abc.abstractmethod
     def multipliers(self, prop, ts: Array, sign: int) -> tuple[Array, Array]:
@@ -221,7 +221,7 @@ class Continuous(AbstractTime):
 
     name: ClassVar[str] = "continuous"
 
-    def scale(self, frame: AbstractFrame, t: Array) -> Any:
+    def scale(self, frame: AbstractFrame, t: Any) -> Any:
         if frame.name == "original":
             return None
         prop = frame.model.propagator
@@ -235,11 +235,11 @@ class Continuous(AbstractTime):
             return prop.mu_re, prop.mu_im
         return prop.V
 
-    def field(self, frame: AbstractFrame, t: Array, y: Array) -> Array:
+    def field(self, frame: AbstractFrame, t: Any, y: Array) -> Array:
         """``dy/dt`` at time ``t``: the vector field an ODE solver integrates."""
         return frame.field(y, self.scale(frame, t), self.factor(frame))
 
-    def log_bound(self, frame: AbstractFrame, t: Array, y: Array) -> Array:
+    def log_bound(self, frame: AbstractFrame, t: Any, y: Array) -> Array:
         return frame.log_bound(y, self.scale(frame, t))
 
     def multipliers(self, prop, ts: Array, sign: int) -> tuple[Array, Array]:

@@ -38,9 +38,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
+import jax.core as jax_core
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
@@ -265,9 +266,9 @@ def kernel_params(kernel: str, params: Mapping | None = None) -> dict:
             f"kernel_params: {kernel!r} takes no parameter {unknown[0]!r} "
             f"(its parameters: {allowed})."
         )
-    out = dict(spec.params)
+    out: dict[str, Any] = dict(spec.params)
     for name, value in params.items():
-        if not isinstance(value, jax.core.Tracer):
+        if not isinstance(value, jax_core.Tracer):
             try:
                 arr = np.asarray(value)
                 v = float(arr)

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Any
 
 import equinox as eqx
 import jax
+import jax.core as jax_core
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
@@ -35,7 +37,7 @@ def _warn_float64_cast(*inputs, stacklevel: int = 3) -> None:
     """Warn, once per process, when float64 user arrays are about to be cast to float32
     because JAX's x64 mode is off."""
     global _CAST_WARNED
-    if _CAST_WARNED or jax.config.jax_enable_x64:
+    if _CAST_WARNED or jax.config.read("jax_enable_x64"):
         return
     if any(getattr(a, "dtype", None) == np.float64 for a in inputs):
         _CAST_WARNED = True
@@ -48,12 +50,12 @@ def _warn_float64_cast(*inputs, stacklevel: int = 3) -> None:
 
 
 def _is_concrete(x) -> bool:
-    return not isinstance(x, jax.core.Tracer)
+    return not isinstance(x, jax_core.Tracer)
 
 
-def _as_matrix(name: str, A, square: bool = True) -> Array:
+def _as_matrix(name: str, A, square: bool = True) -> Any:
     """Validate one weight matrix and return it as a JAX array (not yet cast)."""
-    if isinstance(A, jax.core.Tracer):
+    if isinstance(A, jax_core.Tracer):
         arr = A
     else:
         try:
@@ -180,6 +182,13 @@ class Attention(AbstractAttentionSystem):
         self.K = jnp.asarray(Ka, dtype=dtype)
         self.V = jnp.asarray(Va, dtype=dtype)
         self.beta = jnp.asarray(beta, dtype=dtype)
+        for name, arr in (("Q", self.Q), ("K", self.K), ("V", self.V), ("beta", self.beta)):
+            if _is_concrete(arr) and not bool(jnp.all(jnp.isfinite(arr))):
+                raise ValueError(
+                    f"{name} has entries beyond the {np.dtype(dtype).name} range (largest "
+                    f"{float(np.finfo(dtype).max):.3g}); enable x64 "
+                    f"(jax.config.update('jax_enable_x64', True)) or rescale the weights."
+                )
         if block is not None and (not isinstance(block, (int, np.integer)) or block < 0):
             raise ValueError(
                 f"block must be None (automatic) or an integer >= 0 (0: dense); got {block!r}."

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import equinox as eqx
 import jax
+import jax.core as jax_core
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
@@ -57,7 +58,7 @@ def condition_threshold(dtype) -> float:
 
 
 def _is_concrete(x) -> bool:
-    return not isinstance(x, jax.core.Tracer)
+    return not isinstance(x, jax_core.Tracer)
 
 
 def _complex_dtype(dtype):
@@ -79,13 +80,13 @@ def _real_modal_form(w: np.ndarray, S: np.ndarray):
     k = 0
     while k < d:
         if w[k].imag == 0.0:
-            T[:, k] = S[:, k].real
+            T[:, k] = np.real(S[:, k])
             mu_re[k] = w[k].real
             k += 1
             continue
         if k + 1 >= d or not np.isclose(w[k + 1], np.conj(w[k]), rtol=1e-10, atol=0):
             return None
-        T[:, k], T[:, k + 1] = S[:, k].real, S[:, k].imag
+        T[:, k], T[:, k + 1] = np.real(S[:, k]), np.imag(S[:, k])
         mu_re[k] = mu_re[k + 1] = w[k].real
         mu_im[k] = mu_im[k + 1] = w[k].imag
         partner[k], partner[k + 1] = k + 1, k
@@ -214,10 +215,12 @@ class Propagator(eqx.Module):
 
     def to_modal(self, z: Array) -> Array:
         """Row tokens ``z`` ``(..., d)`` -> modal coordinates ``w = z T^{-T}``."""
+        assert self.T_inv is not None, "no modal form: check has_modal first"
         return z @ self.T_inv.T
 
     def from_modal(self, w: Array) -> Array:
         """Modal coordinates ``w`` ``(..., d)`` -> row tokens ``z = w T^T``."""
+        assert self.T is not None, "no modal form: check has_modal first"
         return w @ self.T.T
 
     def modal_scale(self, u: Array, re: Array, im: Array) -> Array:
@@ -230,19 +233,27 @@ class Propagator(eqx.Module):
         """
         if self.method == "eigh":
             return re * u
+        assert self.sign is not None and self.partner is not None
         return re * u + (self.sign * im) * jnp.take(u, self.partner, axis=-1)
 
     def exp_multipliers(self, t) -> tuple[Array, Array]:
         """``e^{t mu}`` per modal column, as ``(re, im)``; ``t`` a scalar."""
-        t = jnp.asarray(t, dtype=self.mu_re.dtype)
-        r = jnp.exp(t * self.mu_re)
-        return r * jnp.cos(t * self.mu_im), r * jnp.sin(t * self.mu_im)
+        mu_re, mu_im = self._mu()
+        t = jnp.asarray(t, dtype=mu_re.dtype)
+        r = jnp.exp(t * mu_re)
+        return r * jnp.cos(t * mu_im), r * jnp.sin(t * mu_im)
+
+    def _mu(self) -> tuple[Array, Array]:
+        """The modal spectrum ``(mu_re, mu_im)``; only with a modal form."""
+        assert self.mu_re is not None and self.mu_im is not None, "no modal form"
+        return self.mu_re, self.mu_im
 
     def power_multipliers(self, k, dt) -> tuple[Array, Array]:
         """``(1 + dt mu)^k`` per modal column, as ``(re, im)``: the discrete flow ``R^k``."""
-        dtype = self.mu_re.dtype
-        a = 1.0 + dt * self.mu_re
-        b = dt * self.mu_im
+        mu_re, mu_im = self._mu()
+        dtype = mu_re.dtype
+        a = 1.0 + dt * mu_re
+        b = dt * mu_im
         k = jnp.asarray(k, dtype=dtype)
         logr = 0.5 * jnp.log(a * a + b * b)
         theta = jnp.arctan2(b, a)

@@ -21,16 +21,20 @@ kept too (see ``Trajectory``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import diffrax
 import equinox as eqx
 import jax
+import jax.core as jax_core
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
 from .. import _checks
 from .base import AbstractModel
-from .frames import FRAMES, AbstractFrame, Continuous, Layers, make_frame
+from .frames import FRAMES, AbstractFrame, AbstractTime, Continuous, Layers, make_frame
 from .model import _warn_float64_cast
 from .trajectory import Status, Trajectory
 
@@ -62,7 +66,7 @@ MAX_STEPS_LIMIT = 2**31 - 1
 
 def _check_x0(model: AbstractModel, x0) -> np.ndarray | Array:
     shape = f"(n, {model.d}) or (b, n, {model.d})"
-    if isinstance(x0, jax.core.Tracer):
+    if isinstance(x0, jax_core.Tracer):
         arr = x0
         if arr.ndim not in (2, 3):
             raise ValueError(f"x0 must have shape {shape}; got shape {tuple(arr.shape)}.")
@@ -148,6 +152,7 @@ def _solve_adaptive(
             progress_meter=meter,
         )
         res = sol.result
+        assert sol.ts is not None and sol.ys is not None  # both save streams were asked for
         (ts_saved, ts_stop), (ys, ys_stop) = sol.ts, sol.ys
         t_stop, y_stop = ts_stop[0], ys_stop[0]
         finite = jnp.all(jnp.isfinite(y_stop))
@@ -181,16 +186,18 @@ def _solve_adaptive(
 # ------------------------------------------------------------------ fixed-step path
 def _solve_euler(frame: AbstractFrame, y0, dt, n_layers: int, save_layers: np.ndarray, *, progress):
     bar = None
+    callback: Callable[[Any], None] | None = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=n_layers, unit="layer", desc="attnflow euler")
 
-        def callback(k):
+        def _advance(k) -> None:
             bar.n = int(k)
             bar.refresh()
-    else:
-        callback = None
+
+        callback = _advance
+
     # Per-mode factors of the discrete rescaled update, (I + dt B)^{-1} B, exact.
     factor = None
     if frame.coords == "modal":
@@ -232,9 +239,12 @@ def _euler_loop(
     carried = frame.coords == "standard" and prop is not None
     d = y0.shape[-1]
     eye = jnp.eye(d, dtype=y0.dtype)
-    R = eye + dt * prop.V if carried else eye
-    if carried and frame.name == "rescaled":
-        factor = jnp.linalg.solve(R, prop.V)  # R^{-1} V (= V R^{-1}: they commute)
+    R = eye
+    if carried:
+        assert prop is not None
+        R = eye + dt * prop.V
+        if frame.name == "rescaled":
+            factor = jnp.linalg.solve(R, prop.V)  # R^{-1} V (= V R^{-1}: they commute)
 
     def scale_at(k, Rk):
         if frame.name == "original":
@@ -350,6 +360,7 @@ def simulate(
         if dt is None:
             raise ValueError("dt is required for method='euler': the layer step, e.g. dt=0.1.")
         dtf = _checks.positive("dt", dt)
+        discretisation: AbstractTime = Layers(dtf)
         n_layers = int(round(t1f / dtf))
         if n_layers < 1 or abs(n_layers * dtf - t1f) > 1e-9 * max(1.0, t1f):
             raise ValueError(
@@ -383,6 +394,7 @@ def simulate(
         y_stop = y_end
         reached = np.asarray(reached)
     else:
+        discretisation = Continuous()
         ts_j = jnp.asarray(ts_np, dtype=dtype)
         ys, ts_out, t_stop, y_stop, codes, stats = _solve_adaptive(
             fr,
@@ -428,5 +440,5 @@ def simulate(
         solver=solver_info,
         t1=t1f,
         x0=x0j if batched else x0j[0],
-        discretisation=Layers(dtf) if method in _FIXED else Continuous(),
+        discretisation=discretisation,
     )

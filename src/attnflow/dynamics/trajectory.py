@@ -243,6 +243,7 @@ class Trajectory:
             y = jnp.concatenate([y, jnp.asarray(y_stop)[0][None].astype(dtype)], axis=0)
             tk = np.append(tk, ts_stop)
             if to is not None:
+                assert isinstance(disc, Layers)  # the maps R^k come from the layer loop
                 R = np.eye(model.d) + disc.dt * np.asarray(model.propagator.V, np.float64)
                 k = int(round(ts_stop / disc.dt))
                 to = np.concatenate([to, np.linalg.matrix_power(R, k)[None]], axis=0)
@@ -306,7 +307,9 @@ class Trajectory:
         """``(m, d, d)`` matrices M with ``x = z @ M.T`` (standard coordinates)."""
         if self._to_x is not None:
             return self._to_x
-        return self.discretisation.maps(self.model.propagator, self.ts)
+        disc = self.discretisation
+        assert isinstance(disc, Continuous)  # layers carry their maps in _to_x
+        return disc.maps(self.model.propagator, self.ts)
 
     def _multipliers(self, sign: int):
         """Per-mode factors of ``e^{+-t V}`` (or ``(I + dt V)^{+-k}``) at the saved times."""
@@ -467,13 +470,13 @@ class Trajectory:
         contributes nothing."""
         P = np.asarray(P)
         if np.iscomplexobj(P):
-            if np.any(P.imag != 0):
+            if np.any(np.imag(P) != 0):
                 raise ValueError(
                     "P must be real (linear functionals of real tokens); for "
                     "a complex eigenvector project its real and imaginary "
                     "parts."
                 )
-            P = P.real
+            P = np.real(P)
         P = np.atleast_2d(np.asarray(P, np.float64))
         if P.shape[-1] != self.d:
             raise ValueError(
@@ -594,7 +597,8 @@ class Trajectory:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as fh:
-                np.savez_compressed(fh, metadata=json.dumps(meta), **arrays)
+                payload: dict[str, Any] = {"metadata": json.dumps(meta), **arrays}
+                np.savez_compressed(fh, **payload)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -631,7 +635,7 @@ class Trajectory:
                 f"attnflow reads format {FORMAT_VERSION}."
             )
         state = data["state"]
-        if state.dtype == np.float64 and not jax.config.jax_enable_x64:
+        if state.dtype == np.float64 and not jax.config.read("jax_enable_x64"):
             raise ValueError(
                 f"{str(path)!r} holds a float64 run and JAX's x64 mode is off, so it would "
                 f"be rounded to float32; enable it first: "
