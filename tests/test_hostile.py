@@ -5,6 +5,7 @@ a status that says why not); never NaN behind "ok", never an XLA error."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -169,3 +170,17 @@ def test_valid_runs_are_finite_or_say_why(scale, t1, frame):
         assert not np.isnan(a).any()
         if traj.status_of(name) == "ok":
             assert np.all(np.isfinite(a))
+
+
+def test_weights_beyond_float32_are_refused_after_the_cast():
+    """Finite in float64, infinite in float32: checked after the cast, not before."""
+    import jax
+
+    jax.config.update("jax_enable_x64", False)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # the once-per-process cast note
+            with pytest.raises(ValueError, match="V has entries beyond the float32 range"):
+                af.Attention(np.eye(2), np.eye(2), 1e300 * np.eye(2))
+    finally:
+        jax.config.update("jax_enable_x64", True)
