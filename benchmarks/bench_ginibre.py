@@ -141,9 +141,9 @@ def _proc_cpu(pid: int) -> float:
 
 def _timed_cores(d: int, n: int, seed: int, workers: int) -> tuple[float, float]:
     """(wall seconds, cores used = CPU seconds of this process and its workers / wall)."""
-    from attnflow.studies import sweep as S
+    from attnflow import _parallel
 
-    pids = [os.getpid()] + list(getattr(S._POOLS.get(2), "_processes", {}) or {})
+    pids = [os.getpid()] + _parallel.worker_pids(_parallel.shared_pool(2))
     c0 = sum(_proc_cpu(p) for p in pids)
     wall, _ = ours(d, n, seed, workers)
     return wall, (sum(_proc_cpu(p) for p in pids) - c0) / wall

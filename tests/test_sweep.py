@@ -317,20 +317,77 @@ def test_map_devices_checks_batches():
         S.map_devices(_heavy, np.zeros((0, 2, 2)))
 
 
-def test_blas_threads_is_local_and_restored():
-    setters = S._openblas_thread_setters()
-    if not setters:
-        pytest.skip("no OpenBLAS with openblas_set_num_threads_local loaded")
-    fn = setters[0]
+def _openblas_getters():
+    """OpenBLAS's own thread-count getters (symbol names differ by build), found
+    through threadpoolctl's list of loaded libraries, as (path, getter)."""
+    import ctypes
 
-    def current():
-        v = fn(3)
-        fn(v)
-        return v
+    from threadpoolctl import threadpool_info
 
-    before = current()
+    out = []
+    for info in threadpool_info():
+        if info["internal_api"] != "openblas":
+            continue
+        lib = ctypes.CDLL(info["filepath"])
+        for sym in (
+            "openblas_get_num_threads",
+            "openblas_get_num_threads64_",
+            f"{info['prefix']}_get_num_threads",
+            f"{info['prefix']}_get_num_threads64_",
+            "scipy_openblas_get_num_threads64_",
+        ):
+            fn = getattr(lib, sym, None)
+            if fn is not None:
+                fn.restype = ctypes.c_int
+                out.append((info["filepath"], fn))
+                break
+    return out
+
+
+def test_blas_threads_limits_every_blas_and_restores():
+    import scipy.linalg  # noqa: F401  (loads scipy's own OpenBLAS too)
+    from threadpoolctl import threadpool_info
+
+    getters = _openblas_getters()
+    if not getters:
+        pytest.skip("no OpenBLAS with a thread-count getter loaded")
+    before = {path: fn() for path, fn in getters}
     with S.blas_threads(1):
-        assert current() == 1
-    assert current() == before
+        # every BLAS, as the library itself reports it
+        assert {path: fn() for path, fn in getters} == {p: 1 for p in before}
+        assert all(i["num_threads"] == 1 for i in threadpool_info() if i["user_api"] == "blas")
+    assert {path: fn() for path, fn in getters} == before
     with S.blas_threads(None):
-        assert current() == before
+        assert {path: fn() for path, fn in getters} == before
+    with pytest.raises(ValueError, match="blas threads"):
+        with S.blas_threads(0):
+            pass
+
+
+def test_blas_threads_gives_the_numbers_of_the_old_openblas_setting():
+    """threadpoolctl replaced a ctypes call of OpenBLAS's thread-local setter: the
+    eigenvalues (LAPACK geev, the Ginibre study's cost) are the same bit for bit."""
+    import ctypes
+
+    from threadpoolctl import threadpool_info
+
+    setters = []
+    for info in threadpool_info():
+        fn = getattr(ctypes.CDLL(info["filepath"]), "openblas_set_num_threads_local", None)
+        if fn is not None:
+            fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int]
+            setters.append(fn)
+    if not setters:
+        pytest.skip("no OpenBLAS >= 0.3.27 loaded")
+    A = np.random.default_rng(7).standard_normal((40, 64, 64))
+    prev = [fn(1) for fn in setters]
+    try:
+        old = np.linalg.eigvals(A)
+    finally:
+        for fn, p in zip(setters, prev):
+            fn(p)
+    with S.blas_threads(1):
+        new = np.linalg.eigvals(A)
+    np.testing.assert_array_equal(new, old)
+    # and they are eigenvalues: det(A - lambda I) ~ 0 through a product of the others
+    np.testing.assert_allclose(np.sort_complex(new[0]).sum(), np.trace(A[0]), rtol=1e-10)

@@ -11,7 +11,8 @@ imports them in name order, runs them with a progress bar, and writes ``index.js
 Figures are computed in float64: ``run_figures`` turns x64 on for the duration of the call
 and restores the previous setting on return. Run in this process (``jobs=1``) it leaves
 matplotlib's backend and rcParams as it found them; worker processes, which the runner
-starts and owns, draw with the Agg backend.
+starts and owns (``attnflow._parallel.process_pool``: spawned, one BLAS thread each,
+gone when the runner dies or is sent SIGTERM), draw with the Agg backend.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import multiprocessing
-import os
 import sys
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from pathlib import Path
+
+from .. import _parallel
 
 __all__ = ["find_experiments", "list_figures", "run_figures", "default_jobs"]
 
@@ -64,6 +65,8 @@ def _load(exp_dir: Path, name: str):
         spec = importlib.util.spec_from_file_location(
             f"attnflow_experiments.{name}", Path(exp_dir) / f"{name}.py"
         )
+        if spec is None or spec.loader is None:
+            raise ValueError(f"cannot import {name}.py from {str(exp_dir)!r}.")
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
     if not hasattr(mod, "make"):
@@ -109,8 +112,8 @@ def _previous_seconds(out: Path, quick: bool) -> dict:
 
 
 def default_jobs() -> int:
-    """Worker processes for ``run_figures``: one per core."""
-    return max(1, os.cpu_count() or 1)
+    """Worker processes for ``run_figures``: one per core this process may use."""
+    return _parallel.available_cores()
 
 
 def run_figures(
@@ -130,8 +133,9 @@ def run_figures(
         quick: small versions (seconds each), as the tests use.
         experiments: the folder of scripts (see ``find_experiments``).
         progress: show a progress bar over the scripts.
-        jobs: scripts run at once, each in its own worker process (spawned; a worker
-            runs several scripts one after the other). Default: one per core. With 1,
+        jobs: scripts run at once, each in its own worker process (spawned, one BLAS
+            thread each; a worker runs several scripts one after the other). Default:
+            one per core. With 1,
             everything runs in this process. Much of a quick run is single-threaded
             XLA compilation, so two workers on two cores nearly halve it. The longest
             scripts of an earlier run (its ``index.json``) start first.
@@ -144,7 +148,7 @@ def run_figures(
     """
     import jax
 
-    x64 = bool(jax.config.jax_enable_x64)
+    x64 = bool(jax.config.read("jax_enable_x64"))
     jax.config.update("jax_enable_x64", True)
     try:
         return _run_figures(
@@ -197,10 +201,12 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs) -> dict:
                 bar.set_postfix_str(name)
                 record(*_run_one(str(exp_dir), name, str(out), quick))
     else:
-        ctx = multiprocessing.get_context("spawn")  # never fork a process running JAX
-        with ProcessPoolExecutor(
-            max_workers=min(jobs, len(names)), mp_context=ctx, initializer=_init_worker
-        ) as pool:
+        # spawned workers, one BLAS thread each, that exit if this process dies; SIGTERM
+        # stops them with it
+        with (
+            _parallel.process_pool(min(jobs, len(names)), initializer=_init_worker) as pool,
+            _parallel.shutdown_on_sigterm(pool),
+        ):
             futures = [pool.submit(_run_one, str(exp_dir), n, str(out), quick) for n in order]
             for fut in as_completed(futures):
                 record(*fut.result())

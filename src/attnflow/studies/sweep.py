@@ -1,4 +1,4 @@
-"""Sweeps: sampling studies that shard over devices and machines and resume after a crash.
+"""Sweeps: sampling studies that shard over devices and machines and survive faults.
 
 A *sweep* is ``size`` independent samples with global indices ``0 .. size - 1``, computed
 by a *kernel*, a pure function
@@ -9,30 +9,47 @@ whose row ``i`` depends only on ``(config, seed, start + i)`` -- never on ``star
 ``stop`` themselves. Draw randomness per sample (``rng(seed, ..., index)``) or per fixed
 block of samples (``rng(seed, ..., index // block)``, then slice), never from one stream
 for the whole range. Then every split of the index range (shards, chunks, job-array
-slices, worker processes, devices) gives the same numbers, bit for bit.
+slices, worker processes, devices, concurrent runs) gives the same numbers, bit for bit.
 
 On disk (``run``), the index range is cut into shards of ``shard_size`` samples; each
 shard is one file, written atomically (a temporary file, fsync, ``os.replace``), so a
-crash loses at most the shards in flight. Rerunning skips the shards already written;
-``shard=(i, N)`` runs the ``i``-th of ``N`` contiguous slices of the shards (a job array
-on many machines writing into one shared directory); ``merge`` concatenates the shards
-in index order and refuses if any is missing. Layout of ``out_dir``::
+crash loses at most the shards in flight. Each shard's metadata holds the SHA-256 of its
+arrays: a rerun verifies every shard already on disk, recomputes the bad ones (truncated,
+corrupted, edited, or from another sweep) and names them in a ``BadShardWarning``;
+``merge`` verifies them too and names any bad file. ``shard=(i, N)`` runs the ``i``-th of
+``N`` contiguous slices of the shards (a job array on many machines writing into one
+shared directory); ``merge`` concatenates the shards in index order and refuses if any is
+missing or bad.
 
-    manifest.json                     name, config, size, seed, shard_size, versions
-    shard-0000000000-0000001024.npz   the kernel's arrays for samples [0, 1024)
+Runs into one directory share it safely. The manifest is created atomically (a hard link
+of a complete temporary file), so of two runs started together with different seeds or
+configs one is refused before it computes anything. A run claims each shard just before
+computing it (``<shard>.claim``, created with ``O_CREAT | O_EXCL``, holding its pid and
+host, its modification time refreshed while the run lives), so two identical runs split
+the work, and each waits for the shards the other is computing. A claim is taken over
+when its process is dead (same host) or when it has not been refreshed for
+``CLAIM_STALE_SECONDS`` (another host that crashed). Correctness never depends on the
+claims: shard files appear atomically, and two computations of a shard are bit-identical.
+Layout of ``out_dir``::
+
+    manifest.json                           name, config, size, seed, shard_size, versions
+    shard-0000000000-0000001024.npz         the kernel's arrays for samples [0, 1024)
+    shard-0000001024-0000002048.npz.claim   a run is computing samples [1024, 2048)
     ...
 
 In memory (``compute``), the same kernel runs over chunks and the arrays are
 concatenated; the chunking does not change the numbers.
 
 Parallelism. ``workers > 1`` runs shards (or chunks) concurrently in a pool of spawned
-worker processes, each with one BLAS/OpenMP thread (``OPENBLAS_NUM_THREADS=1`` etc.), so
-that ``workers`` processes use ``workers`` cores without oversubscription; kernel calls
-in this process run with one OpenBLAS thread as well (``blas_threads(1)``), so the
-rounding is the same wherever a sample is computed. That is the right "device" for host
-LAPACK work (non-symmetric eigenvalues have no accelerator implementation in JAX).
-Kernels that compute with JAX call ``map_devices`` instead, which shards a batch over all
-local JAX devices (padded to the device count) and returns the unpadded result.
+worker processes (``attnflow._parallel``), each with one BLAS/OpenMP thread
+(``OPENBLAS_NUM_THREADS=1`` etc.), so that ``workers`` processes use ``workers`` cores
+without oversubscription; workers exit when the process that started them dies, even by
+``kill -9``, and SIGTERM stops them with it. Every kernel call runs with one BLAS thread
+(``blas_threads(1)``, for any BLAS that ``threadpoolctl`` knows), so the rounding is the
+same wherever a sample is computed. That is the right "device" for host LAPACK work
+(non-symmetric eigenvalues have no accelerator implementation in JAX). Kernels that
+compute with JAX call ``map_devices`` instead, which shards a batch over all local JAX
+devices (padded to the device count) and returns the unpadded result.
 
 Example (a later sweep)::
 
@@ -50,33 +67,39 @@ Example (a later sweep)::
 
 Public names: ``Sweep``, ``SweepData``, ``RunReport``, ``compute``, ``run``, ``merge``,
 ``read_manifest``, ``rng``, ``Substreams``, ``sample_key``, ``map_devices``,
-``blas_threads``, ``parse_shard``, ``shard_slice``.
+``blas_threads``, ``parse_shard``, ``shard_slice``, ``BadShardWarning``.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import hashlib
 import json
-import multiprocessing
-import multiprocessing.util
 import os
 import re
+import socket
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import uuid
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from jaxtyping import Shaped
 
+from .. import _checks, _parallel
 from .._meta import run_metadata
+from .._parallel import blas_threads, map_devices
 
 __all__ = [
     "Sweep",
     "SweepData",
     "RunReport",
+    "BadShardWarning",
     "compute",
     "run",
     "merge",
@@ -93,41 +116,48 @@ __all__ = [
 MANIFEST = "manifest.json"
 _SHARD_RE = re.compile(r"^shard-(\d{10})-(\d{10})\.npz$")
 _META_KEY = "__meta__"
+_CLAIM = ".claim"
 # Identity of a sweep on disk: a directory holds shards of exactly one of these.
 _IDENTITY = ("name", "config", "size", "seed", "shard_size")
-# One thread per worker process for the usual BLAS/OpenMP runtimes.
-_WORKER_ENV = {
-    "OPENBLAS_NUM_THREADS": "1",
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "BLIS_NUM_THREADS": "1",
-    "VECLIB_MAXIMUM_THREADS": "1",
-    "NUMEXPR_NUM_THREADS": "1",
-}
+# A claim whose file has not been refreshed for this long is abandoned (its run's host
+# crashed); a run refreshes its claims every CLAIM_STALE_SECONDS / 10 (at most 30 s).
+CLAIM_STALE_SECONDS = 600.0
+# How often a run looks at shards that another run is computing.
+_POLL_SECONDS = 0.2
+_HOST = socket.gethostname()
+# Tokens of the claims held by runs in this process (a claim with this process's pid
+# whose token is not here was left by an earlier process that had the same pid).
+_LIVE_TOKENS: set[str] = set()
+# Kept for modules that imported the old names.
+_resolve_workers = _parallel.resolve_workers
+
+
+class BadShardWarning(UserWarning):
+    """A rerun found shard files that fail verification; it recomputes them."""
 
 
 # ----------------------------------------------------------------------- helpers
-def _nonneg_int(name: str, value, *, minimum: int = 0) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer >= {minimum}; got {value!r}.")
-    v = int(value)
-    if v < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}; got {v}.")
-    return v
+def _nonneg_int(name: str, value: Any, *, minimum: int = 0) -> int:
+    """``_checks.integer(name, value, lo=minimum)`` (the name the studies call)."""
+    return _checks.integer(name, value, lo=minimum)
 
 
 def rng(seed: int, *key: int) -> np.random.Generator:
     """The random stream of one sample (or one block of samples).
 
-    ``seed``: the sweep's seed, an integer >= 0. ``key``: integers >= 0 naming the stream,
-    e.g. ``(study_tag, d, stream, index)``. Returns
-    ``np.random.Generator(PCG64(SeedSequence([seed, *key])))``: streams with different
-    keys are statistically independent, and a sample's stream does not depend on which
-    shard, chunk or worker computes it.
+    Streams with different keys are statistically independent, and a sample's stream
+    does not depend on which shard, chunk or worker computes it.
+
+    Args:
+        seed: the sweep's seed, an integer >= 0.
+        *key: integers >= 0 naming the stream, e.g. ``(study_tag, d, stream, index)``.
+
+    Returns:
+        ``np.random.Generator(PCG64(SeedSequence([seed, *key])))``.
     """
-    ints = [_nonneg_int("seed", seed)]
+    ints = [_checks.integer("seed", seed, lo=0)]
     for k in key:
-        ints.append(_nonneg_int("rng key", k))
+        ints.append(_checks.integer("rng key", k, lo=0))
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(ints)))
 
 
@@ -142,20 +172,21 @@ class Substreams:
     """
 
     def __init__(self, seed: int, *key: int):
-        ints = [_nonneg_int("seed", seed)] + [_nonneg_int("rng key", k) for k in key]
+        ints = [_checks.integer("seed", seed, lo=0)]
+        ints += [_checks.integer("rng key", k, lo=0) for k in key]
         self._bg = np.random.PCG64(np.random.SeedSequence(ints))
         self._base = self._bg.state
         self._gen = np.random.Generator(self._bg)
 
     def __getitem__(self, j: int) -> np.random.Generator:
-        j = _nonneg_int("substream index", j)
+        j = _checks.integer("substream index", j, lo=0)
         self._bg.state = self._base
         if j:
             self._bg.advance(j << 64)
         return self._gen
 
 
-def sample_key(seed: int, index: int):
+def sample_key(seed: int, index: int) -> Any:
     """A ``jax.random`` key for sample ``index`` of a sweep seeded with ``seed``.
 
     ``fold_in(fold_in(key(seed), index >> 32), index & 0xffffffff)``, so indices beyond
@@ -163,8 +194,8 @@ def sample_key(seed: int, index: int):
     """
     import jax
 
-    index = _nonneg_int("index", index)
-    k = jax.random.key(_nonneg_int("seed", seed))
+    index = _checks.integer("index", index, lo=0)
+    k = jax.random.key(_checks.integer("seed", seed, lo=0))
     k = jax.random.fold_in(k, index >> 32)
     return jax.random.fold_in(k, index & 0xFFFFFFFF)
 
@@ -174,7 +205,10 @@ def parse_shard(text: str | tuple[int, int] | None) -> tuple[int, int] | None:
     if text is None:
         return None
     if isinstance(text, tuple):
-        i, n = text
+        if len(text) != 2:
+            raise ValueError(f"shard must be two integers (i, N); got {text!r}.")
+        i = _checks.integer("shard i", text[0])
+        n = _checks.integer("shard N", text[1])
     else:
         m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
         if not m:
@@ -182,21 +216,20 @@ def parse_shard(text: str | tuple[int, int] | None) -> tuple[int, int] | None:
                 f"shard must look like 'i/N' with 0 <= i < N (e.g. '0/4'); got {text!r}."
             )
         i, n = int(m.group(1)), int(m.group(2))
-    if not (isinstance(i, (int, np.integer)) and isinstance(n, (int, np.integer))):
-        raise ValueError(f"shard must be two integers (i, N); got {text!r}.")
     if n < 1 or not 0 <= i < n:
         raise ValueError(
             f"shard i/N needs N >= 1 and 0 <= i < N (job i of N counts from 0); got {i}/{n}."
         )
-    return int(i), int(n)
+    return i, n
 
 
-def shard_slice(n_shards: int, shard: tuple[int, int] | None) -> range:
+def shard_slice(n_shards: int, shard: str | tuple[int, int] | None) -> range:
     """The shard numbers that job ``i`` of ``N`` runs: the ``i``-th of ``N`` contiguous,
     nearly equal slices of ``range(n_shards)`` (all of them when ``shard`` is None)."""
-    if shard is None:
+    parsed = parse_shard(shard)
+    if parsed is None:
         return range(n_shards)
-    i, n = parse_shard(shard)
+    i, n = parsed
     return range(i * n_shards // n, (i + 1) * n_shards // n)
 
 
@@ -205,7 +238,7 @@ def shard_slice(n_shards: int, shard: tuple[int, int] | None) -> range:
 class Sweep:
     """One sampling study: ``size`` samples of ``kernel`` under ``config`` and ``seed``.
 
-    Arguments:
+    Args:
         name: a short label (``"ginibre"``), recorded in the manifest and the progress bar.
         kernel: ``kernel(config, start, stop, seed) -> dict[str, np.ndarray]``, each array
             of shape ``(stop - start, ...)``; row ``i`` must depend only on
@@ -243,15 +276,14 @@ class Sweep:
             raise ValueError(
                 f"Sweep config must be JSON-serialisable (ints, floats, strings, lists): {exc}"
             ) from None
-        object.__setattr__(self, "size", _nonneg_int("size", self.size, minimum=1))
-        object.__setattr__(self, "seed", _nonneg_int("seed", self.seed))
-        object.__setattr__(
-            self, "shard_size", _nonneg_int("shard_size", self.shard_size, minimum=1)
-        )
-        object.__setattr__(self, "align", _nonneg_int("align", self.align, minimum=1))
+        object.__setattr__(self, "size", _checks.integer("size", self.size, lo=1))
+        object.__setattr__(self, "seed", _checks.integer("seed", self.seed, lo=0))
+        object.__setattr__(self, "shard_size", _checks.integer("shard_size", self.shard_size, lo=1))
+        object.__setattr__(self, "align", _checks.integer("align", self.align, lo=1))
 
     @property
     def n_shards(self) -> int:
+        """The number of shard files: ``ceil(size / shard_size)``."""
         return -(-self.size // self.shard_size)
 
     def shard_range(self, k: int) -> tuple[int, int]:
@@ -270,6 +302,8 @@ class Sweep:
         }
 
     def manifest(self) -> dict:
+        """The manifest written into a run's directory: the identity, its digest (which
+        every shard records), the shard count, the kernel's name and versions."""
         ident = self.identity()
         digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
         kern = (
@@ -289,10 +323,10 @@ class SweepData:
     """The merged result of a sweep: ``arrays[name]`` has shape ``(size, ...)``, row ``i``
     being sample ``i``; ``manifest`` is the sweep's manifest dict."""
 
-    arrays: dict[str, np.ndarray]
+    arrays: dict[str, Shaped[np.ndarray, "size ..."]]
     manifest: dict
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def __getitem__(self, name: str) -> Shaped[np.ndarray, "size ..."]:
         return self.arrays[name]
 
     @property
@@ -302,9 +336,23 @@ class SweepData:
 
 @dataclasses.dataclass
 class RunReport:
-    """What ``run`` did in ``out_dir``: shard numbers ``selected`` for this job (all, or
-    slice i of N), of which ``computed`` were computed now and ``skipped`` were already on
-    disk; ``complete`` says whether every shard of the sweep (all jobs) is on disk now."""
+    """What ``run`` did in ``out_dir``.
+
+    Attributes:
+        out_dir: the shard directory.
+        n_shards: shards of the whole sweep.
+        selected: shard numbers of this job (all, slice i of N, or the explicit list).
+        computed: shards this run computed (bad files found on disk included).
+        skipped: shards already on disk and verified when the run started.
+        complete: whether every shard of the sweep (all jobs) is on disk now.
+        missing: shards of the sweep not on disk now.
+        seconds: wall time of the run.
+        others: shards that another run (process or host) computed meanwhile.
+        busy: shards still being computed by another run when this one returned
+            (only with ``wait=False``).
+        bad: the shard files that failed verification and were recomputed, each
+            ``"name: reason"``.
+    """
 
     out_dir: Path
     n_shards: int
@@ -314,6 +362,9 @@ class RunReport:
     complete: bool
     missing: int
     seconds: float
+    others: list[int] = dataclasses.field(default_factory=list)
+    busy: list[int] = dataclasses.field(default_factory=list)
+    bad: list[str] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -325,60 +376,14 @@ class RunReport:
             "complete": self.complete,
             "missing": self.missing,
             "seconds": self.seconds,
+            "others": list(self.others),
+            "busy": list(self.busy),
+            "bad": list(self.bad),
         }
 
 
-# ------------------------------------------------------------------ BLAS threads
-_BLAS_SETTERS: dict[str, Any] = {}
-
-
-def _openblas_thread_setters() -> list:
-    """``openblas_set_num_threads_local`` of every OpenBLAS loaded in this process
-    (numpy's, scipy's, ...), found through /proc/self/maps; [] where unavailable."""
-    import ctypes
-
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {ln.split()[-1] for ln in f if "openblas" in ln.lower()}
-    except OSError:  # not Linux
-        return []
-    for p in sorted(paths):
-        if p in _BLAS_SETTERS or not p.startswith("/"):
-            continue
-        fn = None
-        with contextlib.suppress(OSError, AttributeError):
-            fn = ctypes.CDLL(p).openblas_set_num_threads_local  # OpenBLAS >= 0.3.27
-            fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int]
-        _BLAS_SETTERS[p] = fn
-    return [fn for p, fn in _BLAS_SETTERS.items() if fn is not None and p in paths]
-
-
-@contextlib.contextmanager
-def blas_threads(n: int | None):
-    """Run this thread's BLAS calls on ``n`` threads inside the block (OpenBLAS's
-    thread-local setting, restored on exit; other threads and BLAS libraries are not
-    touched). ``None`` does nothing.
-
-    Sweeps use ``n = 1`` for every kernel call: worker processes are the parallelism,
-    one BLAS thread gives the same rounding in this process as in the workers, and it
-    avoids OpenBLAS's spinning threads, which on a busy machine made ``geev`` at d = 128
-    up to 40 times slower in our measurements.
-    """
-    if n is None:
-        yield
-        return
-    n = _nonneg_int("blas threads", n, minimum=1)
-    setters = _openblas_thread_setters()
-    prev = [fn(n) for fn in setters]
-    try:
-        yield
-    finally:
-        for fn, p in zip(setters, prev):
-            fn(p)
-
-
 # ------------------------------------------------------------------ kernel calls
-def _check_output(out, start: int, stop: int, name: str) -> dict[str, np.ndarray]:
+def _check_output(out: Any, start: int, stop: int, name: str) -> dict[str, np.ndarray]:
     if not isinstance(out, Mapping) or not out:
         raise ValueError(
             f"the kernel of sweep {name!r} must return a non-empty dict of "
@@ -410,6 +415,17 @@ def _shard_name(start: int, stop: int) -> str:
     return f"shard-{start:010d}-{stop:010d}.npz"
 
 
+def _arrays_sha256(arrays: Mapping[str, np.ndarray]) -> str:
+    """SHA-256 of a shard's arrays: names, dtypes, shapes and C-order bytes, by name."""
+    h = hashlib.sha256()
+    for k in sorted(arrays):
+        a = np.ascontiguousarray(arrays[k])
+        h.update(json.dumps([k, a.dtype.str, list(a.shape)]).encode())
+        if a.size:
+            h.update(a.reshape(-1).view(np.uint8).data)
+    return h.hexdigest()
+
+
 def _write_atomic(path: Path, writer: Callable[[Any], None]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
@@ -424,7 +440,7 @@ def _write_atomic(path: Path, writer: Callable[[Any], None]) -> None:
         raise
 
 
-def _run_one(task) -> tuple[int, int, Any, float]:
+def _run_one(task: tuple) -> tuple[int, int, Any, float]:
     """Compute one range; write it to ``path`` if given, else return the arrays."""
     kernel, config, start, stop, seed, name, path, digest = task
     t0 = time.perf_counter()
@@ -432,123 +448,119 @@ def _run_one(task) -> tuple[int, int, Any, float]:
         out = _check_output(kernel(config, start, stop, seed), start, stop, name)
     if path is None:
         return start, stop, out, time.perf_counter() - t0
-    meta = json.dumps({"start": start, "stop": stop, "seed": seed, "digest": digest})
+    meta = json.dumps(
+        {
+            "start": start,
+            "stop": stop,
+            "seed": seed,
+            "digest": digest,
+            "sha256": _arrays_sha256(out),
+        }
+    )
 
     def writer(f):
-        np.savez(f, **out, **{_META_KEY: np.array(meta)})
+        np.savez(f, **out, **{_META_KEY: np.array(meta)})  # pyright: ignore[reportArgumentType]
 
     _write_atomic(Path(path), writer)
     return start, stop, str(path), time.perf_counter() - t0
 
 
-# ------------------------------------------------------------------- worker pool
-_POOLS: dict[int, Any] = {}
+class _BadShard(Exception):
+    """A shard file that fails verification; the message says why."""
 
 
-@contextlib.contextmanager
-def _worker_environment():
-    """One BLAS/OpenMP thread in processes started inside this block (the libraries
-    read these variables when they load, so they must be in a child's environment from
-    the start)."""
-    saved = {k: os.environ.get(k) for k in _WORKER_ENV}
-    os.environ.update(_WORKER_ENV)
+def _read_shard(path: Path, digest: str, start: int, stop: int) -> dict[str, np.ndarray]:
+    """The arrays of a shard file, verified: readable, of this sweep (digest), for
+    samples ``[start, stop)``, and equal to the SHA-256 in its metadata. Shards written
+    before the hash was recorded are accepted when everything else holds. Raises
+    ``_BadShard`` saying what is wrong."""
     try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _pool(workers: int):
-    """A cached ``ProcessPoolExecutor`` of ``workers`` spawned processes."""
-    from concurrent.futures import ProcessPoolExecutor
-
-    pool = _POOLS.get(workers)
-    if pool is None:
-        # spawn, never fork: forking a process in which JAX runs threads can deadlock.
-        pool = ProcessPoolExecutor(
-            max_workers=workers, mp_context=multiprocessing.get_context("spawn")
+        # our own handle: np.load leaves its file open when the zip cannot be read
+        with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as f:
+            names = list(f.files)
+            if _META_KEY not in names:
+                raise _BadShard("it has no metadata")
+            meta = json.loads(str(f[_META_KEY]))
+            arrays = {k: f[k] for k in names if k != _META_KEY}
+    except _BadShard:
+        raise
+    except Exception as exc:  # truncated, corrupted, not a zip: whatever numpy raises
+        raise _BadShard(f"it cannot be read ({type(exc).__name__}: {exc})") from None
+    if not isinstance(meta, dict):
+        raise _BadShard("its metadata is not a JSON object")
+    if meta.get("digest") != digest:
+        raise _BadShard("it does not belong to this sweep (its sweep digest differs)")
+    if meta.get("start") != start or meta.get("stop", stop) != stop:
+        raise _BadShard(
+            f"its metadata says samples [{meta.get('start')}, {meta.get('stop')}), "
+            f"its name [{start}, {stop})"
         )
-        _POOLS[workers] = pool
-    return pool
+    if not arrays:
+        raise _BadShard("it holds no arrays")
+    for k, a in arrays.items():
+        if a.ndim < 1 or a.shape[0] != stop - start:
+            raise _BadShard(f"array {k!r} has shape {a.shape}, not {stop - start} rows")
+    want = meta.get("sha256")
+    if want is not None and _arrays_sha256(arrays) != want:
+        raise _BadShard("its arrays do not match the SHA-256 in its metadata (edited or corrupted)")
+    return arrays
 
 
-def _drop_pool(workers: int) -> None:
-    pool = _POOLS.pop(workers, None)
-    if pool is not None:
-        pool.shutdown(wait=False, cancel_futures=True)
-
-
-@atexit.register
-def _close_pools() -> None:
-    for w in list(_POOLS):
-        with contextlib.suppress(Exception):
-            _POOLS.pop(w).shutdown(wait=True, cancel_futures=True)
-
-
-# A process started by multiprocessing (a worker of `attnflow figures --jobs`, say) ends
-# with os._exit: atexit handlers never run there, and multiprocessing joins the
-# process's children first, so a cached pool's idle workers would keep it alive for
-# ever. Finalizers with a priority >= 0 run before that join, highest first: above the
-# pool's own queues (priority 10), whose closing would swallow the workers' stop signals.
-multiprocessing.util.Finalize(None, _close_pools, exitpriority=100)
-
-
-def _resolve_workers(workers) -> int:
-    if workers is None:
-        try:
-            return max(1, len(os.sched_getaffinity(0)))
-        except AttributeError:  # pragma: no cover - not Linux
-            return max(1, os.cpu_count() or 1)
-    return _nonneg_int("workers", workers, minimum=1)
-
-
-def _in_pool(tasks: list, workers: int) -> Iterable:
-    from concurrent.futures import as_completed
-    from concurrent.futures.process import BrokenProcessPool
-
-    pool = _pool(workers)
+def _verify(path: Path, digest: str, start: int, stop: int) -> str | None:
+    """None if the shard file is good, else the reason it is not."""
     try:
-        with _worker_environment():  # worker processes start during submit
-            futures = [pool.submit(_run_one, t) for t in tasks]
-        for fut in as_completed(futures):
-            yield fut.result()
+        _read_shard(path, digest, start, stop)
+    except _BadShard as exc:
+        return str(exc)
+    return None
+
+
+def _signature(path: Path) -> tuple[int, int, int] | None:
+    """(inode, size, mtime) of a file, None if absent: tells a file replaced since."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+# ------------------------------------------------------------------- execution
+_BROKEN = (
+    "a sweep worker process died (killed, out of memory, or it could not start: "
+    "worker processes are spawned and re-import your main script, so run "
+    "scripts that use workers > 1 from a file, under "
+    '`if __name__ == "__main__":`; or use workers=1).'
+)
+
+
+def _execute(tasks: Iterable[tuple], workers: int, pooled: bool) -> Iterator[tuple]:
+    """``_run_one`` of every task: in this process in order, or in the shared pool of
+    ``workers`` processes as they complete (at most ``workers`` tasks submitted at a
+    time, so ``tasks`` may claim its shards lazily)."""
+    if not pooled:
+        yield from map(_run_one, tasks)
+        return
+    pool = _parallel.shared_pool(workers)
+    try:
+        with _parallel.shutdown_on_sigterm(pool):
+            yield from _parallel.imap_unordered(pool, _run_one, tasks, inflight=workers)
     except BrokenProcessPool as exc:
-        _drop_pool(workers)
-        raise RuntimeError(
-            "a sweep worker process died (killed, out of memory, or it could not start: "
-            "worker processes are spawned and re-import your main script, so run "
-            "scripts that use workers > 1 from a file, under "
-            '`if __name__ == "__main__":`; or use workers=1).'
-        ) from exc
-    except BaseException:
-        _drop_pool(workers)  # do not leave workers computing abandoned tasks
+        _parallel.drop_shared_pool(workers, kill=True)
+        raise RuntimeError(_BROKEN) from exc
+    except Exception:
+        _parallel.drop_shared_pool(workers)  # do not queue abandoned tasks
+        raise
+    except BaseException:  # SIGTERM (SystemExit), Ctrl-C, an abandoned generator
+        _parallel.drop_shared_pool(workers, kill=True)
         raise
 
 
-def _execute(
-    tasks: list, workers: int, progress, desc: str, unit: str, total: int, initial: int = 0
-) -> Iterable:
-    """Run tasks (in order for one worker, as completed for several), with a bar."""
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+def _progress_bar(progress: bool, total: int, initial: int, desc: str, unit: str) -> Any:
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
 
-        bar = tqdm(
-            total=total, initial=initial, unit=unit, desc=desc, unit_scale=True, smoothing=0.1
-        )
-    try:
-        it = map(_run_one, tasks) if workers == 1 or len(tasks) <= 1 else _in_pool(tasks, workers)
-        for res in it:
-            if bar is not None:
-                bar.update(res[1] - res[0])
-            yield res
-    finally:
-        if bar is not None:
-            bar.close()
+    return tqdm(total=total, initial=initial, unit=unit, desc=desc, unit_scale=True, smoothing=0.1)
 
 
 # ---------------------------------------------------------------- in memory
@@ -557,25 +569,40 @@ def compute(
 ) -> SweepData:
     """Run the whole sweep in memory and return the concatenated arrays.
 
-    ``workers``: processes to spread the chunks over (1: in this process; None: one per
-    available core). ``chunk``: samples per kernel call (default: at most ``shard_size``,
-    small enough to give every worker a few chunks, a multiple of ``sweep.align``).
     The result does not depend on ``workers`` or ``chunk``.
+
+    Args:
+        sweep: the ``Sweep``.
+        workers: processes to spread the chunks over (1: in this process; None: one per
+            available core).
+        progress: show a tqdm progress bar (samples) on stderr.
+        chunk: samples per kernel call (default: at most ``shard_size``, small enough to
+            give every worker a few chunks, a multiple of ``sweep.align``).
+
+    Returns:
+        A ``SweepData`` with every array of shape ``(size, ...)``.
     """
-    workers = _resolve_workers(workers)
+    workers = _parallel.resolve_workers(workers)
     n = sweep.size
     if chunk is None:
         want = -(-n // (4 * workers))
         chunk = min(sweep.shard_size, max(want, 1))
         chunk = max(sweep.align, -(-chunk // sweep.align) * sweep.align)
-    chunk = _nonneg_int("chunk", chunk, minimum=1)
+    chunk = _checks.integer("chunk", chunk, lo=1)
     tasks = [
         (sweep.kernel, dict(sweep.config), s, min(s + chunk, n), sweep.seed, sweep.name, None, None)
         for s in range(0, n, chunk)
     ]
     parts = {}
-    for start, _, arrays, _ in _execute(tasks, workers, progress, sweep.name, sweep.unit, n):
-        parts[start] = arrays
+    bar = _progress_bar(progress, n, 0, sweep.name, sweep.unit)
+    try:
+        for start, stop, arrays, _ in _execute(tasks, workers, workers > 1 and len(tasks) > 1):
+            parts[start] = arrays
+            if bar is not None:
+                bar.update(stop - start)
+    finally:
+        if bar is not None:
+            bar.close()
     return SweepData(_concat([parts[s] for s in sorted(parts)], sweep.name), sweep.manifest())
 
 
@@ -589,7 +616,7 @@ def _concat(parts: Sequence[dict], name: str) -> dict[str, np.ndarray]:
     return {k: np.concatenate([p[k] for p in parts], axis=0) for k in keys}
 
 
-# ---------------------------------------------------------------------- on disk
+# -------------------------------------------------------------------- manifest
 def read_manifest(out_dir: str | os.PathLike) -> dict:
     """The manifest of the sweep stored in ``out_dir`` (ValueError if there is none)."""
     p = Path(out_dir) / MANIFEST
@@ -598,34 +625,71 @@ def read_manifest(out_dir: str | os.PathLike) -> dict:
             f"{str(out_dir)!r} holds no sweep (no {MANIFEST}); run the sweep "
             f"with this output directory first."
         )
+    for attempt in range(50):
+        text = p.read_text()
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            # a manifest being created without hard links is empty for a moment
+            if attempt < 49 and not text.strip() and time.time() - p.stat().st_mtime < 5:
+                time.sleep(0.05)
+                continue
+            raise ValueError(
+                f"{str(p)!r} is not valid JSON ({exc}); delete the directory or choose another one."
+            ) from None
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _create_exclusive(path: Path, text: str) -> None:
+    """Create ``path`` holding ``text`` unless it exists, atomically: a complete
+    temporary file hard-linked into place (``os.link`` fails if the name exists), or
+    where hard links are not supported, an ``O_EXCL`` creation."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(
-            f"{str(p)!r} is not valid JSON ({exc}); delete the directory or choose another one."
-        ) from None
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return
+        except OSError:  # no hard links on this file system
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def _prepare_dir(sweep: Sweep, out_dir: Path) -> dict:
+    """Create ``out_dir`` and its manifest (atomically: of two runs starting together,
+    one writes it), or check that the stored sweep is this one; returns the stored
+    manifest."""
     out_dir.mkdir(parents=True, exist_ok=True)
     man = sweep.manifest()
     p = out_dir / MANIFEST
-    if p.exists():
-        old = read_manifest(out_dir)
-        diff = [k for k in _IDENTITY if old.get(k) != man[k]]
-        if diff:
-            detail = "; ".join(f"{k}: stored {old.get(k)!r}, asked {man[k]!r}" for k in diff)
-            raise ValueError(
-                f"{str(out_dir)!r} holds a different sweep ({detail}); use the "
-                f"same parameters to resume it, or another output directory."
-            )
-        return old
-    text = json.dumps(man, indent=2, sort_keys=True) + "\n"
-    _write_atomic(p, lambda f: f.write(text.encode()))
-    return man
+    if not p.exists():
+        _create_exclusive(p, json.dumps(man, indent=2, sort_keys=True) + "\n")
+    old = read_manifest(out_dir)
+    diff = [k for k in _IDENTITY if old.get(k) != man[k]]
+    if diff:
+        detail = "; ".join(f"{k}: stored {old.get(k)!r}, asked {man[k]!r}" for k in diff)
+        raise ValueError(
+            f"{str(out_dir)!r} holds a different sweep ({detail}); use the "
+            f"same parameters to resume it, or another output directory."
+        )
+    return old
 
 
 def _present(out_dir: Path) -> set[tuple[int, int]]:
+    """The ``(start, stop)`` ranges of the shard files in ``out_dir`` (by name only)."""
     found = set()
     with os.scandir(out_dir) as it:
         for e in it:
@@ -635,6 +699,146 @@ def _present(out_dir: Path) -> set[tuple[int, int]]:
     return found
 
 
+# ----------------------------------------------------------------------- claims
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs (a zombie does not)."""
+    if os.name == "nt":  # pragma: no cover - os.kill(pid, 0) would stop it there
+        return True
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
+
+
+def _read_claim(path: Path) -> dict | None:
+    """A claim's content, or None (gone, or still being written)."""
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+class _Claims:
+    """The shard claims of one run: created exclusively, refreshed by a heartbeat
+    thread while held, released when done."""
+
+    def __init__(self, stale_after: float):
+        self.stale_after = float(stale_after)
+        self.held: dict[Path, str] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def acquire(self, path: Path) -> bool:
+        """Claim ``path``; False if another live run holds it."""
+        for _ in range(4):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                info = _read_claim(path)
+                if not self._stale(path, info) or not self._take_over(path, info):
+                    return False
+                continue
+            token = uuid.uuid4().hex
+            _LIVE_TOKENS.add(token)
+            with os.fdopen(fd, "w") as f:
+                json.dump(
+                    {"pid": os.getpid(), "host": _HOST, "token": token, "time": time.time()}, f
+                )
+            with self._lock:
+                self.held[path] = token
+            self._start_heartbeat()
+            return True
+        return False
+
+    def remove_stale(self, path: Path) -> None:
+        """Remove the claim at ``path`` if it is stale."""
+        info = _read_claim(path)
+        if self._stale(path, info):
+            self._take_over(path, info)
+
+    def _stale(self, path: Path, info: dict | None) -> bool:
+        if info is not None and info.get("host") == _HOST and isinstance(info.get("pid"), int):
+            if info["pid"] == os.getpid():
+                return info.get("token") not in _LIVE_TOKENS
+            if not _pid_alive(info["pid"]):
+                return True
+        try:
+            age = time.time() - path.stat().st_mtime
+        except FileNotFoundError:
+            return True
+        return age > self.stale_after
+
+    @staticmethod
+    def _take_over(path: Path, info: dict | None) -> bool:
+        """Remove the stale claim ``info`` at ``path``; False if another run replaced it
+        meanwhile (then it is put back)."""
+        aside = path.with_name(f"{path.name}.{uuid.uuid4().hex}.stale")
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return True
+        moved = _read_claim(aside)
+        if info is not None and moved is not None and moved.get("token") != info.get("token"):
+            with contextlib.suppress(OSError):
+                os.link(aside, path)  # a fresh claim of another run: give it back
+            with contextlib.suppress(OSError):
+                os.unlink(aside)
+            return False
+        with contextlib.suppress(OSError):
+            os.unlink(aside)
+        return True
+
+    def release(self, path: Path) -> None:
+        """Remove our claim at ``path`` (if it is still ours)."""
+        with self._lock:
+            token = self.held.pop(path, None)
+        if token is None:
+            return
+        _LIVE_TOKENS.discard(token)
+        info = _read_claim(path)
+        if info is not None and info.get("token") == token:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    def close(self) -> None:
+        """Release every claim and stop the heartbeat."""
+        self._stop.set()
+        for path in list(self.held):
+            with contextlib.suppress(OSError):
+                self.release(path)
+
+    def _start_heartbeat(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._beat, name="attnflow-sweep-claims", daemon=True
+            )
+            self._thread.start()
+
+    def _beat(self) -> None:
+        period = min(30.0, self.stale_after / 10)
+        while not self._stop.wait(period):
+            with self._lock:
+                paths = list(self.held)
+            for p in paths:
+                with contextlib.suppress(OSError):
+                    os.utime(p)
+
+
+# ---------------------------------------------------------------------- on disk
 def run(
     sweep: Sweep,
     out_dir: str | os.PathLike,
@@ -643,14 +847,20 @@ def run(
     shards: Sequence[int] | None = None,
     workers: int | None = 1,
     progress: bool = False,
+    wait: bool = True,
 ) -> RunReport:
-    """Compute this job's shards of ``sweep`` into ``out_dir``, skipping those on disk.
+    """Compute this job's shards of ``sweep`` into ``out_dir``, skipping the good ones.
 
-    Arguments:
+    Every shard file already on disk is verified (readable, of this sweep, its arrays
+    equal to the SHA-256 in its metadata); bad ones are recomputed and named in a
+    ``BadShardWarning``. Shards are claimed one at a time just before they are computed,
+    so concurrent runs into one directory split the work.
+
+    Args:
         sweep: the ``Sweep``.
         out_dir: the shard directory (created if needed). If it already holds a sweep,
             its identity (name, config, size, seed, shard_size) must match, else
-            ValueError.
+            ValueError before anything is computed.
         shard: ``"i/N"`` or ``(i, N)``: run only the i-th of N contiguous slices of the
             shards (a job array); None runs all of them.
         shards: alternatively, the explicit shard numbers to run (``0 .. n_shards - 1``),
@@ -658,51 +868,132 @@ def run(
         workers: processes computing shards concurrently (1: this process; None: one per
             available core). A crash loses at most the ``workers`` shards in flight.
         progress: show a tqdm progress bar (samples) on stderr.
+        wait: when another run is computing some of this job's shards, wait for them
+            (taking over those whose run dies); False returns at once, listing them in
+            ``busy``.
 
-    Returns a ``RunReport``; ``merge(out_dir)`` gives the arrays once ``complete``.
+    Returns:
+        A ``RunReport``; ``merge(out_dir)`` gives the arrays once ``complete``.
     """
     t0 = time.perf_counter()
-    out_dir = Path(out_dir)
-    workers = _resolve_workers(workers)
-    shard = parse_shard(shard)
-    man = _prepare_dir(sweep, out_dir)
+    out_dir = _checks.output_dir("out_dir", out_dir)
+    workers = _parallel.resolve_workers(workers)
+    parsed = parse_shard(shard)
     if shards is not None:
-        if shard is not None:
+        if parsed is not None:
             raise ValueError("give shard ('i/N') or shards (explicit numbers), not both.")
-        selected = sorted({_nonneg_int("shards", k) for k in shards})
-        if selected and selected[-1] >= sweep.n_shards:
-            raise ValueError(f"shards must lie in 0 .. {sweep.n_shards - 1}; got {selected[-1]}.")
+        hi = sweep.n_shards - 1
+        selected = sorted({_checks.integer("shards", k, lo=0, hi=hi) for k in shards})
     else:
-        selected = list(shard_slice(sweep.n_shards, shard))
-    present = _present(out_dir)
-    todo, skipped = [], []
+        selected = list(shard_slice(sweep.n_shards, parsed))
+    man = _prepare_dir(sweep, out_dir)
+    digest = str(man["digest"])
+
+    def path_of(k: int) -> Path:
+        return out_dir / _shard_name(*sweep.shard_range(k))
+
+    def claim_of(k: int) -> Path:
+        return out_dir / (_shard_name(*sweep.shard_range(k)) + _CLAIM)
+
+    # what is on disk, verified
+    names = _present(out_dir)
+    claimed = {e.name for e in os.scandir(out_dir) if e.name.endswith(_CLAIM)}
+    claims = _Claims(CLAIM_STALE_SECONDS)
+    skipped: list[int] = []
+    todo: list[int] = []
+    bad: list[str] = []
+    seen: dict[int, tuple[int, int, int] | None] = {}  # the file we judged, per shard
     for k in selected:
-        (skipped if sweep.shard_range(k) in present else todo).append(k)
-    tasks = []
-    for k in todo:
         s, e = sweep.shard_range(k)
-        tasks.append(
-            (
+        if (s, e) in names:
+            seen[k] = _signature(path_of(k))
+            reason = _verify(path_of(k), digest, s, e)
+            if reason is None:
+                skipped.append(k)
+                if claim_of(k).name in claimed:  # left by a run that died after writing
+                    claims.remove_stale(claim_of(k))
+                continue
+            bad.append(f"{path_of(k).name}: {reason}")
+        else:
+            seen[k] = None
+        todo.append(k)
+    if bad:
+        warnings.warn(
+            f"{str(out_dir)!r}: {len(bad)} shard file(s) failed verification and are "
+            "recomputed: " + "; ".join(bad),
+            BadShardWarning,
+            stacklevel=2,
+        )
+
+    def written_meanwhile(k: int) -> bool:
+        """A good shard ``k`` appeared since we looked (another run wrote it)."""
+        sig = _signature(path_of(k))
+        if sig is None or sig == seen[k]:
+            return False
+        seen[k] = sig
+        return _verify(path_of(k), digest, *sweep.shard_range(k)) is None
+
+    computed: list[int] = []
+    others: list[int] = []
+    busy: list[int] = []
+    sel_total = sum(e - s for s, e in map(sweep.shard_range, selected))
+    done = sum(e - s for s, e in map(sweep.shard_range, skipped))
+    bar = _progress_bar(progress, int(sel_total), int(done), sweep.name, sweep.unit)
+
+    def advance(k: int) -> None:
+        if bar is not None:
+            s, e = sweep.shard_range(k)
+            bar.update(e - s)
+
+    def tasks(pending: list[int], held_elsewhere: list[int]) -> Iterator[tuple]:
+        for k in pending:
+            if written_meanwhile(k):
+                others.append(k)
+                advance(k)
+                continue
+            if not claims.acquire(claim_of(k)):
+                held_elsewhere.append(k)
+                continue
+            if written_meanwhile(k):  # finished by another run just before our claim
+                claims.release(claim_of(k))
+                others.append(k)
+                advance(k)
+                continue
+            s, e = sweep.shard_range(k)
+            yield (
                 sweep.kernel,
                 dict(sweep.config),
                 s,
                 e,
                 sweep.seed,
                 sweep.name,
-                str(out_dir / _shard_name(s, e)),
-                man["digest"],
+                str(path_of(k)),
+                digest,
             )
-        )
-    sel_total = sum(e - s for s, e in map(sweep.shard_range, selected))
-    done = sum(e - s for s, e in map(sweep.shard_range, skipped))
-    computed = []
+
     by_start = {sweep.shard_range(k)[0]: k for k in todo}
-    for start, _, _, _ in _execute(
-        tasks, workers, progress, sweep.name, sweep.unit, int(sel_total), int(done)
-    ):
-        computed.append(by_start[start])
-    present = _present(out_dir)
-    missing = sum(1 for k in range(sweep.n_shards) if sweep.shard_range(k) not in present)
+    try:
+        pending = todo
+        while pending:
+            held_elsewhere: list[int] = []
+            pooled = workers > 1 and len(pending) > 1
+            for start, _, _, _ in _execute(tasks(pending, held_elsewhere), workers, pooled):
+                k = by_start[start]
+                claims.release(claim_of(k))
+                computed.append(k)
+                advance(k)
+            pending = held_elsewhere
+            if pending and not wait:
+                busy = sorted(pending)
+                break
+            if pending:
+                time.sleep(_POLL_SECONDS)
+    finally:
+        claims.close()
+        if bar is not None:
+            bar.close()
+    names = _present(out_dir)
+    missing = sum(1 for k in range(sweep.n_shards) if sweep.shard_range(k) not in names)
     return RunReport(
         out_dir=out_dir,
         n_shards=sweep.n_shards,
@@ -712,15 +1003,28 @@ def run(
         complete=missing == 0,
         missing=missing,
         seconds=time.perf_counter() - t0,
+        others=sorted(others),
+        busy=busy,
+        bad=bad,
     )
 
 
 def merge(out_dir: str | os.PathLike, *, expect: Sweep | None = None) -> SweepData:
-    """Concatenate the shards in ``out_dir`` in index order.
+    """Concatenate the shards in ``out_dir`` in index order, each verified.
 
-    ``expect``: if given, the stored sweep must have this identity (else ValueError).
-    Raises ValueError if any shard is missing (saying how many and which), or a shard
-    file does not belong to this sweep. Temporary files left by a crash are ignored.
+    Temporary files left by a crash and claim files are ignored.
+
+    Args:
+        out_dir: the shard directory of a sweep.
+        expect: if given, the stored sweep must have this identity (else ValueError).
+
+    Returns:
+        A ``SweepData`` with every array of shape ``(size, ...)``.
+
+    Raises:
+        ValueError: if any shard is missing (saying how many and which), or any shard
+            file fails verification (naming every bad file and why: unreadable, from
+            another sweep, or its arrays differ from the SHA-256 in its metadata).
     """
     out_dir = Path(out_dir)
     man = read_manifest(out_dir)
@@ -743,66 +1047,17 @@ def merge(out_dir: str | os.PathLike, *, expect: Sweep | None = None) -> SweepDa
             f"shards missing (samples {shown}{more}); rerun the sweep with the "
             f"same parameters (it resumes) or run the missing --shard slices."
         )
-    parts = []
+    parts, bad = [], []
     for s, e in ranges:
         path = out_dir / _shard_name(s, e)
-        with np.load(path, allow_pickle=False) as f:
-            meta = json.loads(str(f[_META_KEY])) if _META_KEY in f else {}
-            if meta.get("digest") != man["digest"] or meta.get("start") != s:
-                raise ValueError(
-                    f"shard {str(path)!r} does not belong to the sweep in "
-                    f"{str(out_dir)!r}; delete it and rerun."
-                )
-            parts.append({k: f[k] for k in f.files if k != _META_KEY})
-    return SweepData(_concat(parts, str(man.get("name"))), man)
-
-
-# --------------------------------------------------------------- JAX devices
-_JITTED: dict = {}
-
-
-def map_devices(fn: Callable, *args, devices: Sequence | None = None):
-    """Apply a batched JAX function with its batch sharded over devices.
-
-    Arguments:
-        fn: maps arrays with a leading batch axis ``b`` to a pytree of arrays with leading
-            axis ``b``, row-independently (typically a ``jax.vmap`` of a per-sample
-            function; diffrax solves inside should use ``throw=False``, since a throw
-            inside a sharded batch can hang).
-        *args: arrays of shape ``(b, ...)`` with the same ``b >= 1``.
-        devices: the devices to use (default: ``jax.local_devices()``).
-
-    The batch is padded up to a multiple of the device count by repeating its last row (a
-    valid input, so padding never creates NaNs), placed with a ``NamedSharding`` over a
-    1-D mesh ``("batch",)``, run under ``jax.jit``, and returned as numpy arrays with the
-    padding removed. The values do not depend on the device count.
-    """
-    import jax
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec
-
-    if not args:
-        raise ValueError("map_devices needs at least one batched array argument.")
-    arrs = [np.asarray(a) if not isinstance(a, jax.Array) else a for a in args]
-    b = arrs[0].shape[0] if arrs[0].ndim else None
-    if b is None or b < 1 or any(a.ndim < 1 or a.shape[0] != b for a in arrs):
+        try:
+            parts.append(_read_shard(path, str(man["digest"]), s, e))
+        except _BadShard as exc:
+            bad.append(f"{str(path)!r}: {exc}")
+    if bad:
         raise ValueError(
-            f"map_devices: every argument needs the same leading batch size "
-            f">= 1; got shapes {[tuple(a.shape) for a in arrs]}."
+            f"{len(bad)} shard file(s) in {str(out_dir)!r} failed verification: "
+            + "; ".join(bad)
+            + ". Rerun the sweep with the same parameters: it recomputes them."
         )
-    devs = list(jax.local_devices() if devices is None else devices)
-    if not devs:
-        raise ValueError("map_devices: devices is empty.")
-    n = len(devs)
-    pad = (-b) % n
-    if pad:
-        arrs = [
-            np.concatenate([np.asarray(a), np.repeat(np.asarray(a)[-1:], pad, 0)], 0) for a in arrs
-        ]
-    mesh = jax.make_mesh((n,), ("batch",), axis_types=(AxisType.Auto,), devices=devs)
-    sharding = NamedSharding(mesh, PartitionSpec("batch"))
-    placed = [jax.device_put(a, sharding) for a in arrs]
-    f = _JITTED.get(fn)
-    if f is None:
-        f = _JITTED[fn] = jax.jit(fn)
-    out = f(*placed)
-    return jax.tree_util.tree_map(lambda y: np.asarray(y)[:b], out)
+    return SweepData(_concat(parts, str(man.get("name"))), man)

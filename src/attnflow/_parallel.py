@@ -1,0 +1,419 @@
+"""Process pools for attnflow: spawned workers with one BLAS thread that die with their parent.
+
+Everything that runs work in other processes goes through here (sweeps' shards and
+chunks, ``attnflow figures --jobs``), so every pool is made the same way:
+
+- ``process_pool(workers)``: a ``concurrent.futures.ProcessPoolExecutor`` whose workers
+  are *spawned* (never forked: forking a process in which JAX runs threads can deadlock)
+  with one BLAS/OpenMP thread each (``WORKER_ENV`` is in their environment from the start,
+  since the libraries read it when they load), so that ``workers`` processes use
+  ``workers`` cores without oversubscription.
+- Workers exit when their parent dies, however it dies (``kill -9`` included): on Linux
+  the kernel kills them (``prctl(PR_SET_PDEATHSIG, SIGKILL)``), and everywhere a watchdog
+  thread in each worker polls ``os.getppid()`` and exits once the parent is gone (it is
+  the only guard where there is no ``prctl``, and where a worker was spawned from a thread
+  other than the main one: the kernel's signal follows the spawning *thread*).
+- ``shutdown_on_sigterm(pool)``: while the block runs, SIGTERM kills the pool's workers
+  and raises ``SystemExit(143)`` in the main thread, so that ``finally`` blocks run.
+- ``shared_pool(workers)``: one cached pool per worker count for the life of the process
+  (a spawned worker costs seconds of imports), closed at exit, also in processes that
+  multiprocessing ends with ``os._exit``.
+- ``blas_threads(n)``: BLAS calls on ``n`` threads inside a block, for every BLAS loaded
+  (OpenBLAS, MKL, BLIS, ...), through ``threadpoolctl``.
+- ``imap_unordered(pool, fn, tasks, inflight)``: results as they complete, with at most
+  ``inflight`` tasks submitted at a time, so that tasks can be created (claimed) lazily.
+- ``map_devices(fn, *args)``: a batched JAX function with its batch sharded over devices.
+
+Private: below every layer, imports no attnflow module but ``_checks``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import multiprocessing
+import multiprocessing.util
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from typing import Any, ParamSpec, TypeVar
+
+import numpy as np
+from jaxtyping import Array, Shaped
+
+from . import _checks
+
+__all__ = [
+    "WORKER_ENV",
+    "available_cores",
+    "resolve_workers",
+    "worker_environment",
+    "blas_threads",
+    "process_pool",
+    "shared_pool",
+    "drop_shared_pool",
+    "worker_pids",
+    "kill_workers",
+    "shutdown_on_sigterm",
+    "imap_unordered",
+    "map_devices",
+]
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+# One thread per worker process for the usual BLAS/OpenMP runtimes.
+WORKER_ENV = {
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "BLIS_NUM_THREADS": "1",
+    "VECLIB_MAXIMUM_THREADS": "1",
+    "NUMEXPR_NUM_THREADS": "1",
+}
+# Tells a worker whether it may ask the kernel for a parent-death signal (see
+# worker_environment); read once by the worker's initializer.
+_PDEATHSIG_VAR = "ATTNFLOW_WORKER_PDEATHSIG"
+# Use prctl(PR_SET_PDEATHSIG) where available (tests turn it off to check the watchdog).
+USE_PDEATHSIG = sys.platform.startswith("linux")
+# Seconds between two looks of a worker's watchdog at its parent.
+PARENT_POLL_SECONDS = 0.5
+
+_ENV_LOCK = threading.RLock()
+
+
+# ------------------------------------------------------------------------ cores
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS tells it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def resolve_workers(workers: Any, name: str = "workers") -> int:
+    """``None`` -> one worker per available core; else an integer >= 1."""
+    if workers is None:
+        return available_cores()
+    return _checks.integer(name, workers, lo=1)
+
+
+# ------------------------------------------------------------------ BLAS threads
+@contextlib.contextmanager
+def blas_threads(n: int | None) -> Iterator[None]:
+    """Run BLAS calls on ``n`` threads inside the block; ``None`` does nothing.
+
+    Every BLAS loaded in this process (OpenBLAS, MKL, BLIS, Accelerate, as
+    ``threadpoolctl`` finds them) is limited, process-wide, and its previous setting is
+    restored on exit. Sweeps use ``n = 1`` for every kernel call: worker processes are
+    the parallelism, one BLAS thread gives the same rounding in this process as in the
+    workers, and it avoids OpenBLAS's spinning threads, which on a busy machine made
+    ``geev`` at d = 128 up to 40 times slower in our measurements.
+
+    Args:
+        n: threads per BLAS call (an integer >= 1), or None to leave them alone.
+    """
+    if n is None:
+        yield
+        return
+    n = _checks.integer("blas threads", n, lo=1)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=n, user_api="blas"):
+        yield
+
+
+# ------------------------------------------------------------------ worker side
+def _set_parent_death_signal() -> None:
+    """Ask Linux to SIGKILL this process when the thread that spawned it exits."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
+def _watch_parent(parent: int, poll: float) -> None:
+    while True:
+        if os.getppid() != parent:
+            os._exit(1)  # orphaned: the parent died without shutting the pool down
+        time.sleep(poll)
+
+
+def _worker_start(
+    parent: int, poll: float, initializer: Callable[..., object] | None, initargs: tuple
+) -> None:
+    """Initializer of every pool worker: tie its life to the parent's, then run the
+    caller's own initializer."""
+    if os.environ.get(_PDEATHSIG_VAR) == "1":
+        _set_parent_death_signal()
+    if os.getppid() != parent:  # the parent died before we could ask for the signal
+        os._exit(1)
+    threading.Thread(
+        target=_watch_parent, args=(parent, poll), name="attnflow-parent-watch", daemon=True
+    ).start()
+    if initializer is not None:
+        initializer(*initargs)
+
+
+# ------------------------------------------------------------------ parent side
+@contextlib.contextmanager
+def worker_environment() -> Iterator[None]:
+    """``WORKER_ENV`` in ``os.environ`` inside the block (and the parent-death flag):
+    processes started inside it see one BLAS/OpenMP thread from their first instruction.
+    Held under a lock, so that two threads starting workers do not interleave."""
+    flag = USE_PDEATHSIG and threading.current_thread() is threading.main_thread()
+    wanted = {**WORKER_ENV, _PDEATHSIG_VAR: "1" if flag else "0"}
+    with _ENV_LOCK:
+        saved = {k: os.environ.get(k) for k in wanted}
+        os.environ.update(wanted)
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+class _WorkerPool(ProcessPoolExecutor):
+    """A ``ProcessPoolExecutor`` that starts its workers (which happens during
+    ``submit``) inside ``worker_environment``."""
+
+    def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
+        with worker_environment():
+            return super().submit(fn, *args, **kwargs)
+
+
+def process_pool(
+    workers: int,
+    *,
+    initializer: Callable[..., object] | None = None,
+    initargs: tuple = (),
+) -> ProcessPoolExecutor:
+    """A pool of ``workers`` spawned processes, one BLAS thread each, tied to this process.
+
+    Args:
+        workers: the number of worker processes, >= 1.
+        initializer: called with ``initargs`` in each worker when it starts (after the
+            worker has tied its life to this process); must be picklable (a module-level
+            function).
+        initargs: the arguments of ``initializer``.
+
+    Returns:
+        A ``concurrent.futures.ProcessPoolExecutor``; use it as a context manager or
+        call ``shutdown``. Its workers exit if this process dies.
+    """
+    workers = _checks.integer("workers", workers, lo=1)
+    return _WorkerPool(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_worker_start,
+        initargs=(os.getpid(), PARENT_POLL_SECONDS, initializer, tuple(initargs)),
+    )
+
+
+def worker_pids(pool: ProcessPoolExecutor) -> list[int]:
+    """The process ids of the pool's live workers (CPython keeps them in ``_processes``)."""
+    procs = getattr(pool, "_processes", None) or {}
+    return [int(p) for p in procs]
+
+
+def kill_workers(pool: ProcessPoolExecutor) -> None:
+    """Stop the pool's workers now (SIGTERM, then SIGKILL after a second) and shut the
+    pool down without waiting; tasks in flight are lost."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.terminate()
+    deadline = time.monotonic() + 1.0
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+    with contextlib.suppress(Exception):
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+# ------------------------------------------------------------------------ SIGTERM
+_GUARDED: list[ProcessPoolExecutor] = []
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    for pool in list(_GUARDED):
+        kill_workers(pool)
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def shutdown_on_sigterm(pool: ProcessPoolExecutor) -> Iterator[None]:
+    """Inside the block, SIGTERM stops ``pool``'s workers and raises ``SystemExit(143)``.
+
+    Installed only from the main thread and only over the default SIGTERM action (a
+    handler of the caller's is left alone); the previous action is restored on exit.
+
+    Args:
+        pool: the pool whose workers must not outlive a SIGTERM of this process.
+    """
+    installed = False
+    if threading.current_thread() is threading.main_thread():
+        current = signal.getsignal(signal.SIGTERM)
+        if current is _on_sigterm:
+            installed = True  # an outer block installed it; share it
+        elif current == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+            installed = True
+    if installed:
+        _GUARDED.append(pool)
+    try:
+        yield
+    finally:
+        if installed:
+            _GUARDED.remove(pool)
+            if not _GUARDED and signal.getsignal(signal.SIGTERM) is _on_sigterm:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+# ------------------------------------------------------------------ shared pools
+_POOLS: dict[int, ProcessPoolExecutor] = {}
+
+
+def shared_pool(workers: int) -> ProcessPoolExecutor:
+    """The process's cached ``process_pool(workers)`` (created on first use)."""
+    pool = _POOLS.get(workers)
+    if pool is None:
+        pool = _POOLS[workers] = process_pool(workers)
+    return pool
+
+
+def drop_shared_pool(workers: int, *, kill: bool = False) -> None:
+    """Forget the cached pool of ``workers`` processes: shut it down without waiting
+    (pending tasks cancelled, running ones finish), or with ``kill`` stop its workers."""
+    pool = _POOLS.pop(workers, None)
+    if pool is None:
+        return
+    if kill:
+        kill_workers(pool)
+    else:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+@atexit.register
+def _close_pools() -> None:
+    for w in list(_POOLS):
+        with contextlib.suppress(Exception):
+            _POOLS.pop(w).shutdown(wait=True, cancel_futures=True)
+
+
+# A process started by multiprocessing (a worker of `attnflow figures --jobs`, say) ends
+# with os._exit: atexit handlers never run there, and multiprocessing joins the
+# process's children first, so a cached pool's idle workers would keep it alive for
+# ever. Finalizers with a priority >= 0 run before that join, highest first: above the
+# pool's own queues (priority 10), whose closing would swallow the workers' stop signals.
+multiprocessing.util.Finalize(None, _close_pools, exitpriority=100)
+
+
+# ------------------------------------------------------------------ scheduling
+def imap_unordered(
+    pool: ProcessPoolExecutor,
+    fn: Callable[[_T], _R],
+    tasks: Iterable[_T],
+    *,
+    inflight: int,
+) -> Iterator[_R]:
+    """``fn(task)`` for every task, in the pool, yielded as they complete.
+
+    At most ``inflight`` tasks are submitted at a time and ``tasks`` is read only when a
+    slot is free, so a task can be created (a shard claimed, say) just before it runs.
+    An exception of a task is raised here; the tasks still in flight are then left to
+    the caller (shut the pool down or kill its workers).
+
+    Args:
+        pool: the executor.
+        fn: a picklable function of one task.
+        tasks: an iterable of picklable tasks, read lazily.
+        inflight: tasks submitted at once, >= 1.
+    """
+    inflight = _checks.integer("inflight", inflight, lo=1)
+    it = iter(tasks)
+    running: set[Future[_R]] = set()
+    exhausted = False
+    while True:
+        while not exhausted and len(running) < inflight:
+            try:
+                task = next(it)
+            except StopIteration:
+                exhausted = True
+                break
+            running.add(pool.submit(fn, task))
+        if not running:
+            return
+        done, running = wait(running, return_when=FIRST_COMPLETED)
+        for fut in done:
+            yield fut.result()
+
+
+# --------------------------------------------------------------- JAX devices
+_JITTED: dict = {}
+
+
+def map_devices(
+    fn: Callable[..., Any],
+    *args: Shaped[Array, "b ..."] | Shaped[np.ndarray, "b ..."],
+    devices: Sequence[Any] | None = None,
+) -> Any:
+    """Apply a batched JAX function with its batch sharded over devices.
+
+    The batch is padded up to a multiple of the device count by repeating its last row (a
+    valid input, so padding never creates NaNs), placed with a ``NamedSharding`` over a
+    1-D mesh ``("batch",)``, run under ``jax.jit``, and returned as numpy arrays with the
+    padding removed. The values do not depend on the device count.
+
+    Args:
+        fn: maps arrays with a leading batch axis ``b`` to a pytree of arrays with leading
+            axis ``b``, row-independently (typically a ``jax.vmap`` of a per-sample
+            function; diffrax solves inside should use ``throw=False``, since a throw
+            inside a sharded batch can hang).
+        *args: arrays of shape ``(b, ...)`` with the same ``b >= 1``.
+        devices: the devices to use (default: ``jax.local_devices()``).
+
+    Returns:
+        ``fn``'s pytree with numpy arrays of leading axis ``b``.
+    """
+    import jax
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+    if not args:
+        raise ValueError("map_devices needs at least one batched array argument.")
+    arrs = [np.asarray(a) if not isinstance(a, jax.Array) else a for a in args]
+    b = arrs[0].shape[0] if arrs[0].ndim else None
+    if b is None or b < 1 or any(a.ndim < 1 or a.shape[0] != b for a in arrs):
+        raise ValueError(
+            f"map_devices: every argument needs the same leading batch size "
+            f">= 1; got shapes {[tuple(a.shape) for a in arrs]}."
+        )
+    devs = list(jax.local_devices() if devices is None else devices)
+    if not devs:
+        raise ValueError("map_devices: devices is empty.")
+    n = len(devs)
+    pad = (-b) % n
+    if pad:
+        arrs = [
+            np.concatenate([np.asarray(a), np.repeat(np.asarray(a)[-1:], pad, 0)], 0) for a in arrs
+        ]
+    mesh = jax.make_mesh((n,), ("batch",), axis_types=(AxisType.Auto,), devices=devs)
+    sharding = NamedSharding(mesh, PartitionSpec("batch"))
+    placed = [jax.device_put(a, sharding) for a in arrs]
+    f = _JITTED.get(fn)
+    if f is None:
+        f = _JITTED[fn] = jax.jit(fn)
+    out = f(*placed)
+    return jax.tree_util.tree_map(lambda y: np.asarray(y)[:b], out)
