@@ -44,13 +44,16 @@ import jax
 import jax.core as jax_core
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array
+from jaxtyping import Array, Bool, Float
 
 __all__ = [
     "KERNELS",
     "Kernel",
     "logits",
     "softmax",
+    "softmax_parts",
+    "SoftmaxParts",
+    "log_mass",
     "weights",
     "apply_weights",
     "attend",
@@ -79,7 +82,15 @@ BLOCK_ENTRIES = 1 << 22
 
 
 # ----------------------------------------------------------------------- kernels
-def softmax(L: Array) -> Array:
+def _band_shift(L: Array, m: Array) -> Array:
+    """``L - m`` with every entry within ``8 eps |m|`` of 0 (or above it) taken as exactly
+    0, on values only (the gradient is that of ``L - m``). See ``softmax``."""
+    s = L - m
+    band = s >= -8 * jnp.finfo(L.dtype).eps * jnp.abs(m)
+    return s - jax.lax.stop_gradient(jnp.where(band, s, 0.0))
+
+
+def softmax(L: Float[Array, "*b n"]) -> Float[Array, "*b n"]:
     """Row softmax of logits ``L`` ``(..., n)``, exact to the accuracy of the logits.
 
     ``exp(s_j)`` with ``s_j = L_j - max_k L_k``, where every shifted logit within
@@ -97,27 +108,85 @@ def softmax(L: Array) -> Array:
     max shift is not stop-gradiented: the gradient is the softmax gradient, ties
     included. An earlier version pinned the argmax entry instead; the extra
     ``argmax`` reduction cost ~15% of a vector-field evaluation at n = 1024.
+    ``softmax_parts`` is the same computation with its row max and log-normaliser.
     """
     m = jnp.max(L, axis=-1, keepdims=True)
-    s = L - m
-    band = s >= -8 * jnp.finfo(L.dtype).eps * jnp.abs(m)
-    s = s - jax.lax.stop_gradient(jnp.where(band, s, 0.0))
-    e = jnp.exp(s)
+    e = jnp.exp(_band_shift(L, m))
     return e / jnp.sum(e, axis=-1, keepdims=True)
 
 
-def rms_normalize(u: Array) -> Array:
+class SoftmaxParts(NamedTuple):
+    """``softmax_parts(L)``: the weights and what the log-masses of subsets need.
+
+    Attributes:
+        P: ``(..., n)`` the weights, equal to ``softmax(L)``.
+        max: ``(...)`` the row max ``m = max_j L_j``.
+        log_norm: ``(...)`` ``log sum_j e^{s_j}``, ``s`` the shifted logits of
+            ``softmax`` (band included), so that ``P_j = e^{s_j - log_norm}``.
+    """
+
+    P: Array
+    max: Array
+    log_norm: Array
+
+
+def softmax_parts(L: Float[Array, "*b n"]) -> SoftmaxParts:
+    """``softmax(L)`` with its row max and log-normaliser (the same band rule).
+
+    Args:
+        L: logits ``(..., n)``.
+
+    Returns:
+        A ``SoftmaxParts`` ``(P, max, log_norm)``; ``log_mass`` takes it.
+    """
+    m = jnp.max(L, axis=-1, keepdims=True)
+    e = jnp.exp(_band_shift(L, m))
+    S = jnp.sum(e, axis=-1, keepdims=True)
+    return SoftmaxParts(e / S, m[..., 0], jnp.log(S[..., 0]))
+
+
+def log_mass(
+    L: Float[Array, "*b n"], keep: Bool[Array, "*b n"], parts: SoftmaxParts
+) -> Float[Array, "*b"]:
+    """``log sum_{j in keep} P_j`` per row, for ``P = softmax(L)``, from the logits.
+
+    Finite long after the mass itself underflows (a subset far below the row max), and
+    exact to relative rounding: the subset's own max ``m_k`` is shifted with the band
+    rule of ``softmax`` (``e^0`` for the entries tied with it), and ``m_k - max`` with
+    the band of the row (0 when ``m_k`` ties with the row max, as ``P`` has it), so the
+    result is ``log`` of the sum of exactly the weights ``P`` holds. ``-inf`` for a row
+    with nothing kept.
+
+    Args:
+        L: logits ``(..., n)``.
+        keep: ``(..., n)`` the subset, per row.
+        parts: ``softmax_parts(L)``.
+
+    Returns:
+        ``(...)`` the log-masses.
+    """
+    Lk = jnp.where(keep, L, -jnp.inf)
+    mk = jnp.max(Lk, axis=-1, keepdims=True)
+    some = jnp.isfinite(mk)
+    mk = jnp.where(some, mk, 0.0)
+    e = jnp.where(keep, jnp.exp(_band_shift(jnp.where(keep, L, mk), mk)), 0.0)
+    shift = _band_shift(mk, parts.max[..., None])
+    out = shift + jnp.log(jnp.sum(e, axis=-1, keepdims=True)) - parts.log_norm[..., None]
+    return jnp.where(some, out, -jnp.inf)[..., 0]
+
+
+def rms_normalize(u: Float[Array, "*b p"]) -> Float[Array, "*b p"]:
     """``u / sqrt(mean(u^2))`` over the last axis (``|result| = sqrt(p)``); zero rows stay 0.
 
     Exact scale invariance, no epsilon: each row is first divided by its largest
     ``|entry|``, so the mean square can neither underflow nor overflow (tokens of size
-    1e-200 or 1e200 normalise to the same thing). Non-finite rows give NaN (reported by
-    the overflow guard, never hidden)."""
+    1e-200 or 1e200 normalise to the same thing). Rows with a NaN or an infinite entry
+    give NaN (reported by the overflow guard, never hidden as a finite row)."""
     a = jnp.max(jnp.abs(u), axis=-1, keepdims=True)
-    pos = a > 0
-    v = u / jnp.where(pos, a, 1.0)
+    zero = a == 0  # a NaN row has a NaN max: not zero, so it stays NaN below
+    v = u / jnp.where(zero, 1.0, a)
     r = jnp.sqrt(jnp.mean(v * v, axis=-1, keepdims=True))
-    return jnp.where(pos, v / jnp.where(pos, r, 1.0), 0.0).astype(u.dtype)
+    return jnp.where(zero, 0.0, v / jnp.where(zero, 1.0, r)).astype(u.dtype)
 
 
 def _qknorm_prep(q: Array, k: Array) -> tuple[Array, Array]:

@@ -30,7 +30,7 @@ import jax
 import jax.core as jax_core
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array
+from jaxtyping import Array, ArrayLike, Float
 
 from .. import _checks
 from .base import AbstractModel
@@ -295,15 +295,15 @@ def _euler_loop(
 # ------------------------------------------------------------------------- public
 def simulate(
     model: AbstractModel,
-    x0,
-    t1,
+    x0: Float[ArrayLike, "*b n d"],
+    t1: float,
     *,
-    ts=None,
+    ts: Float[ArrayLike, " m"] | None = None,
     frame: str = "rescaled",
     method: str = "adaptive",
-    dt=None,
-    rtol=1e-6,
-    atol=1e-9,
+    dt: float | None = None,
+    rtol: float = 1e-6,
+    atol: float = 1e-9,
     max_steps: int = 100_000,
     progress: bool = False,
 ) -> Trajectory:

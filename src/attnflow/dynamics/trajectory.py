@@ -16,7 +16,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array
+from jaxtyping import Array, ArrayLike, Float
 
 from .. import _checks
 from .._meta import run_metadata
@@ -435,17 +435,17 @@ class Trajectory:
         return Status(bad[0]) if bad else Status.OK
 
     @property
-    def z(self) -> Array:
+    def z(self) -> Float[Array, "*b m n d"]:
         """Rescaled-frame states ``(m, n, d)`` or ``(b, m, n, d)``."""
         return self._z if self.batched else self._z[0]
 
     @property
-    def x(self) -> Array:
+    def x(self) -> Float[Array, "*b m n d"]:
         """Original-frame states ``(m, n, d)`` or ``(b, m, n, d)``."""
         return self._x if self.batched else self._x[0]
 
     @property
-    def state(self) -> Array:
+    def state(self) -> Float[Array, "*b m n d"]:
         """The integrated state exactly as the solver holds it, ``(m, n, d)`` or
         ``(b, m, n, d)``: the tokens ``x`` (original frame), ``z`` (rescaled frame,
         ``coords == "standard"``) or ``w = T^{-1} z`` (``coords == "modal"``: the real
@@ -458,7 +458,9 @@ class Trajectory:
         frozen coordinate) is exact here and not in ``z``."""
         return self._y if self.batched else self._y[0]
 
-    def project(self, P, *, system: int | None = None) -> Array:
+    def project(
+        self, P: Float[ArrayLike, "k d"], *, system: int | None = None
+    ) -> Float[Array, "*b m n k"]:
         """``z @ P.T`` for a ``(k, d)`` matrix ``P`` of linear functionals of the
         rescaled-frame tokens, ``(m, n, k)`` (or ``(b, m, n, k)``), computed from the
         solver's state without mixing modes. ``system``: one system of a batch only.
@@ -505,13 +507,13 @@ class Trajectory:
     def d(self) -> int:
         return self._y.shape[-1]
 
-    def attention(self, k: int = -1) -> Array:
+    def attention(self, k: int = -1) -> Float[Array, "*b n n"]:
         """The attention matrix ``P`` at saved index ``k``: ``(n, n)`` or ``(b, n, n)``."""
         k = _checks.index("k", k, self._y.shape[1], what="saved times")
         P = _attention_rows(self.model, self._x[:, k])
         return P if self.batched else P[0]
 
-    def logits(self, k: int = -1) -> Array:
+    def logits(self, k: int = -1) -> Float[Array, "*b n n"]:
         """The pre-kernel logits at saved index ``k``: ``(n, n)`` or ``(b, n, n)``."""
         k = _checks.index("k", k, self._y.shape[1], what="saved times")
         L = _logit_rows(self.model, self._x[:, k])
