@@ -13,6 +13,7 @@ import typer
 
 import attnflow
 from attnflow import cli
+from attnflow.cli import _common
 
 COMMAND = typer.main.get_command(cli.app)
 # The subcommands that compute with JAX in this process take --x64/--no-x64; ginibre and
@@ -52,7 +53,7 @@ def no_work(monkeypatch):
         raise AssertionError("work started before the arguments were checked")
 
     for name in ("load_weights", "initial_tokens", "setup_jax"):
-        monkeypatch.setattr(cli, name, forbidden)
+        monkeypatch.setattr(_common, name, forbidden)
     monkeypatch.setattr(attnflow, "simulate", forbidden)
     monkeypatch.setattr(attnflow, "Attention", forbidden)
 
@@ -104,7 +105,7 @@ def test_bad_choice_fails_fast_from_the_shell():
         (("simulate", "--x0", "missing.npy"), "does not exist"),
         (("simulate", "--V", "missing.npy"), "does not exist"),
         (("simulate", "--V", "nonsense"), "unknown matrix name"),
-        (("simulate", "--out", "."), "is a folder"),
+        (("simulate", "--out", "."), "is a directory"),
         (("dispersion", "--n", "16,32,...,100"), "--n"),
         (("ginibre", "--d", "2,4,...,9"), "--d"),
     ],
@@ -237,7 +238,7 @@ def test_internal_error_exits_1_with_one_line(capsys, monkeypatch):
         raise ZeroDivisionError("a bug")
 
     monkeypatch.delenv("ATTNFLOW_TRACEBACK", raising=False)
-    monkeypatch.setattr(cli, "load_weights", broken)
+    monkeypatch.setattr(_common, "load_weights", broken)
     code, out, err = run(capsys, "simulate", "--json")
     assert code == 1 and out == ""
     line = one_line(err)

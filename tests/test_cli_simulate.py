@@ -86,7 +86,7 @@ def run_inprocess(capsys, *args):
     "args,word",
     [
         (("--V", "nonsense"), "unknown matrix name"),
-        (("--n", "0"), "x0"),
+        (("--n", "0"), "--n"),
         (("--t1", "-1"), "t1"),
         (("--method", "euler"), "--dt"),
         (("--bogus",), "bogus"),

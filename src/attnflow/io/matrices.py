@@ -1,17 +1,34 @@
 """Named weight matrices: the examples of the clustering paper and random ensembles.
 
 ``named(name, d, seed)`` is what the command line's ``--V/--Q/--K NAME`` uses;
-``load(spec, d, seed)`` also reads ``.npy``, ``.npz`` (the first array, or ``file.npz:key``)
-and ``.txt`` files.
+``load(spec, d, seed)`` also reads ``.npy``, ``.npz`` (the first array, or ``file.npz:key``),
+``.txt`` and ``.csv`` files. ``read_array`` reads any of these files; a file that is empty,
+truncated, not an array, or holds objects or text instead of numbers is a ``ValueError``
+that names the file and says what is wrong with it.
 """
 
 from __future__ import annotations
 
+import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
+from jaxtyping import Float
 
-__all__ = ["PAPER", "NAMES", "named", "load", "ginibre", "paper_128"]
+from .. import _checks
+
+__all__ = [
+    "PAPER",
+    "NAMES",
+    "FILE_SUFFIXES",
+    "named",
+    "load",
+    "read_array",
+    "is_file_spec",
+    "ginibre",
+    "paper_128",
+]
 
 # Value matrices of the published figures of Geshkovski, Letrouit, Polyanskiy, Rigollet
 # (2023); eigenvalues in the comments.
@@ -102,6 +119,9 @@ _GENERATED = {
 
 NAMES = tuple(_GENERATED) + tuple(PAPER)
 
+# Suffixes read as files by ``load`` and ``read_array``.
+FILE_SUFFIXES = (".npy", ".npz", ".txt", ".csv")
+
 
 def named(name: str, d: int | None = None, seed: int = 0) -> np.ndarray:
     """The matrix called ``name`` (see ``NAMES``), of size ``d`` where it has one."""
@@ -120,29 +140,124 @@ def named(name: str, d: int | None = None, seed: int = 0) -> np.ndarray:
     return np.asarray(_GENERATED[name](int(d), int(seed)), dtype=np.float64)
 
 
-def load(spec: str, d: int | None = None, seed: int = 0) -> np.ndarray:
-    """A matrix by name (``named``) or from a ``.npy``, ``.npz[:key]`` or ``.txt`` file."""
-    path, _, key = (
-        spec.partition(":") if spec.count(":") == 1 and ".npz:" in spec else (spec, "", "")
-    )
+def _split_spec(spec: str) -> tuple[str, str]:
+    """``"file.npz:key"`` -> ``("file.npz", "key")``; anything else -> ``(spec, "")``."""
+    if spec.count(":") == 1 and ".npz:" in spec:
+        path, _, key = spec.partition(":")
+        return path, key
+    return spec, ""
+
+
+def is_file_spec(spec: str) -> bool:
+    """Whether ``spec`` names a file (by its suffix) rather than a matrix name."""
+    return Path(_split_spec(spec)[0]).suffix in FILE_SUFFIXES
+
+
+def _reason(exc: BaseException) -> str:
+    """What is wrong with a file, in words, from the exception numpy raised reading it
+    (without numpy's advice about ``usecols`` or ``allow_pickle``)."""
+    msg = str(exc).strip()
+    if isinstance(exc, EOFError) or msg.startswith("EOF") or "Failed to read all data" in msg:
+        return "the file is truncated (not fully written?)"
+    if "cannot reshape array" in msg:
+        return "the file is truncated (not fully written?)"
+    if "Object arrays" in msg:
+        return "it holds Python objects, not numbers"
+    if "pickled" in msg:
+        return "it is not a .npy file (no .npy header)"
+    if isinstance(exc, UnicodeDecodeError):
+        return "it is not a text file"
+    if isinstance(exc, zipfile.BadZipFile):
+        return "it is not an .npz archive (or it is truncated)"
+    if isinstance(exc, OSError):
+        return exc.strerror or type(exc).__name__
+    first = msg.split(";")[0].rstrip(". ")
+    if "number of columns changed" in first:
+        return f"its rows have different lengths ({first})"
+    if "could not convert" in first:
+        return f"it is not a table of numbers ({first})"
+    return first or type(exc).__name__
+
+
+def read_array(path: str | Path, *, key: str = "") -> np.ndarray:
+    """The array stored in a ``.npy``, ``.npz`` (``key``, or its first array), ``.txt``
+    or ``.csv`` file (text files: one row per line, at least 2-d).
+
+    Args:
+        path: the file.
+        key: the array to take from an ``.npz`` archive (default: its first).
+
+    Returns:
+        The array as stored (its own dtype; the caller checks and casts it).
+
+    Raises:
+        ValueError: the file does not exist or cannot be read as an array; the message
+            names the file and says why in one line.
+    """
     p = Path(path)
-    if p.suffix in (".npy", ".npz", ".txt", ".csv"):
-        if not p.exists():
-            raise ValueError(f"matrix file {path!r} does not exist.")
-        if p.suffix == ".npy":
-            A = np.load(p)
-        elif p.suffix == ".npz":
-            with np.load(p) as f:
-                if key:
-                    if key not in f:
-                        raise ValueError(f"{path!r} has no array {key!r}; it has {list(f)}.")
-                    A = f[key]
-                else:
-                    A = f[list(f)[0]]
+    if not p.exists():
+        raise ValueError(f"file {str(p)!r} does not exist.")
+    if p.suffix not in FILE_SUFFIXES:
+        raise ValueError(
+            f"file {str(p)!r} must end in {', '.join(FILE_SUFFIXES)}; "
+            f"got {p.suffix or 'no suffix'!r}."
+        )
+    try:
+        if p.is_file() and p.stat().st_size == 0:
+            raise ValueError("the file is empty")
+        if p.suffix in (".txt", ".csv"):
+            with warnings.catch_warnings():
+                # an empty table warns and returns an empty array: reported below
+                warnings.simplefilter("ignore", UserWarning)
+                A = np.loadtxt(p, delimiter="," if p.suffix == ".csv" else None, ndmin=2)
         else:
-            A = np.loadtxt(p, delimiter="," if p.suffix == ".csv" else None, ndmin=2)
-        A = np.asarray(A, dtype=np.float64)
-        if d is not None and A.shape != (d, d):
-            raise ValueError(f"matrix file {path!r} holds shape {A.shape}; expected ({d}, {d}).")
-        return A
-    return named(spec, d, seed)
+            loaded = np.load(p, allow_pickle=False)
+            if isinstance(loaded, np.lib.npyio.NpzFile):
+                with loaded as f:
+                    if p.suffix == ".npy":
+                        raise ValueError("it is an .npz archive, not a .npy file")
+                    names = list(f.files)
+                    if key and key not in names:
+                        raise ValueError(f"it has no array {key!r} (it has {names})")
+                    if not names:
+                        raise ValueError("the archive holds no array")
+                    A = f[key or names[0]]
+            else:
+                A = np.asarray(loaded)
+    except (ValueError, EOFError, OSError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"cannot read {str(p)!r}: {_reason(exc)}.") from None
+    return A
+
+
+def load(spec: str, d: int | None = None, seed: int = 0) -> Float[np.ndarray, "d d"]:
+    """A ``d x d`` matrix by name (``named``) or from a ``.npy``, ``.npz[:key]``, ``.txt``
+    or ``.csv`` file.
+
+    Args:
+        spec: a name of ``NAMES``, or a file (``file.npz:key`` takes one array of an
+            archive).
+        d: the size the matrix must have (None: a file decides; a name needs it unless
+            it has a fixed size).
+        seed: the seed of the random names (``ginibre``, ``symmetric``, ...).
+
+    Returns:
+        The matrix in float64.
+
+    Raises:
+        ValueError: an unknown name, a file that cannot be read, a file that does not
+            hold one finite real square matrix, or a size other than ``d``; file errors
+            name the file.
+    """
+    path, key = _split_spec(spec)
+    if Path(path).suffix not in FILE_SUFFIXES:
+        return named(spec, d, seed)
+    if not Path(path).exists():
+        raise ValueError(f"matrix file {path!r} does not exist.")
+    A = _checks.real_array(
+        f"matrix file {path!r}", read_array(path, key=key), ndim=2, shape_hint="(a d x d matrix)"
+    )
+    if A.shape[0] != A.shape[1]:
+        raise ValueError(f"matrix file {path!r} holds shape {A.shape}; a matrix must be square.")
+    if d is not None and A.shape != (d, d):
+        raise ValueError(f"matrix file {path!r} holds shape {A.shape}; expected ({d}, {d}).")
+    return np.asarray(A, dtype=np.float64)

@@ -25,7 +25,7 @@ def to_jsonable(obj):
     if hasattr(obj, "__array__") and not isinstance(obj, (str, bytes)):
         arr = np.asarray(obj)
         if np.iscomplexobj(arr):
-            return to_jsonable({"real": arr.real, "imag": arr.imag})
+            return to_jsonable({"real": np.real(arr), "imag": np.imag(arr)})
         if arr.dtype == np.bool_:
             return arr.tolist()
         if arr.ndim == 0:

@@ -1,0 +1,77 @@
+"""``attnflow figures``: regenerate the figures from the fig_*.py scripts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from .. import _checks
+from . import _common as common
+from . import _options as opt
+
+SHORT_HELP = "Regenerate the figures from the fig_*.py scripts."
+
+
+def figures(
+    out: Path = typer.Option(Path("figures"), "--out", help="output folder"),
+    only: list[str] | None = typer.Option(
+        None, "--only", help="run only this figure (repeatable), e.g. --only polytope; see --list"
+    ),
+    quick: bool = typer.Option(False, "--quick", help="small versions, seconds each"),
+    experiments: Path | None = typer.Option(
+        None,
+        "--experiments",
+        exists=True,
+        file_okay=False,
+        dir_okay=True,
+        help="a folder of fig_*.py scripts to run "
+        "instead of the ones installed with "
+        "attnflow (attnflow.experiments)",
+    ),
+    list_only: bool = typer.Option(False, "--list", help="list the figures and exit"),
+    as_json: bool = opt.as_json(),
+    jobs: int | None = typer.Option(
+        None,
+        "--jobs",
+        callback=opt.checked(_checks.integer, lo=1),
+        help="scripts run at once, each in "
+        "a worker process (default: one per core; 1: "
+        "all in this process)",
+    ),
+):
+    """Regenerate the figures (PNG + PDF + JSON sidecars) from the fig_*.py scripts of
+    attnflow.experiments (or of --experiments DIR).
+
+    Figures are always computed in float64. A script that fails is reported and the
+    others still run; the exit status is then 1."""
+    from ..experiments.runner import find_experiments, list_figures, run_figures
+
+    if list_only:
+        names = list_figures(find_experiments(experiments))
+        if as_json:
+            common.emit_json({"figures": names})
+        else:
+            typer.echo("\n".join(names))
+        return
+    try:
+        _checks.output_dir("--out", out)
+    except ValueError as exc:
+        raise common.CLIError(str(exc)) from None
+    index = run_figures(
+        out, only=only, quick=quick, experiments=experiments, progress=not as_json, jobs=jobs
+    )
+    if as_json:
+        common.emit_json(index)
+    else:
+        for name, res in index["figures"].items():
+            typer.echo(f"{name}: {len(res['figures'])} files in {res['seconds']} s")
+        for name, why in index["failed"].items():
+            typer.echo(f"{name}: FAILED: {why}", err=True)
+        typer.echo(
+            f"{len(index['figures'])} script(s) in {index['seconds']} s ({index['jobs']} job(s))"
+        )
+    if index["failed"]:
+        raise common.CLIFailure(
+            f"{len(index['failed'])} figure script(s) failed: {', '.join(index['failed'])}"
+        )
