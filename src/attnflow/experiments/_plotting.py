@@ -3,8 +3,9 @@
 Thin on purpose: simulation is ``attnflow.plotting.simulate_tokens`` (over
 ``attnflow.simulate``), analyses are the package's (``spectral_structure``,
 ``observe_limit``, ``predict_regime``), drawing helpers are ``attnflow.plotting``. What is
-here is bookkeeping: every figure writes PNG + PDF and a sidecar JSON holding every
-parameter (seed, n, d, t1, Q, K, V, solver, tolerances, x64, versions, runtime).
+here is bookkeeping and the figures' common layout: every figure writes PNG + PDF and a
+sidecar JSON holding every parameter (seed, n, d, t1, Q, K, V, solver, tolerances, x64,
+versions, runtime).
 
 Not a figure script (the runner only runs ``fig_*.py``).
 """
@@ -15,11 +16,26 @@ import argparse
 import contextlib
 import functools
 import json
+import os
 import re
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from mpl_toolkits.mplot3d import Axes3D
+
+    from attnflow.dynamics.trajectory import Trajectory
+
+Make = Callable[..., dict[str, Any]]
+"""A script's ``make(out_dir, quick=False, **kw) -> {"figures": [...], ...}``."""
 
 # Keys every sidecar of these scripts has (tests check them).
 REQUIRED_KEYS = (
@@ -44,12 +60,12 @@ REQUIRED_KEYS = (
 DPI_FULL, DPI_QUICK = 200, 90
 
 
-def setup(quick: bool = False):
+def setup() -> ModuleType:
     """x64 on (scripts may flip it, the library never does). Returns ``matplotlib.pyplot``.
 
     The backend is left alone: ``attnflow figures`` may run the scripts in the caller's
     process (a notebook's backend stays), its worker processes select Agg, and so does
-    ``main`` when a script runs on its own. The house style is applied by ``styled``."""
+    ``main`` when a script runs on its own. The style is applied by ``styled``."""
     import jax
 
     jax.config.update("jax_enable_x64", True)
@@ -67,7 +83,7 @@ def use_agg() -> None:
 
 
 @contextlib.contextmanager
-def figure_context(rc: dict):
+def figure_context(rc: Mapping[str, Any]) -> Iterator[ModuleType]:
     """x64 on (``setup``) and the rc parameters ``rc`` for the duration of the block
     only: ``attnflow figures`` may run several scripts in one process, so no script may
     change another's rcParams, and x64 returns to its previous setting on exit. Yields
@@ -75,16 +91,17 @@ def figure_context(rc: dict):
     import jax
     import matplotlib
 
-    x64 = bool(jax.config.jax_enable_x64)
+    x64 = bool(jax.config.read("jax_enable_x64"))
     try:
         plt = setup()
-        with matplotlib.rc_context(rc):
+        # the stub wants a dict keyed by the literal rc names; any rc name is accepted
+        with matplotlib.rc_context(dict(rc)):  # pyright: ignore[reportArgumentType]
             yield plt
     finally:
         jax.config.update("jax_enable_x64", x64)
 
 
-def small_text(size: float) -> dict:
+def small_text(size: float) -> dict[str, Any]:
     """rc parameters of the dense multi-panel figures: ``size``-pt text, no LaTeX."""
     return {
         "font.size": size,
@@ -94,21 +111,68 @@ def small_text(size: float) -> dict:
     }
 
 
-def styled(make):
-    """Decorator for a script's ``make``: ``figure_context`` with the house style
-    (``attnflow.plotting.STYLE``)."""
+def styled(rc: Mapping[str, Any] | None = None) -> Callable[[Make], Make]:
+    """Decorator for a script's ``make``: runs it inside ``figure_context(rc)`` (default
+    the house style, ``attnflow.plotting.STYLE``) with ``out_dir`` as a ``Path``."""
 
-    @functools.wraps(make)
-    def wrapper(out_dir, quick: bool = False, **kw):
-        from attnflow.plotting import STYLE
+    def decorate(make: Make) -> Make:
+        @functools.wraps(make)
+        def wrapper(out_dir: str | os.PathLike[str], quick: bool = False, **kw: Any):
+            from attnflow.plotting import STYLE
 
-        with figure_context(STYLE):
-            return make(out_dir, quick=quick, **kw)
+            with figure_context(STYLE if rc is None else rc):
+                return make(Path(out_dir), quick=quick, **kw)
 
-    return wrapper
+        return wrapper
+
+    return decorate
 
 
-def save(fig, out_dir: Path, stem: str, quick: bool = False, tight: bool = False) -> list[Path]:
+def add_axes3d(fig: Figure, rect: tuple[float, float, float, float]) -> Axes3D:
+    """3-d axes at ``rect`` (left, bottom, width, height) of ``fig``."""
+    from mpl_toolkits.mplot3d import Axes3D
+
+    ax = fig.add_axes(rect, projection="3d")
+    assert isinstance(ax, Axes3D)
+    return ax
+
+
+def headline(
+    fig: Figure,
+    title: str,
+    subtitle: str,
+    *,
+    sub_y: float,
+    y: float = 0.995,
+    size: float = 9,
+    sub_size: float = 7,
+    title_kw: Mapping[str, Any] | None = None,
+    **sub_kw: Any,
+) -> None:
+    """The title line and the grey line of set-up details at the top of a figure.
+
+    Args:
+        fig: the figure.
+        title: the first line (``size`` pt).
+        subtitle: the details (``sub_size`` pt, grey).
+        sub_y: height of the details' top, in figure coordinates.
+        y: height of the title's top.
+        size: font size of the title.
+        sub_size: font size of the details.
+        title_kw: more text properties of the title.
+        **sub_kw: more text properties of the details.
+    """
+    fig.text(0.5, y, title, ha="center", va="top", fontsize=size, **(title_kw or {}))
+    fig.text(0.5, sub_y, subtitle, ha="center", va="top", fontsize=sub_size, color="0.3", **sub_kw)
+
+
+def save(
+    fig: Figure,
+    out_dir: str | os.PathLike[str],
+    stem: str,
+    quick: bool = False,
+    tight: bool = False,
+) -> list[Path]:
     """Write ``stem.png`` and ``stem.pdf`` into ``out_dir``; close the figure.
 
     ``quick``: the low-resolution PNG of quick runs. ``tight``: crop to the drawn
@@ -130,14 +194,31 @@ def save(fig, out_dir: Path, stem: str, quick: bool = False, tight: bool = False
     return paths
 
 
-def jsonable(obj):
+def jsonable(obj: Any) -> Any:
     """numpy / jax values (and containers of them) as plain JSON types."""
     from attnflow.io.serialize import to_jsonable
 
     return to_jsonable(obj)
 
 
-def _collapse(runs: list[dict], key: str):
+def write_json(
+    out_dir: str | os.PathLike[str], stem: str, data: Any, *, compact: bool = False
+) -> Path:
+    """Write ``data`` (plain JSON types) as ``stem.json`` into ``out_dir`` (created).
+
+    ``compact``: every innermost list of numbers on one line (matrix rows, vectors).
+    Returns the path."""
+    text = json.dumps(data, indent=1)
+    if compact:
+        text = _compact_numbers(text)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{stem}.json"
+    path.write_text(text + "\n")
+    return path
+
+
+def _collapse(runs: list[dict], key: str) -> Any:
     """One value if every run has the same ``key``, else ``{run name: value}``."""
     vals = [r.get(key) for r in runs]
     first = json.dumps(jsonable(vals[0]), sort_keys=True)
@@ -147,15 +228,15 @@ def _collapse(runs: list[dict], key: str):
 
 
 def write_sidecar(
-    out_dir: Path,
+    out_dir: str | os.PathLike[str],
     stem: str,
     *,
     script: str,
     quick: bool,
     runs: list[dict],
-    figures: list,
+    figures: Sequence[str | os.PathLike[str]],
     t_start: float,
-    **extra,
+    **extra: Any,
 ) -> Path:
     """Write ``stem.json``: every parameter of every run, versions, runtime.
 
@@ -177,10 +258,37 @@ def write_sidecar(
         runs=runs,
     )
     side.update(extra)
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    path = Path(out_dir) / f"{stem}.json"
-    path.write_text(_compact_numbers(json.dumps(jsonable(side), indent=1)))
-    return path
+    return write_json(out_dir, stem, jsonable(side), compact=True)
+
+
+def finish(
+    out_dir: str | os.PathLike[str],
+    stem: str,
+    *,
+    script: str,
+    quick: bool,
+    runs: list[dict],
+    figures: Sequence[Path],
+    t_start: float,
+    movies: Sequence[str] = (),
+    **extra: Any,
+) -> dict[str, Any]:
+    """Write the sidecar of a figure (``write_sidecar``; ``movies`` listed with the
+    figures and under ``"movies"``) and return what ``make`` returns: ``{"figures":
+    [paths], "json": sidecar path}``."""
+    if movies:
+        extra["movies"] = list(movies)
+    jpath = write_sidecar(
+        out_dir,
+        stem,
+        script=script,
+        quick=quick,
+        runs=runs,
+        figures=[*figures, *movies],
+        t_start=t_start,
+        **extra,
+    )
+    return {"figures": [*figures, *map(Path, movies)], "json": str(jpath)}
 
 
 _NUMBER_LIST = re.compile(r"\[(?:\s*-?[0-9][0-9.eE+-]*\s*,)*\s*-?[0-9][0-9.eE+-]*\s*\]")
@@ -193,7 +301,7 @@ def _compact_numbers(text: str) -> str:
     )
 
 
-def observation(traj, **kw) -> dict:
+def observation(traj: Trajectory, **kw: Any) -> dict[str, Any]:
     """``observe_limit`` as a small JSON-ready dict (label, clusters, reason)."""
     import attnflow as af
 
@@ -201,7 +309,7 @@ def observation(traj, **kw) -> dict:
     return {"label": obs.label, "n_clusters": obs.n_clusters, "reason": obs.reason}
 
 
-def prediction(V, Q=None, K=None) -> dict:
+def prediction(V: Any, Q: Any = None, K: Any = None) -> dict[str, Any]:
     """``predict_regime`` as a small JSON-ready dict (label, theorem, reason, spectrum)."""
     import attnflow as af
 
@@ -216,33 +324,29 @@ def prediction(V, Q=None, K=None) -> dict:
     }
 
 
-def panel_label(ax, letter: str, *, x: float = -0.02, y: float = 1.02, **kw) -> None:
+def panel_label(ax: Axes, letter: str, *, x: float = -0.02, y: float = 1.02, **kw: Any) -> None:
     """A bold ``(a)``-style label at the top left of an axes (2-d or 3-d)."""
-    if hasattr(ax, "text2D"):
-        ax.text2D(
-            x,
-            y,
-            f"({letter})",
-            transform=ax.transAxes,
-            fontweight="bold",
-            ha="right",
-            va="bottom",
-            **kw,
-        )
-    else:
-        ax.text(
-            x,
-            y,
-            f"({letter})",
-            transform=ax.transAxes,
-            fontweight="bold",
-            ha="right",
-            va="bottom",
-            **kw,
-        )
+    from mpl_toolkits.mplot3d import Axes3D
+
+    text = ax.text2D if isinstance(ax, Axes3D) else ax.text
+    text(
+        x,
+        y,
+        f"({letter})",
+        transform=ax.transAxes,
+        fontweight="bold",
+        ha="right",
+        va="bottom",
+        **kw,
+    )
 
 
-def axes3d(ax, labels=("$z_1$", "$z_2$", "$z_3$"), pads=(-9, -9, -9), **label_kw) -> None:
+def axes3d(
+    ax: Axes3D,
+    labels: Sequence[str] = ("$z_1$", "$z_2$", "$z_3$"),
+    pads: Sequence[float] = (-9, -9, -9),
+    **label_kw: Any,
+) -> None:
     """The 3-d panels' axes: three ticks per axis, tick labels pulled in, axis labels
     ``labels`` at ``labelpad`` ``pads`` (``label_kw``: e.g. ``fontsize``)."""
     from matplotlib.ticker import MaxNLocator
@@ -254,7 +358,12 @@ def axes3d(ax, labels=("$z_1$", "$z_2$", "$z_3$"), pads=(-9, -9, -9), **label_kw
         setter(text, labelpad=pad, **label_kw)
 
 
-def movies(items, out_dir: Path, quick: bool, draw: str) -> list[str]:
+def movies(
+    items: Iterable[tuple[Trajectory, str]],
+    out_dir: str | os.PathLike[str],
+    quick: bool,
+    draw: str,
+) -> list[str]:
     """GIFs of ``(trajectory, case)`` pairs into ``out_dir/movies/CASE.gif``, drawn as
     ``attnflow animate --case CASE`` draws them (``draw``: "hull" or "levels"); 48 frames
     at 90 dpi, or 4 at 60 dpi when ``quick``. Returns the paths."""
@@ -274,18 +383,26 @@ def movies(items, out_dir: Path, quick: bool, draw: str) -> list[str]:
     return paths
 
 
-def main(make, doc: str, argv=None) -> dict:
+def main(
+    make: Make,
+    doc: str | None,
+    argv: Sequence[str] | None = None,
+    report: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """Standalone use: ``python -m attnflow.experiments.fig_NAME [--quick] [--out
-    figures]`` (the output folder is relative to the working directory)."""
-    ap = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small version, seconds")
+    figures]`` (the output folder is relative to the working directory). Prints the
+    files written, then ``report(result)`` if given."""
+    ap = argparse.ArgumentParser(description=(doc or "").strip().partition("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small version, for tests")
     ap.add_argument("--out", type=Path, default=Path("figures"), help="output folder")
     args = ap.parse_args(argv)
     use_agg()
-    setup(args.quick)
+    setup()
     res = make(args.out, quick=args.quick)
     for p in res["figures"]:
         print(p)
     if "json" in res:
         print(res["json"])
+    if report is not None:
+        report(res)
     return res

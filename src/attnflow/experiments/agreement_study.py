@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -149,6 +150,22 @@ def draw(family: str, rng: np.random.Generator):
     raise ValueError(f"unknown family {family!r}")
 
 
+def _run(Q, K, V, g: np.random.Generator, n: int, t1: float, origin: bool, max_steps: int):
+    """Simulate one triple from ``n`` tokens uniform in [-5, 5]^d, drawn from ``g``, to
+    ``t1`` (49 saves), in the original frame for ``origin``, else the rescaled one."""
+    import attnflow as af
+
+    x0 = g.uniform(-5, 5, (n, V.shape[0]))
+    return af.simulate(
+        af.Attention(Q, K, V),
+        x0,
+        t1,
+        ts=np.linspace(0, t1, 49),
+        frame="original" if origin else "rescaled",
+        max_steps=max_steps,
+    )
+
+
 def kernel(config, start, stop, seed):
     """Sweep kernel: samples ``start .. stop - 1`` (family = index mod #families)."""
     import jax
@@ -167,15 +184,7 @@ def kernel(config, start, stop, seed):
         pred = af.predict_regime(Q, K, V)
         origin = pred.structure.kind == "scalar-negative"
         t1 = (60.0 if origin else 12.0) / scale
-        x0 = g.uniform(-5, 5, (config["n"], d))
-        traj = af.simulate(
-            af.Attention(Q, K, V),
-            x0,
-            t1,
-            ts=np.linspace(0, t1, 49),
-            frame="original" if origin else "rescaled",
-            max_steps=config["max_steps"],
-        )
+        traj = _run(Q, K, V, g, config["n"], t1, origin, config["max_steps"])
         obs = af.observe_limit(traj)
         out["family"].append(FAMILIES.index(fam))
         out["pred"].append(LABELS.index(pred.label))
@@ -204,15 +213,7 @@ def recheck(arrays, seed: int, n: int, max_steps: int, factor: float = 2.0) -> d
         Q, K, V, scale = draw(fam, g)
         origin = fam == "origin"
         t1 = factor * (60.0 if origin else 12.0) / scale
-        x0 = g.uniform(-5, 5, (n, V.shape[0]))
-        traj = af.simulate(
-            af.Attention(Q, K, V),
-            x0,
-            t1,
-            ts=np.linspace(0, t1, 49),
-            frame="original" if origin else "rescaled",
-            max_steps=max_steps,
-        )
+        traj = _run(Q, K, V, g, n, t1, origin, max_steps)
         out[int(i)] = (fam, af.observe_limit(traj).label, traj.status)
     return out
 
@@ -250,7 +251,7 @@ def table(arrays, rechecked: dict | None = None) -> str:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     ap.add_argument("--per-family", type=int, default=24)
     ap.add_argument("--n", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
@@ -289,9 +290,8 @@ def main():
             f"--seed {args.seed}` (n = {args.n} tokens, float64, Tsit5 rtol 1e-6, "
             f"t1 = 12/|lambda_1|, 60/c for V = -cI).\n\n" + text + "\n"
         )
-        np.savez(
-            Path(args.table).with_suffix(".npz"), **data.arrays, manifest=json.dumps(data.manifest)
-        )
+        arrays: dict[str, Any] = {**data.arrays, "manifest": json.dumps(data.manifest)}
+        np.savez(Path(args.table).with_suffix(".npz"), **arrays)
 
 
 if __name__ == "__main__":

@@ -32,16 +32,15 @@ SEED, N, T, DT = 0, 20, 30.0, 0.1
 SAVES = 121  # every 2.5 layers (the same shapes as the other figures: one compile)
 
 
-@H.styled
+@H.styled()
 def make(out_dir: Path, quick: bool = False) -> dict:
     """Simulate, draw, write PNG/PDF/JSON."""
-    plt = H.setup(quick)
+    plt = H.setup()
     import attnflow as af
     import attnflow.plotting as AP
     from attnflow.io.matrices import PAPER
 
     t_start = time.perf_counter()
-    out_dir = Path(out_dir)
     V = PAPER["paper-codim"]
     traj, params = AP.simulate_tokens(V, n=N, seed=SEED, t1=T, dt=DT, saves=SAVES)
     traj.raise_for_status()
@@ -86,26 +85,14 @@ def make(out_dir: Path, quick: bool = False) -> dict:
 
     fig = plt.figure(figsize=(6.5, 3.0))
     # (a) 3-d, eigen-coordinates: x = free (-0.222), y = phi_2^*, z = phi_1^*
-    ax = fig.add_axes([-0.03, 0.04, 0.38, 0.78], projection="3d")
+    ax = H.add_axes3d(fig, (-0.03, 0.04, 0.38, 0.78))
     AP.draw_trajectories(ax, c, color="0.55", lw=0.5, ms=2.5)
     lo, hi = AP.data_box(c, pad=0.03)
-    for lev in (a, 0.0, b):
-        AP.draw_level(
-            ax,
-            np.array([0.0, 0.0, 1.0]),
-            lev,
-            lo,
-            hi,
-            facecolor="C0",
-            edgecolor="C0",
-            alpha=0.1 if lev else 0.04,
-            lw=0.3,
-        )
+    e3 = np.array([0.0, 0.0, 1.0])
+    AP.draw_levels(ax, e3, (a, 0.0, b), lo, hi, color="C0", alpha=0.1, lw=0.3, zero={"alpha": 0.04})
     for p in pairs:
         ax.plot([lo[0], hi[0]], [p[0], p[0]], [p[1], p[1]], color="C3", lw=1.0, ls="--")
-    ax.set_xlim(lo[0], hi[0])
-    ax.set_ylim(lo[1], hi[1])
-    ax.set_zlim(lo[2], hi[2])
+    AP.set_box(ax, lo, hi)
     ax.view_init(elev=16, azim=-35)
     H.axes3d(
         ax,
@@ -116,7 +103,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ax.set_title("blue planes: proved; red lines: conjectured", pad=-4, y=0.98, fontsize=7)
     H.panel_label(ax, "a", x=0.12, y=0.93)
     # (b) the two positive coordinates
-    ax = fig.add_axes([0.45, 0.15, 0.23, 0.62])
+    ax = fig.add_axes((0.45, 0.15, 0.23, 0.62))
     AP.draw_trajectories(ax, c[..., 1:], color="0.6", lw=0.5)
     for lev in (a, 0.0, b):
         ax.axhline(lev, color="C0", lw=0.7, ls="-" if lev else ":", zorder=0)
@@ -126,7 +113,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ax.set_title(f"{len(pairs)} lines (red $\\times$), as conjectured", pad=3, fontsize=7)
     H.panel_label(ax, "b")
     # (c) spread of phi_2^* within each level group
-    ax = fig.add_axes([0.785, 0.15, 0.205, 0.62])
+    ax = fig.add_axes((0.785, 0.15, 0.205, 0.62))
     for g in range(spread.shape[1]):
         ok = spread[:, g] > 0
         ax.semilogy(
@@ -146,32 +133,21 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ax.legend(fontsize=5.5, loc="lower left", frameon=False, borderaxespad=0.1)
     ax.set_title(r"$\varphi_2^*$ settles like $e^{-0.25t}$", pad=3, fontsize=7)
     H.panel_label(ax, "c")
-    fig.text(
-        0.5,
-        0.995,
+    H.headline(
+        fig,
         r"CONJECTURE (not proved): $k=2$ eigenvalues $>0$ $\Rightarrow$ "
         r"at most 3 parallel affine subspaces of codimension 2 (lines)",
-        ha="center",
-        va="top",
-        fontsize=9,
-        color="C3",
-    )
-    fig.text(
-        0.5,
-        0.94,
         r"$V$ = paper-codim (symmetric; eigenvalues $1.963, 0.253, -0.222$), "
         r"$Q=K=I$, $n=20$, $x_0$ uniform in $[-5,5]^3$, Euler $dt=0.1$, $T=30$"
         "\n"
         r"proved (hyperplane theorem): $\leq 3$ planes $\varphi_1^*\in\{a,0,b\}$; "
         rf"predict_regime: {reg.label}; observe_limit: {obs.label}",
-        ha="center",
-        va="top",
-        fontsize=7,
-        color="0.3",
+        sub_y=0.94,
+        title_kw={"color": "C3"},
         linespacing=1.4,
     )
     figures = H.save(fig, out_dir, NAME, quick)
-    jpath = H.write_sidecar(
+    out = H.finish(
         out_dir,
         NAME,
         script="attnflow.experiments.fig_conjecture",
@@ -183,7 +159,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         "eigenvalues of positive real part. Proved here: the hyperplane "
         "theorem (codimension 1).",
     )
-    return {"figures": figures, "json": str(jpath), "observed": obs.label}
+    return {**out, "observed": obs.label}
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ Run:  python -m attnflow.experiments.fig_dispersion [--quick] [--out figures]
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -370,14 +369,18 @@ def _plot_leaders(
             t = np.array([np.inf if v is None else v for v in row["times"]])
             m = float(np.median(t))
             if not np.isfinite(m):
-                med.append(np.nan), lo.append(np.nan), hi.append(np.nan)
+                med.append(np.nan)
+                lo.append(np.nan)
+                hi.append(np.nan)
                 if any(s == "overflow" for s in row["statuses"]):
                     over_n.append(n)
                 else:
                     cens_n.append(n)
                 continue
             fin = t[np.isfinite(t)]
-            med.append(m), lo.append(fin.min()), hi.append(t.max())
+            med.append(m)
+            lo.append(fin.min())
+            hi.append(t.max())
         med, lo, hi = map(np.asarray, (med, lo, hi))
         hi_c = np.minimum(hi, t1 * 1.04)  # a censored seed: the bar reaches the marker line
         ax.errorbar(
@@ -508,6 +511,7 @@ def _summary(f1: dict, f2: dict, f3: dict) -> dict:
     return s
 
 
+@H.styled(H.small_text(7))
 def make(out_dir: Path, quick: bool = False) -> dict:
     """Compute the three experiments, write the figures and ``fig_dispersion.json``.
 
@@ -519,15 +523,9 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     Returns:
         ``{"figures": [paths as str], "json": path as str, "summary": {...}}``.
     """
-    with H.figure_context(H.small_text(7)) as plt:
-        return _make(out_dir, quick, plt)
-
-
-def _make(out_dir: Path, quick: bool, plt) -> dict:
+    plt = H.setup()
     from attnflow._meta import run_metadata
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     cfg = _config(quick)
     seconds = {}
@@ -558,23 +556,9 @@ def _make(out_dir: Path, quick: bool, plt) -> dict:
         figures=[str(p) for p in figures],
         seconds=dict(seconds, total=time.perf_counter() - t0),
     )
-    jpath = out_dir / f"{NAME}.json"
-    jpath.write_text(json.dumps(sidecar, indent=1))
+    jpath = H.write_json(out_dir, NAME, sidecar)
     return {"figures": [str(p) for p in figures], "json": str(jpath), "summary": summary}
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small version, seconds")
-    ap.add_argument("--out", type=Path, default=Path("figures"), help="output directory")
-    args = ap.parse_args(argv)
-    H.use_agg()
-    res = make(args.out, quick=args.quick)
-    for p in res["figures"]:
-        print(p)
-    print(res["json"])
-    print(json.dumps(res["summary"], indent=1))
-
-
 if __name__ == "__main__":
-    main()
+    H.main(make, __doc__, report=lambda res: print(json.dumps(res["summary"], indent=1)))

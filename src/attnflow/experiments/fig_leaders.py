@@ -22,11 +22,10 @@ Run:  python -m attnflow.experiments.fig_leaders [--quick] [--out figures]
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import time
 from pathlib import Path
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -43,65 +42,39 @@ V_PAPER_3D_RE_POS = [
 ]
 
 
-def _cases(quick: bool) -> list[dict]:
+def _cases(quick: bool) -> list[dict[str, Any]]:
     # quick: one system of 20 tokens to t1 <= 12, every Euler layer saved: the shapes of
     # the other figure scripts' runs, so `attnflow figures --quick` compiles them once
     n, batch = (20, 1) if quick else (20, 16)
     saves = 141 if quick else 561
+    t_max = 12.0 if quick else math.inf
+
+    def case(key: str, title: str, V: list[list[float]], t1: float, scale: float = 5.0):
+        d = len(V)
+        return {
+            "key": key,
+            "title": title,
+            "d": d,
+            "V": V,
+            "n": n,
+            "scale": scale,
+            "t1": min(t1, t_max),
+            "batch": batch,
+            "saves": saves,
+            "seed": 0,
+            "Q": np.eye(d).tolist(),
+            "K": np.eye(d).tolist(),
+            "x0": f"uniform in [-{scale:g}, {scale:g}]^{d}, numpy default_rng(seed + {d})",
+        }
+
     cases = [
-        dict(key="d1", title=r"$d=1$, $V=1$", d=1, V=[[1.0]], n=n, scale=1.0, t1=14.0),
-        dict(
-            key="d2_identity",
-            title=r"$d=2$, $V=I$",
-            d=2,
-            V=np.eye(2).tolist(),
-            n=n,
-            scale=5.0,
-            t1=14.0,
-        ),
-        dict(
-            key="d2_hyperplane",
-            title=r"$d=2$, $V$ = paper-2d",
-            d=2,
-            V=V_PAPER_2D,
-            n=n,
-            scale=5.0,
-            t1=11.0,
-        ),
-        dict(
-            key="d3_identity",
-            title=r"$d=3$, $V=I$",
-            d=3,
-            V=np.eye(3).tolist(),
-            n=n,
-            scale=5.0,
-            t1=14.0,
-        ),
-        dict(
-            key="d3_hyperplane",
-            title=r"$d=3$, $V$ = paper-3d-re-pos",
-            d=3,
-            V=V_PAPER_3D_RE_POS,
-            n=n,
-            scale=5.0,
-            t1=14.0,
-        ),
+        case("d1", r"$d=1$, $V=1$", [[1.0]], 14.0, scale=1.0),
+        case("d2_identity", r"$d=2$, $V=I$", np.eye(2).tolist(), 14.0),
+        case("d2_hyperplane", r"$d=2$, $V$ = paper-2d", V_PAPER_2D, 11.0),
+        case("d3_identity", r"$d=3$, $V=I$", np.eye(3).tolist(), 14.0),
+        case("d3_hyperplane", r"$d=3$, $V$ = paper-3d-re-pos", V_PAPER_3D_RE_POS, 14.0),
     ]
-    if quick:
-        cases = cases[:3]
-        for c in cases:
-            c["t1"] = min(c["t1"], 12.0)
-    for c in cases:
-        c.update(
-            batch=batch,
-            saves=saves,
-            seed=0,
-            Q=np.eye(c["d"]).tolist(),
-            K=np.eye(c["d"]).tolist(),
-            x0=f"uniform in [-{c['scale']:g}, "
-            f"{c['scale']:g}]^{c['d']}, numpy default_rng(seed + {c['d']})",
-        )
-    return cases
+    return cases[:3] if quick else cases
 
 
 # Solver settings: tight tolerances so that follower-leader gaps stay resolved to the end.
@@ -109,13 +82,20 @@ SOLVER = dict(method="adaptive", rtol=1e-9, atol=1e-10, frame="rescaled")
 # --quick (a smoke test, seconds): the discrete transformer, Euler layers of dt = 0.1,
 # which compiles much faster; its rates are log(1 + lambda dt)/dt, not lambda.
 SOLVER_QUICK = dict(method="euler", dt=0.1, frame="rescaled")
+
+
+class _Window(TypedDict):
+    fit_max: float
+    fit_min: float
+
+
 # The deep window for the asymptotic slope: D <= 1e-30, logit-based values to the end.
-DEEP = dict(fit_max=1e-30, fit_min=0.0)
+DEEP: _Window = {"fit_max": 1e-30, "fit_min": 0.0}
 
 
 def _left_eigvec(V: np.ndarray) -> np.ndarray:
     w, vl = np.linalg.eig(V.T)
-    i = int(np.argmax(w.real))
+    i = int(np.argmax(np.real(w)))
     v = np.real(vl[:, i])
     return v / np.linalg.norm(v)
 
@@ -486,6 +466,7 @@ def _summary(res: dict) -> dict:
     )
 
 
+@H.styled(H.small_text(7))
 def make(out_dir: Path, quick: bool = False) -> dict:
     """Run the cases, write the figures and ``fig_leaders.json`` into ``out_dir``.
 
@@ -499,15 +480,9 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         ``{"figures": [paths], "json": path, "summary": {case: numbers}}`` (the
         per-system numbers are in the JSON file).
     """
-    with H.figure_context(H.small_text(7)) as plt:
-        return _make(out_dir, quick, plt)
-
-
-def _make(out_dir: Path, quick: bool, plt) -> dict:
+    plt = H.setup()
     from attnflow._meta import run_metadata
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     cases = _cases(quick)
     solver = SOLVER_QUICK if quick else SOLVER
@@ -539,22 +514,13 @@ def _make(out_dir: Path, quick: bool, plt) -> dict:
         figures=[str(p) for p in figures],
         seconds=time.perf_counter() - t_start,
     )
-    jpath = out_dir / f"{NAME}.json"
-    jpath.write_text(json.dumps(sidecar, indent=1))
+    jpath = H.write_json(out_dir, NAME, sidecar)
     compact = {k: {kk: vv for kk, vv in v.items() if kk != "systems"} for k, v in summary.items()}
     return {"figures": figures, "json": jpath, "summary": compact}
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small version, seconds")
-    ap.add_argument("--out", type=Path, default=Path("figures"), help="output directory")
-    args = ap.parse_args(argv)
-    H.use_agg()
-    res = make(args.out, quick=args.quick)
-    for p in res["figures"]:
-        print(p)
-    print(res["json"])
+def report(res: dict) -> None:
+    """Print the summary of each case (standalone use)."""
     for key, s in res["summary"].items():
         r = s["rate_over_lambda"] or {}
         dd = s["deep_rate_over_lambda"] or {}
@@ -571,4 +537,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    H.main(make, __doc__, report=report)

@@ -27,15 +27,17 @@ NAME = "fig_origin"
 SEED, N, DT = 0, 20, 0.1
 
 
-@H.styled
+@H.styled()
 def make(out_dir: Path, quick: bool = False) -> dict:
     """Simulate d = 2 and d = 3 in the original frame, draw, write PNG/PDF/JSON."""
-    plt = H.setup(quick)
+    plt = H.setup()
+    from matplotlib.collections import LineCollection
+    from matplotlib.colors import Normalize
+
     import attnflow.plotting as AP
 
     T = 30.0 if quick else 100.0
     t_start = time.perf_counter()
-    out_dir = Path(out_dir)
     runs, res = [], {}
     for d in (2, 3):
         V = -np.eye(d)
@@ -72,14 +74,13 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     x, ts = r["x"], r["ts"]
     cmap = plt.get_cmap("viridis")
     # (a) trajectories, coloured by log time
-    ax = fig.add_axes([0.055, 0.17, 0.26, 0.65])
-    from matplotlib.collections import LineCollection
-
+    ax = fig.add_axes((0.055, 0.17, 0.26, 0.65))
     tt = np.log10(np.maximum(ts, DT))
-    norm = plt.Normalize(tt[0], tt[-1])
+    norm = Normalize(tt[0], tt[-1])
     for i in range(N):
         seg = np.stack([x[:-1, i], x[1:, i]], axis=1)
-        lc = LineCollection(seg, colors=cmap(norm(tt[:-1])), lw=0.7)
+        # the stub asks for a sequence; an (m, 2, 2) array of segments is accepted
+        lc = LineCollection(seg, colors=cmap(norm(tt[:-1])), lw=0.7)  # pyright: ignore[reportArgumentType]
         ax.add_collection(lc)
     ax.plot(x[0, :, 0], x[0, :, 1], "o", ms=2.5, mfc="none", mec="0.35", mew=0.5)
     ax.plot(x[-1, :, 0], x[-1, :, 1], "o", ms=2, color="k")
@@ -92,7 +93,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ax.set_title("$d=2$ trajectories", pad=3)
     H.panel_label(ax, "a")
     # (b) late snapshots, zoomed
-    ax = fig.add_axes([0.36, 0.17, 0.26, 0.65])
+    ax = fig.add_axes((0.36, 0.17, 0.26, 0.65))
     snaps = [t for t in (5, 10, 25, 50, 100) if t <= T]
     for th in snaps:
         k = int(np.argmin(np.abs(ts - th)))
@@ -106,7 +107,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ax.set_aspect("equal", adjustable="box")
     ax.set_xlabel("$x_1$", labelpad=1)
     ax.set_title(f"zoom: $t={', '.join(str(v) for v in snaps)}$", pad=3)
-    cax = fig.add_axes([0.635, 0.17, 0.01, 0.65])
+    cax = fig.add_axes((0.635, 0.17, 0.01, 0.65))
     sm = plt.cm.ScalarMappable(norm=norm, cmap=cmap)
     cb = fig.colorbar(sm, cax=cax)
     cb.set_ticks([-1, 0, 1, 2][: int(np.floor(tt[-1])) + 2])
@@ -115,7 +116,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     cb.ax.tick_params(labelsize=6)
     H.panel_label(ax, "b")
     # (c) radius, spread, mean against t
-    ax = fig.add_axes([0.735, 0.17, 0.255, 0.65])
+    ax = fig.add_axes((0.735, 0.17, 0.255, 0.65))
     for d, ls in ((2, "-"), (3, "--")):
         q = res[d]
         s = q["ts"] > 0
@@ -161,28 +162,17 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         fontsize=6,
     )
     H.panel_label(ax, "c")
-    fig.text(
-        0.5,
-        0.995,
+    H.headline(
+        fig,
         r"$V=-I$, $Q=K=I$: every token tends to 0 (original frame); "
         r"the mean collapses fast, the spread only like $t^{-1/2}$",
-        ha="center",
-        va="top",
-        fontsize=9,
-    )
-    fig.text(
-        0.5,
-        0.925,
         rf"observed: {res[2]['obs']['label']} ($d=2$), "
         rf"{res[3]['obs']['label']} ($d=3$); $n=20$, $x_0$ uniform in $[-5,5]^d$, "
         rf"Euler $dt=0.1$ to $T={T:g}$",
-        ha="center",
-        va="top",
-        fontsize=7,
-        color="0.3",
+        sub_y=0.925,
     )
     figures = H.save(fig, out_dir, NAME, quick)
-    jpath = H.write_sidecar(
+    out = H.finish(
         out_dir,
         NAME,
         script="attnflow.experiments.fig_origin",
@@ -192,11 +182,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         t_start=t_start,
         theorem="[E] V = -I, Q^T K = I: every x_i (original frame) tends to 0.",
     )
-    return {
-        "figures": figures,
-        "json": str(jpath),
-        "observed": {r["name"]: r["observed"]["label"] for r in runs},
-    }
+    return {**out, "observed": {r["name"]: r["observed"]["label"] for r in runs}}
 
 
 if __name__ == "__main__":

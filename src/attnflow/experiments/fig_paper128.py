@@ -3,31 +3,17 @@
 V = attnflow.matrices.paper_128(seed): symmetric, sparse random, every eigenvalue of
 modulus <= 1 pushed to +-U(1, 2); spectrum in [-2.81, -1.01] and [1.00, 2.69] plus one
 Perron eigenvalue 6.86 (seed 0). n = d = 128 tokens uniform in [-0.5, 0.5]^128, Q = K = I,
-the discrete transformer (Euler, dt = 0.1, 150 layers), rescaled frame, float64 (float32
-overflows). The scheme is attnflow's (``method="euler"``): one layer
-x_i <- x_i + dt sum_j P_ij V x_j per step, rescaled exactly, z^k = R^{-k} x^k with
-R = I + dt V -- not forward Euler of the continuous rescaled ODE, which is what the
-authors' public script ``clustering-Tformers.py`` runs (see
-``attnflow.plotting.simulate_tokens``). The coordinates plotted are those of z_i along V's
-orthonormal eigenvectors.
+the discrete transformer (Euler, dt = 0.1, 150 layers; ``attnflow.plotting.simulate_tokens``,
+not the authors' scheme), rescaled frame, float64 (float32 overflows). The coordinates
+plotted are those of z_i along V's orthonormal eigenvectors, read from the solver's own
+modal state (the rescaled frame is integrated in V's eigenbasis).
 
-What the simulation shows (and why). Along an eigenvector with eigenvalue mu the
-rescaled dynamics read dc_i/dt = mu (sum_j P_ij c_j - c_i) (per layer: c_i += dt mu /
-(1 + dt mu) (P c - c)_i). By t ~ 2 the attention is Boolean: every token attends to one
-of two leaders. Then
-  * mu < 0: c_i moves AWAY from its leader's value, |c_i - c_L| grows like
-    (1 + dt mu)^{-k} ~ e^{|mu| t}: the negative-eigenvalue coordinates DIVERGE (to ~1e20
-    at T = 15 here);
-  * mu > 0: c_i -> c_L: the positive-eigenvalue coordinates FREEZE at their leader's value;
-  * the leading coordinate (mu = 6.86) CONVERGES to the two leaders' values.
-So the signs are the other way round from the text of REFERENCES.md / the issue
-("positive diverge, negative freeze"). Panel (d) shows a way to get that wrong: projecting
-the standard-basis z (traj.z) onto the eigenvectors mixes the diverging coordinates'
-rounding (~1e20 * 1e-16) into the positive ones, which then look as if they diverged too.
-The coordinates here are read from the solver's own modal state (the rescaled frame is
-integrated in V's eigenbasis), which keeps every mode to its own precision.
-Also: past t ~ 7 float64 cannot tell a follower's logit from its leader's (they differ by
-a relative e^{-6.86 t}), and rows spread evenly over the tied group (see the sidecar).
+What it shows: the negative-eigenvalue coordinates diverge, the positive ones freeze at
+their leader's value and the leading one converges to the two leaders' values -- the
+opposite of the sign in the paper's text, whatever the scheme; projecting the
+standard-basis traj.z onto the eigenvectors instead would swamp the positive coordinates
+with the rounding of the diverging ones (panel d). Why, and the float64 ties past t ~ 7:
+docs/figures.md, "The 128 x 128 experiment".
 
 Panels: (a) mean +- std over tokens of representative coordinates (symlog), as the
 authors plotted; (b) speed max_i |c_i(t + dt) - c_i(t)| / dt of every coordinate (log),
@@ -66,15 +52,16 @@ def modal_coordinates(traj) -> tuple[np.ndarray, np.ndarray, str]:
     return np.asarray(traj.z, np.float64) @ np.linalg.inv(T).T, mu, "projection of traj.z"
 
 
-@H.styled
+@H.styled()
 def make(out_dir: Path, quick: bool = False) -> dict:
     """Run the experiment (printing its runtime), draw, write PNG/PDF/JSON."""
-    plt = H.setup(quick)
+    plt = H.setup()
+    from matplotlib.colors import Normalize
+
     import attnflow.plotting as AP
     from attnflow.io.matrices import paper_128
 
     t_start = time.perf_counter()
-    out_dir = Path(out_dir)
     d = 32 if quick else 128
     V = paper_128(SEED, d=d)
     traj, params = AP.simulate_tokens(V, n=d, seed=SEED, t1=T, dt=DT, scale=SCALE)
@@ -145,9 +132,9 @@ def make(out_dir: Path, quick: bool = False) -> dict:
 
     fig = plt.figure(figsize=(6.5, 4.9))
     cmap = plt.get_cmap("coolwarm")
-    norm = plt.Normalize(-mu[:-1].max(), mu[:-1].max())
+    norm = Normalize(-mu[:-1].max(), mu[:-1].max())
     # (a) bands
-    ax = fig.add_axes([0.08, 0.55, 0.38, 0.33])
+    ax = fig.add_axes((0.08, 0.55, 0.38, 0.33))
     reps = [0, int(np.flatnonzero(neg)[-1]), int(np.flatnonzero(pos)[0]), lead - 1, lead]
     for j in reps:
         m, s = c[:, :, j].mean(axis=1), c[:, :, j].std(axis=1)
@@ -170,7 +157,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ax.set_title("negative $\\mu$ diverge, positive freeze, leading converges", pad=3, fontsize=7)
     H.panel_label(ax, "a", x=-0.14)
     # (b) speed of every coordinate
-    ax = fig.add_axes([0.58, 0.55, 0.34, 0.33])
+    ax = fig.add_axes((0.58, 0.55, 0.34, 0.33))
     for j in range(d):
         col = "k" if j == lead else cmap(norm(mu[j]))
         ax.semilogy(ts[1:], speed[:, j], color=col, lw=0.5 if j != lead else 1.2, alpha=0.8)
@@ -179,13 +166,13 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ax.set_ylabel(r"speed $\max_i|\Delta c_i|/\Delta t$")
     ax.set_title("every coordinate (black: leading)", pad=3, fontsize=7)
     sm = plt.cm.ScalarMappable(norm=norm, cmap=cmap)
-    cax = fig.add_axes([0.93, 0.55, 0.012, 0.33])
+    cax = fig.add_axes((0.93, 0.55, 0.012, 0.33))
     cb = fig.colorbar(sm, cax=cax)
     cb.ax.set_title(r"$\mu$", fontsize=7, pad=2)
     cb.ax.tick_params(labelsize=6)
     H.panel_label(ax, "b", x=-0.16)
     # (c) leading coordinate of every token
-    ax = fig.add_axes([0.08, 0.08, 0.38, 0.33])
+    ax = fig.add_axes((0.08, 0.08, 0.38, 0.33))
     ax.plot(ts, c[:, :, lead], color="0.3", lw=0.4, alpha=0.7)
     ax.set_xlabel("$t$", labelpad=1)
     ax.set_ylabel(rf"leading coordinate ($\mu={mu[lead]:.2f}$)")
@@ -198,7 +185,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     )
     H.panel_label(ax, "c", x=-0.14)
     # (d) spread at T against mu
-    ax = fig.add_axes([0.58, 0.08, 0.4, 0.33])
+    ax = fig.add_axes((0.58, 0.08, 0.4, 0.33))
     ax.semilogy(
         mu,
         std_T_proj,
@@ -214,29 +201,18 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ax.legend(fontsize=5.5, loc="center right", frameon=False)
     ax.set_title("all coordinates at $T$", pad=3, fontsize=7)
     H.panel_label(ax, "d", x=-0.14)
-    fig.text(
-        0.5,
-        0.995,
+    H.headline(
+        fig,
         rf"The authors' $n=d={d}$ experiment ($T=15$): negative-$\mu$ "
         r"coordinates diverge, positive freeze, the leading one converges",
-        ha="center",
-        va="top",
-        fontsize=9,
-    )
-    fig.text(
-        0.5,
-        0.953,
         rf"$V$ = paper_128(seed 0), $x_0$ uniform in $[-0.5,0.5]^{{{d}}}$, "
         rf"$Q=K=I$, Euler $dt=0.1$ (150 layers), float64; runtime {first:.1f} s "
         rf"({run_only:.2f} s once compiled)",
-        ha="center",
-        va="top",
-        fontsize=7,
-        color="0.3",
+        sub_y=0.953,
     )
     figures = H.save(fig, out_dir, NAME, quick)
     params["V"] = V.tolist()
-    jpath = H.write_sidecar(
+    out = H.finish(
         out_dir,
         NAME,
         script="attnflow.experiments.fig_paper128",
@@ -247,12 +223,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         V=f"attnflow.matrices.paper_128(seed={SEED}, d={d}); the matrix is runs[0].V",
         runtime_simulation_seconds={"first_call_with_compile": first, "compiled_run": run_only},
     )
-    return {
-        "figures": figures,
-        "json": str(jpath),
-        "runtime_seconds": first,
-        "compiled_run_seconds": run_only,
-    }
+    return {**out, "runtime_seconds": first, "compiled_run_seconds": run_only}
 
 
 if __name__ == "__main__":

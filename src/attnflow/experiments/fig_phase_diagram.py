@@ -94,16 +94,15 @@ def run_cell(V: np.ndarray, seed: int, batch: int = BATCH) -> dict:
     }
 
 
-@H.styled
+@H.styled()
 def make(out_dir: Path, quick: bool = False) -> dict:
     """Sweep both families, draw the two phase diagrams, write PNG/PDF/JSON."""
-    plt = H.setup(quick)
+    plt = H.setup()
     from matplotlib.patches import Patch, Rectangle
 
     from attnflow.plotting import LABEL_COLORS
 
     t_start = time.perf_counter()
-    out_dir = Path(out_dir)
     k = 5 if quick else 15
     batch = BATCH_QUICK if quick else BATCH
     lam = np.linspace(-2.0, 2.0, k)
@@ -118,15 +117,14 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         grids[key] = dict(xs=xs, ys=ys, cells=cells)
 
     fig = plt.figure(figsize=(6.5, 3.55))
+    rects = {"a": (0.07, 0.25, 0.36, 0.62), "b": (0.58, 0.25, 0.36, 0.62)}
     specs = {
         "a": dict(
-            rect=[0.07, 0.25, 0.36, 0.62],
             xlabel=r"$\lambda_1$ (on $Se_1$)",
             ylabel=r"$\lambda_2$ (on $Se_2$)",
             title=r"(a) $d=2$, $V=S\,\mathrm{diag}(\lambda_1,\lambda_2)\,S^{-1}$",
         ),
         "b": dict(
-            rect=[0.58, 0.25, 0.36, 0.62],
             xlabel=r"rotation angle $\theta/\pi$",
             ylabel=r"modulus $\rho$ of the pair $\rho e^{\pm i\theta}$",
             title=r"(b) $d=3$, eigenvalues $1$ and $\rho e^{\pm i\theta}$",
@@ -135,7 +133,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     summary = {}
     for key, g in grids.items():
         sp = specs[key]
-        ax = fig.add_axes(sp["rect"])
+        ax = fig.add_axes(rects[key])
         xs, ys = g["xs"], g["ys"]
         xv = xs / np.pi if key == "b" else xs
         dx, dy = xv[1] - xv[0], ys[1] - ys[0]
@@ -218,26 +216,17 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         handlelength=1.2,
         columnspacing=1.0,
     )
-    fig.text(
-        0.5,
-        0.995,
+    systems = f"{batch} systems" if batch > 1 else "1 system"
+    H.headline(
+        fig,
         "Phase diagram: cell colour = predicted regime (from V's "
         "spectrum); inner square = observed limit where it differs",
-        ha="center",
-        va="top",
-        fontsize=8.5,
-    )
-    systems = f"{batch} systems" if batch > 1 else "1 system"
-    fig.text(
-        0.5,
-        0.95,
         rf"$Q=K=I$; per cell {systems} of $n={N}$ tokens uniform in "
         r"$[-5,5]^d$, Euler $dt=0.1$ to $t_1=\min(60,\max(15,30/|\lambda|_{\max}))$, "
         r"majority of observe_limit",
-        ha="center",
-        va="top",
-        fontsize=6.5,
-        color="0.3",
+        sub_y=0.95,
+        size=8.5,
+        sub_size=6.5,
     )
     figures = H.save(fig, out_dir, NAME, quick)
     runs = []
@@ -273,7 +262,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
                 "summary": summary[key],
             }
         )
-    jpath = H.write_sidecar(
+    out = H.finish(
         out_dir,
         NAME,
         script="attnflow.experiments.fig_phase_diagram",
@@ -283,7 +272,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         t_start=t_start,
         summary=summary,
     )
-    return {"figures": figures, "json": str(jpath), "summary": summary}
+    return {**out, "summary": summary}
 
 
 if __name__ == "__main__":

@@ -5,12 +5,9 @@ the convex hull of the tokens never grows and converges to a polytope K; every z
 to 0 or to a point of the boundary of K, and every vertex of K is a limit.
 
 Set-up: the authors' tokens, weights and step -- n = 20 tokens uniform in [-5, 5]^d,
-Q = K = I, d = 2 and d = 3, dt = 0.1 -- with attnflow's scheme: the discrete transformer
-(``method="euler"``: one layer x_i <- x_i + dt sum_j P_ij V x_j per step, rescaled
-exactly, z^k = R^{-k} x^k with R = I + dt V) to T = 12, every layer saved, float64. The
-authors' public script runs a different first-order scheme, forward Euler of the
-continuous rescaled ODE, z_i <- z_i + dt sum_j P_ij(e^{t_k V} z) V (z_j - z_i) (see
-``attnflow.plotting.simulate_tokens``); the two agree as dt -> 0, not step by step.
+Q = K = I, d = 2 and d = 3, dt = 0.1 -- with attnflow's discrete transformer
+(``attnflow.plotting.simulate_tokens``) to T = 12, every layer saved, float64. How that
+scheme relates to the authors' script: docs/figures.md, "Set-up and scheme".
 
 Panels: (a) d = 2 trajectories with the convex hull at several times; (b) d = 3
 trajectories and the limit polytope (the initial hull as a wire frame); (c) hull area
@@ -34,14 +31,13 @@ SEED, N, T, DT = 0, 20, 12.0, 0.1
 HULL_TIMES = (0.0, 0.5, 1.0, 2.0, T)
 
 
-@H.styled
+@H.styled()
 def make(out_dir: Path, quick: bool = False) -> dict:
     """Simulate d = 2 and d = 3, draw the figure, write PNG/PDF/JSON and two GIFs."""
-    plt = H.setup(quick)
+    plt = H.setup()
     import attnflow.plotting as AP
 
     t_start = time.perf_counter()
-    out_dir = Path(out_dir)
     runs, trajs = [], {}
     for d in (2, 3):
         traj, params = AP.simulate_tokens(np.eye(d), n=N, seed=SEED, t1=T, dt=DT)
@@ -63,7 +59,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
 
     fig = plt.figure(figsize=(6.5, 2.9))
     # (a) d = 2
-    ax = fig.add_axes([0.06, 0.25, 0.26, 0.58])
+    ax = fig.add_axes((0.06, 0.25, 0.26, 0.58))
     ts, z, measure, obs = trajs[2]
     cmap = plt.get_cmap("viridis")
     for j, th in enumerate(HULL_TIMES):
@@ -96,16 +92,16 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     )
     H.panel_label(ax, "a")
     # (b) d = 3
-    ax = fig.add_axes([0.34, 0.12, 0.34, 0.76], projection="3d")
+    ax = H.add_axes3d(fig, (0.34, 0.12, 0.34, 0.76))
     ts3, z3, measure3, obs3 = trajs[3]
     AP.draw_trajectories(ax, z3, color="0.45", lw=0.6, ms=2.5)
-    AP.draw_hull(ax, z3[-1], facecolor="C0", edgecolor="C0", alpha=0.22, lw=0.4)
+    AP.draw_hull(ax, z3[-1], color="C0", alpha=0.22, lw=0.4)
     ax.view_init(elev=18, azim=-55)
     H.axes3d(ax, pads=(-8, -8, -9))
     ax.set_title(f"$d=3$: {obs3['n_clusters']} limit points, polytope $K$", pad=-6, y=0.98)
     H.panel_label(ax, "b", x=0.1, y=0.92)
     # (c) hull measure
-    ax = fig.add_axes([0.79, 0.25, 0.2, 0.58])
+    ax = fig.add_axes((0.79, 0.25, 0.2, 0.58))
     ax.plot(ts, measure / measure[0], color="C0", label="area, $d=2$")
     ax.plot(ts3, measure3 / measure3[0], color="C1", label="volume, $d=3$")
     ax.set_xlabel("$t$")
@@ -114,24 +110,14 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ax.legend(loc="lower left", frameon=False)
     ax.set_title("the hull never grows", pad=3)
     H.panel_label(ax, "c")
-    fig.text(
-        0.5,
-        0.985,
+    H.headline(
+        fig,
         r"$V=I$: the tokens $z_i=e^{-tV}x_i$ cluster at the vertices "
         r"of a polytope $K$ (or at 0)",
-        ha="center",
-        va="top",
-        fontsize=9,
-    )
-    fig.text(
-        0.5,
-        0.925,
         r"$n=20$, $x_0$ uniform in $[-5,5]^d$, $Q=K=I$, discrete "
         r"transformer (Euler, $dt=0.1$) to $T=12$; open circles: start, dots: end",
-        ha="center",
-        va="top",
-        fontsize=7,
-        color="0.3",
+        y=0.985,
+        sub_y=0.925,
     )
     figures = H.save(fig, out_dir, NAME, quick)
 
@@ -139,24 +125,20 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     movies = H.movies(
         [(trajs["traj2"], "polytope"), (trajs["traj3"], "polytope-3d")], out_dir, quick, draw="hull"
     )
-    jpath = H.write_sidecar(
+    out = H.finish(
         out_dir,
         NAME,
         script="attnflow.experiments.fig_polytope",
         quick=quick,
         runs=runs,
-        figures=figures + movies,
+        figures=figures,
         t_start=t_start,
         hull_times=list(HULL_TIMES),
         movies=movies,
         theorem="[E] V = I, Q^T K positive definite: hull non-increasing, converges to a "
         "polytope K; every z_i tends to 0 or to the boundary of K.",
     )
-    return {
-        "figures": figures + [Path(m) for m in movies],
-        "json": str(jpath),
-        "observed": {r["name"]: r["observed"]["label"] for r in runs},
-    }
+    return {**out, "observed": {r["name"]: r["observed"]["label"] for r in runs}}
 
 
 if __name__ == "__main__":

@@ -30,15 +30,14 @@ SEED, N, T, DT = 0, 20, 12.0, 0.1
 V = np.diag([1.0, 1.0, -0.5])
 
 
-@H.styled
+@H.styled()
 def make(out_dir: Path, quick: bool = False) -> dict:
     """Simulate, draw, write PNG/PDF/JSON."""
-    plt = H.setup(quick)
+    plt = H.setup()
     import attnflow as af
     import attnflow.plotting as AP
 
     t_start = time.perf_counter()
-    out_dir = Path(out_dir)
     traj, params = AP.simulate_tokens(V, n=N, seed=SEED, t1=T, dt=DT)
     traj.raise_for_status()
     z = np.asarray(traj.z)
@@ -74,7 +73,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
 
     fig = plt.figure(figsize=(6.5, 2.75))
     # (a) 3-d
-    ax = fig.add_axes([-0.01, 0.06, 0.36, 0.82], projection="3d")
+    ax = H.add_axes3d(fig, (-0.01, 0.06, 0.36, 0.82))
     AP.draw_trajectories(ax, z, color="0.5", lw=0.5, ms=2.5)
     zlo, zhi = z[..., 2].min(), z[..., 2].max()
     for p in limits:
@@ -84,7 +83,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ax.set_title(r"red: $\{$limit point$\}\times G$", pad=-4, y=0.98, fontsize=7)
     H.panel_label(ax, "a", x=0.12, y=0.93)
     # (b) F-part
-    ax = fig.add_axes([0.44, 0.2, 0.24, 0.6])
+    ax = fig.add_axes((0.44, 0.2, 0.24, 0.6))
     AP.draw_hull(ax, F_points, color="C0", lw=1.0, zorder=1)
     AP.draw_hull(ax, z[0, :, :2], color="0.75", lw=0.6, ls="--", zorder=1)
     AP.draw_trajectories(ax, z[..., :2], color="0.6", lw=0.5)
@@ -95,7 +94,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ax.set_title(f"$F$-part: {len(limits)} limit points", pad=3, fontsize=7)
     H.panel_label(ax, "b")
     # (c) G-part
-    ax = fig.add_axes([0.77, 0.2, 0.22, 0.6])
+    ax = fig.add_axes((0.77, 0.2, 0.22, 0.6))
     ax.semilogy(ts, gap[:, followers], color="0.6", lw=0.5)
     ax.semilogy(ts, np.median(gap[:, followers], axis=1), color="k", lw=1.2, label="median")
     ref = np.exp(fit[1] + rate * ts)
@@ -113,27 +112,16 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ax.legend(loc="lower right", frameon=False, fontsize=6)
     ax.set_title("$G$-part: free, unbounded", pad=3, fontsize=7)
     H.panel_label(ax, "c")
-    fig.text(
-        0.5,
-        0.995,
+    H.headline(
+        fig,
         r"Paranormal $V=\mathrm{diag}(1,1,-0.5)$: polytope in "
         r"$F=\mathrm{span}(e_1,e_2)$ $\times$ the free subspace $G=\mathrm{span}(e_3)$",
-        ha="center",
-        va="top",
-        fontsize=9,
-    )
-    fig.text(
-        0.5,
-        0.93,
         rf"observed: {obs.label}; (b) blue: hull of the $F$-parts at $T$, "
         r"dashed: at $t=0$; $n=20$, $[-5,5]^3$, $Q=K=I$, Euler $dt=0.1$, $T=12$",
-        ha="center",
-        va="top",
-        fontsize=7,
-        color="0.3",
+        sub_y=0.93,
     )
     figures = H.save(fig, out_dir, NAME, quick)
-    jpath = H.write_sidecar(
+    out = H.finish(
         out_dir,
         NAME,
         script="attnflow.experiments.fig_subspace",
@@ -144,7 +132,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         theorem="[E] paranormal V, Q^T K positive definite: z_i -> (boundary of a "
         "polytope in F, or 0) x G.",
     )
-    return {"figures": figures, "json": str(jpath), "observed": obs.label}
+    return {**out, "observed": obs.label}
 
 
 if __name__ == "__main__":

@@ -1,38 +1,43 @@
-"""Drawing the particle system: house style, hulls, level sets, GIF movies.
+"""Drawing the particle system: house style, convex hulls, level sets, GIF movies.
 
-Presentation only: every number drawn here comes from ``attnflow.simulate`` and the
-analyses (``spectral_structure``, ``observe_limit``); this module adds geometry for
-drawing (convex hulls, the section of a hyperplane with a box) and matplotlib code.
-matplotlib is imported lazily, inside the functions, so ``import attnflow`` never needs
-it; mathtext only (no LaTeX installation). Nothing here switches matplotlib's backend or
-changes its global rcParams: styles apply for the duration of a call
-(``matplotlib.rc_context``) and movies are drawn on a ``matplotlib.figure.Figure`` of
-their own, without pyplot, so a notebook's backend and settings stay as they were.
+Presentation only: every number drawn comes from ``attnflow.simulate`` and the analyses;
+this module adds the geometry a drawing needs (convex hulls, the section of a hyperplane
+with a box) and the matplotlib calls. The same function draws on 2-d axes (lines) and on
+3-d axes (translucent faces), and ``color`` means the same on both.
 
-Main entry points:
-
-``STYLE`` / ``use_style()``   rc parameters readable at paper size (8 pt text);
-                              ``with use_style(): ...`` applies them inside the block.
-``simulate_tokens(V, ...)``   the authors' tokens, weights and step (n tokens uniform in
-                              [-scale, scale]^d, Q = K = I, dt = 0.1) with attnflow's
-                              discrete transformer, which is not the authors' scheme
-                              (see its docstring).
-``MOVIE_CASES``               named cases for ``attnflow animate`` (polytope,
-                              hyperplanes, their 3-d versions, origin).
-``animate(traj, path, ...)``  a GIF of the tokens moving (matplotlib's PillowWriter: no
-                              ffmpeg needed).
-``movie(case, path, ...)``    ``simulate_tokens`` + ``animate`` for a named case.
+matplotlib is imported inside the functions, so ``import attnflow`` never needs it;
+mathtext only (no LaTeX installation). Nothing here switches matplotlib's backend or
+changes its global rcParams: ``use_style`` applies the house style inside a ``with``
+block, and movies are drawn on a ``matplotlib.figure.Figure`` of their own, without
+pyplot, so a notebook's backend and settings stay as they were. What the movies simulate
+(``simulate_tokens``, ``MOVIE_CASES``) is in ``attnflow.studies.setups``.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import time
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
+from jaxtyping import Float, Int
 
+from .. import _checks
 from ..studies.setups import MOVIE_CASES, case_matrix, simulate_tokens
+
+if TYPE_CHECKING:
+    from matplotlib.artist import Artist
+    from matplotlib.axes import Axes
+    from matplotlib.lines import Line2D
+    from mpl_toolkits.mplot3d import Axes3D
+    from mpl_toolkits.mplot3d.art3d import Poly3DCollection
+
+    from ..dynamics.trajectory import Trajectory
 
 __all__ = [
     "STYLE",
@@ -42,16 +47,17 @@ __all__ = [
     "draw_hull",
     "box_section",
     "draw_level",
+    "draw_levels",
     "draw_trajectories",
     "data_box",
+    "set_box",
     "edge_on_view",
     "LABEL_COLORS",
     "animate",
     "movie",
 ]
 
-# Readable at paper size: a 6.5 in wide figure with 8 pt text.
-STYLE = {
+STYLE: dict[str, Any] = {
     "font.size": 8,
     "axes.titlesize": 8,
     "axes.labelsize": 8,
@@ -66,9 +72,9 @@ STYLE = {
     "savefig.bbox": "tight",
     "savefig.pad_inches": 0.03,
 }
+"""rc parameters readable at paper size: a 6.5 in wide figure with 8 pt text."""
 
-# Colours of the regime labels (predict_regime / observe_limit vocabulary).
-LABEL_COLORS = {
+LABEL_COLORS: dict[str, str] = {
     "polytope": "#4477aa",
     "hyperplanes": "#66ccee",
     "subspace": "#228833",
@@ -76,28 +82,41 @@ LABEL_COLORS = {
     "unclassified": "#dddddd",
     "not-converged": "#ffffff",
 }
+"""Colours of the regime labels (the ``predict_regime`` / ``observe_limit`` vocabulary)."""
 
 
-def use_style(rc: dict | None = None, **overrides):
-    """``STYLE`` (updated by ``rc`` and ``overrides``) as a context manager.
+def use_style(
+    rc: Mapping[str, Any] | None = None, **overrides: Any
+) -> AbstractContextManager[None]:
+    """``STYLE``, updated by ``rc`` and ``overrides``, as a context manager.
 
     ``with use_style(): ...`` sets the rc parameters inside the block and restores the
     previous ones on exit (it is ``matplotlib.rc_context``); nothing changes globally.
 
     Args:
         rc: rc parameters to add or override, e.g. ``{"font.size": 9}``.
-        overrides: more of them, for names that are Python identifiers.
+        **overrides: more of them, for names that are Python identifiers.
+
+    Returns:
+        The context manager.
     """
     import matplotlib
 
-    return matplotlib.rc_context({**STYLE, **(rc or {}), **overrides})
+    # the stub wants a dict keyed by the literal rc names; any rc name (str) is accepted
+    return matplotlib.rc_context({**STYLE, **(rc or {}), **overrides})  # pyright: ignore[reportArgumentType]
 
 
 # -------------------------------------------------------------------- geometry
-def hull_vertices(points) -> np.ndarray:
-    """Indices of the convex-hull vertices of ``points`` ``(k, 2)``, in counter-clockwise
-    order (for 2-d); all indices when the points are degenerate (fewer than 3 distinct,
-    or collinear: then the two extreme points)."""
+def hull_vertices(points: Float[npt.ArrayLike, "k 2"]) -> Int[np.ndarray, " h"]:
+    """Indices of the convex-hull vertices of planar points.
+
+    Args:
+        points: the points.
+
+    Returns:
+        The vertices' indices, counter-clockwise. For degenerate points all indices
+        (fewer than 3 points) or the two extreme points (collinear ones).
+    """
     pts = np.asarray(points, dtype=np.float64)
     k = pts.shape[0]
     if k <= 2:
@@ -113,8 +132,22 @@ def hull_vertices(points) -> np.ndarray:
         return np.array([int(np.argmin(s)), int(np.argmax(s))])
 
 
-def hull_measure(points) -> float:
-    """Area (2-d) or volume (3-d) of the convex hull of ``points``; 0 when degenerate."""
+def _closed_hull(points: Float[np.ndarray, "k 2"]) -> Float[np.ndarray, "h+1 2"]:
+    """The hull of planar points as a closed polygon (first vertex repeated last)."""
+    idx = hull_vertices(points)
+    return points[np.append(idx, idx[0])]
+
+
+def hull_measure(points: Float[npt.ArrayLike, "k d"]) -> float:
+    """Area (d = 2) or volume (d = 3) of the convex hull of ``points``.
+
+    Args:
+        points: the points.
+
+    Returns:
+        The measure; 0 for degenerate points (no more points than dimensions, or all on
+        a line or plane).
+    """
     pts = np.asarray(points, dtype=np.float64)
     if pts.shape[0] <= pts.shape[1]:
         return 0.0
@@ -126,15 +159,46 @@ def hull_measure(points) -> float:
         return 0.0
 
 
-def draw_hull(ax, points, *, fill: bool = False, **kw):
-    """Draw the convex hull of ``points`` (2-d: a polygon; 3-d axes: translucent faces)."""
+def _face_edge(kw: dict[str, Any]) -> dict[str, Any]:
+    """3-d faces: ``color`` is both the face and the edge colour."""
+    if "color" not in kw:
+        return kw
+    rest = dict(kw)
+    color = rest.pop("color")
+    return {"facecolor": color, "edgecolor": color, **rest}
+
+
+def _axes3d(ax: Axes, what: str) -> Axes3D:
+    """``ax`` as 3-d axes, or a ValueError saying that ``what`` needs them."""
+    from mpl_toolkits.mplot3d import Axes3D
+
+    if not isinstance(ax, Axes3D):
+        raise ValueError(f"{what} needs 3-d axes (projection='3d'); got {type(ax).__name__}.")
+    return ax
+
+
+def draw_hull(
+    ax: Axes, points: Float[npt.ArrayLike, "k d"], *, fill: bool = False, **kw: Any
+) -> Sequence[Artist] | Poly3DCollection | None:
+    """Draw the convex hull of ``points``: a polygon (d = 2) or translucent faces (d = 3).
+
+    Args:
+        ax: the axes (3-d axes for d = 3).
+        points: the points, d = 2 or 3.
+        fill: d = 2: a filled polygon instead of its outline.
+        **kw: matplotlib properties (``color`` colours the faces and edges in 3-d; the
+            faces' ``alpha`` defaults to 0.15).
+
+    Returns:
+        The artists drawn; ``None`` for degenerate points in 3-d.
+    """
     pts = np.asarray(points, dtype=np.float64)
     if pts.shape[1] == 2:
-        idx = hull_vertices(pts)
-        poly = pts[np.append(idx, idx[0])]
+        poly = _closed_hull(pts)
         if fill:
             return ax.fill(poly[:, 0], poly[:, 1], **kw)
         return ax.plot(poly[:, 0], poly[:, 1], **kw)
+    ax3 = _axes3d(ax, "draw_hull of 3-d points")
     from mpl_toolkits.mplot3d.art3d import Poly3DCollection
     from scipy.spatial import ConvexHull, QhullError
 
@@ -143,17 +207,31 @@ def draw_hull(ax, points, *, fill: bool = False, **kw):
     except (QhullError, ValueError):
         return None
     faces = [pts[s] for s in hull.simplices]
+    kw = _face_edge(kw)
     kw.setdefault("alpha", 0.15)
     coll = Poly3DCollection(faces, **kw)
-    ax.add_collection3d(coll)
+    ax3.add_collection3d(coll)
     return coll
 
 
-def box_section(phi, c: float, lo, hi) -> np.ndarray | None:
+def box_section(
+    phi: Float[npt.ArrayLike, " d"],
+    c: float,
+    lo: Float[npt.ArrayLike, " d"],
+    hi: Float[npt.ArrayLike, " d"],
+) -> Float[np.ndarray, "k d"] | None:
     """The section of the hyperplane ``{z : phi . z = c}`` with the box ``[lo, hi]``.
 
-    2-d: the two end points of a segment; 3-d: the vertices of a convex polygon, in
-    order. None if the hyperplane misses the box."""
+    Args:
+        phi: normal of the hyperplane, d = 2 or 3.
+        c: its level.
+        lo: the box's lower corner.
+        hi: the box's upper corner.
+
+    Returns:
+        d = 2: the two end points of a segment; d = 3: the vertices of a convex polygon,
+        in order around it. ``None`` if the hyperplane misses the box.
+    """
     phi = np.asarray(phi, dtype=np.float64)
     lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
     d = phi.shape[0]
@@ -187,37 +265,104 @@ def box_section(phi, c: float, lo, hi) -> np.ndarray | None:
     return pts[np.argsort(ang)]
 
 
-def draw_level(ax, phi, c: float, lo, hi, **kw):
-    """Draw ``{phi . z = c}`` within the box ``[lo, hi]``: a line (2-d) or a translucent
-    plane (3-d axes)."""
+def draw_level(
+    ax: Axes,
+    phi: Float[npt.ArrayLike, " d"],
+    c: float,
+    lo: Float[npt.ArrayLike, " d"],
+    hi: Float[npt.ArrayLike, " d"],
+    **kw: Any,
+) -> Sequence[Artist] | Poly3DCollection | None:
+    """Draw ``{phi . z = c}`` within the box ``[lo, hi]``: a line (d = 2) or a translucent
+    plane (d = 3).
+
+    Args:
+        ax: the axes (3-d axes for d = 3).
+        phi: normal of the hyperplane.
+        c: its level.
+        lo: the box's lower corner.
+        hi: the box's upper corner.
+        **kw: matplotlib properties (``color`` colours the face and edges in 3-d; the
+            face's ``alpha`` defaults to 0.18).
+
+    Returns:
+        The artists drawn; ``None`` if the hyperplane misses the box.
+    """
     sec = box_section(phi, c, lo, hi)
     if sec is None:
         return None
-    if len(phi) == 2:
+    if sec.shape[1] == 2:
         return ax.plot(sec[:, 0], sec[:, 1], **kw)
+    ax3 = _axes3d(ax, "draw_level in 3-d")
     from mpl_toolkits.mplot3d.art3d import Poly3DCollection
 
+    kw = _face_edge(kw)
     kw.setdefault("alpha", 0.18)
     coll = Poly3DCollection([sec], **kw)
-    ax.add_collection3d(coll)
+    ax3.add_collection3d(coll)
     return coll
 
 
-def draw_trajectories(
-    ax,
-    z,
+def draw_levels(
+    ax: Axes,
+    phi: Float[npt.ArrayLike, " d"],
+    levels: Iterable[float],
+    lo: Float[npt.ArrayLike, " d"],
+    hi: Float[npt.ArrayLike, " d"],
     *,
-    color="0.55",
+    zero: Mapping[str, Any] | None = None,
+    **kw: Any,
+) -> list[Sequence[Artist] | Poly3DCollection]:
+    """Draw the parallel hyperplanes ``{phi . z = c}``, ``c`` in ``levels`` (``draw_level``
+    for each), the one at ``c = 0`` styled apart if asked.
+
+    Args:
+        ax: the axes (3-d axes for d = 3).
+        phi: normal of the hyperplanes.
+        levels: their levels, e.g. ``(a, 0, b)``.
+        lo: the box's lower corner.
+        hi: the box's upper corner.
+        zero: properties that replace ``kw``'s for the level 0 (e.g. ``{"ls": ":"}``).
+        **kw: matplotlib properties of every level.
+
+    Returns:
+        The artists drawn, one entry per level that meets the box.
+    """
+    out = []
+    for c in levels:
+        drawn = draw_level(ax, phi, c, lo, hi, **{**kw, **(zero if zero and c == 0 else {})})
+        if drawn is not None:
+            out.append(drawn)
+    return out
+
+
+def draw_trajectories(
+    ax: Axes,
+    z: Float[npt.ArrayLike, "m n d"],
+    *,
+    color: Any = "0.55",
     lw: float = 0.6,
     alpha: float = 0.8,
     start: bool = True,
     end: bool = True,
-    end_color="k",
+    end_color: Any = "k",
     ms: float = 3.5,
-    colors=None,
-):
-    """Draw token paths ``z`` ``(m, n, d)`` (d = 2 or 3) with start (open) and end
-    (filled) markers; ``colors`` one colour per token overrides ``color``."""
+    colors: Sequence[Any] | None = None,
+) -> None:
+    """Draw token paths with start (open) and end (filled) markers.
+
+    Args:
+        ax: the axes (3-d axes for d = 3).
+        z: the tokens at the saved times, d = 2 or 3.
+        color: colour of the paths.
+        lw: line width of the paths.
+        alpha: opacity of the paths.
+        start: mark the first positions (open circles).
+        end: mark the last positions (filled dots).
+        end_color: colour of the end dots.
+        ms: size of the end dots (the start circles are 0.7 of it).
+        colors: one colour per token, overriding ``color``.
+    """
     z = np.asarray(z)
     n, d = z.shape[1], z.shape[2]
     for i in range(n):
@@ -237,9 +382,18 @@ def draw_trajectories(
         ax.plot(*[z[-1, :, k] for k in range(d)], "o", ms=ms, color=end_color, ls="none")
 
 
-def data_box(z, pad: float = 0.06):
-    """``(lo, hi)``: the bounding box of the finite points of ``z`` ``(..., d)``, padded
-    by ``pad`` times its extent on each side."""
+def data_box(
+    z: Float[npt.ArrayLike, "*points d"], pad: float = 0.06
+) -> tuple[Float[np.ndarray, " d"], Float[np.ndarray, " d"]]:
+    """The padded bounding box of the finite points of ``z``.
+
+    Args:
+        z: points (any leading shape).
+        pad: margin on each side, as a fraction of the box's extent along that axis.
+
+    Returns:
+        ``(lo, hi)``, the box's corners.
+    """
     pts = np.asarray(z).reshape(-1, np.asarray(z).shape[-1])
     pts = pts[np.all(np.isfinite(pts), axis=1)]
     lo, hi = pts.min(axis=0), pts.max(axis=0)
@@ -247,8 +401,44 @@ def data_box(z, pad: float = 0.06):
     return lo - pad * span, hi + pad * span
 
 
+def set_box(ax: Axes, lo: Float[npt.ArrayLike, " d"], hi: Float[npt.ArrayLike, " d"]) -> None:
+    """Set the limits of ``ax`` to the box ``[lo, hi]`` (x and y; z too on 3-d axes).
+
+    Args:
+        ax: the axes.
+        lo: the box's lower corner, d = 2 or 3.
+        hi: the box's upper corner.
+    """
+    lo, hi = np.asarray(lo), np.asarray(hi)
+    ax.set_xlim(lo[0], hi[0])
+    ax.set_ylim(lo[1], hi[1])
+    if lo.shape[0] == 3:
+        _axes3d(ax, "set_box in 3-d").set_zlim(lo[2], hi[2])
+
+
+def edge_on_view(
+    phi: Float[npt.ArrayLike, " 3"], lo: Float[npt.ArrayLike, " 3"], hi: Float[npt.ArrayLike, " 3"]
+) -> tuple[float, float]:
+    """The camera that sees the planes ``{phi . z = c}`` edge-on (as lines).
+
+    Args:
+        phi: normal of the planes.
+        lo: lower corner of the drawn box (matplotlib normalises the box to a cube).
+        hi: its upper corner.
+
+    Returns:
+        ``(elev, azim)`` of a horizontal camera, in degrees.
+    """
+    span = np.maximum(np.asarray(hi) - np.asarray(lo), 1e-12)
+    p = np.asarray(phi, dtype=np.float64) * span  # the normal in normalised coordinates
+    v = np.cross(p, [0.0, 0.0, 1.0])
+    if np.linalg.norm(v) < 1e-12 * np.linalg.norm(p):
+        return 0.0, -60.0
+    return 0.0, float(np.degrees(np.arctan2(v[1], v[0])))
+
+
 # ---------------------------------------------------------------------- movies
-def _frame_indices(ts, frames: int) -> np.ndarray:
+def _frame_indices(ts: Float[np.ndarray, " m"], frames: int) -> Int[np.ndarray, " f"]:
     """Saved-time indices for ``frames`` frames, denser early (times ~ (j/F)^2 t1),
     where the tokens move fastest; always the first and last save."""
     ts = np.asarray(ts, dtype=np.float64)
@@ -258,20 +448,19 @@ def _frame_indices(ts, frames: int) -> np.ndarray:
     return np.unique(idx)
 
 
-def edge_on_view(phi, lo, hi) -> tuple[float, float]:
-    """``(elev, azim)`` of a horizontal camera looking along the planes ``{phi . z = c}``
-    (they then appear edge-on, as lines), in matplotlib's box-normalised 3-d axes."""
-    span = np.maximum(np.asarray(hi) - np.asarray(lo), 1e-12)
-    p = np.asarray(phi, dtype=np.float64) * span  # the normal in normalised coordinates
-    v = np.cross(p, [0.0, 0.0, 1.0])
-    if np.linalg.norm(v) < 1e-12 * np.linalg.norm(p):
-        return 0.0, -60.0
-    return 0.0, float(np.degrees(np.arctan2(v[1], v[0])))
+def _set_points(line: Line2D, pts: Float[np.ndarray, "k d"]) -> None:
+    """Move a line (2-d, or 3-d: mplot3d turns the lines it draws into ``Line3D``)."""
+    from mpl_toolkits.mplot3d.art3d import Line3D
+
+    if isinstance(line, Line3D):
+        line.set_data_3d(pts[:, 0], pts[:, 1], pts[:, 2])
+    else:
+        line.set_data(pts[:, 0], pts[:, 1])
 
 
 def animate(
-    traj,
-    path,
+    traj: Trajectory,
+    path: str | os.PathLike[str],
     *,
     frames: int = 60,
     fps: int = 12,
@@ -282,17 +471,17 @@ def animate(
     trail: int = 12,
     size: float = 4.0,
     system: int = 0,
-) -> dict:
+) -> dict[str, Any]:
     """Write a GIF of the tokens moving.
 
     Args:
         traj: a ``Trajectory`` with many saved times (every layer is best); tokens in
-            d = 2 or 3. For a batch, ``system`` picks one.
+            d = 2 or 3.
         path: the ``.gif`` file to write (folders are created).
         frames: number of frames (saved times, denser early where the motion is fast;
             at most the number of saves).
         fps: frames per second.
-        dpi, size: resolution and side in inches.
+        dpi: resolution.
         frame: ``"rescaled"`` (``traj.z``, the theory's picture) or ``"original"``
             (``traj.x``); default the frame that was integrated.
         draw: ``"hull"`` (the current convex hull; the final one dashed), ``"levels"``
@@ -301,6 +490,8 @@ def animate(
             planes are seen edge-on), or ``"none"``.
         title: a line above the picture (the time is added below it).
         trail: how many saved times each token's tail spans.
+        size: side of the picture, in inches.
+        system: for a batch, which system to draw.
 
     Returns:
         ``{"path", "frames", "fps", "seconds", "bytes"}``.
@@ -313,9 +504,9 @@ def animate(
     from ..analysis.regimes import spectral_structure
 
     t_start = time.perf_counter()
-    frame = frame or traj.frame
-    if frame not in ("rescaled", "original"):
-        raise ValueError(f"frame must be 'rescaled' or 'original'; got {frame!r}.")
+    frame = _checks.choice("frame", frame or traj.frame, ("rescaled", "original"))
+    draw = _checks.choice("draw", draw, ("hull", "levels", "none"))
+    frames = _checks.integer("frames", frames, lo=2)
     Y = np.asarray(traj.z if frame == "rescaled" else traj.x, dtype=np.float64)
     ts = np.asarray(traj.ts, dtype=np.float64)
     if traj.batched:
@@ -324,12 +515,8 @@ def animate(
     m, n, d = Y.shape
     if d not in (2, 3):
         raise ValueError(f"animate draws tokens in d = 2 or 3; got d = {d}.")
-    if draw not in ("hull", "levels", "none"):
-        raise ValueError(f"draw must be 'hull', 'levels' or 'none'; got {draw!r}.")
-    if frames < 2 or m < 2:
-        raise ValueError(
-            f"need at least 2 frames and 2 saved times; got frames = {frames}, {m} saves."
-        )
+    if m < 2:
+        raise ValueError(f"need at least 2 saved times; got {m}.")
     idx = _frame_indices(ts, frames)
     phi = None
     if draw == "levels":
@@ -343,20 +530,20 @@ def animate(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     label = "z" if frame == "rescaled" else "x"
-    with matplotlib.rc_context({**STYLE, "savefig.bbox": None}):
+    # the stub wants a dict keyed by the literal rc names; any rc name (str) is accepted
+    with matplotlib.rc_context({**STYLE, "savefig.bbox": None}):  # pyright: ignore[reportArgumentType]
         # a Figure of its own on an Agg canvas: no pyplot, so no backend to switch and
         # nothing registered with (or shown by) pyplot
         fig = Figure(figsize=(size, size), dpi=dpi)
         FigureCanvasAgg(fig)
         ax = fig.add_subplot(111, projection="3d" if d == 3 else None)
-        ax.set_xlim(lo[0], hi[0])
-        ax.set_ylim(lo[1], hi[1])
+        set_box(ax, lo, hi)
         ax.set_xlabel(f"${label}_1$")
         ax.set_ylabel(f"${label}_2$")
-        if d == 3:
-            ax.set_zlim(lo[2], hi[2])
-            ax.set_zlabel(f"${label}_3$")
-            elev0, azim0 = 22.0, -60.0
+        elev0, azim0 = elev1, azim1 = 22.0, -60.0
+        ax3 = _axes3d(ax, "animate") if d == 3 else None
+        if ax3 is not None:
+            ax3.set_zlabel(f"${label}_3$")
             elev1, azim1 = edge_on_view(phi, lo, hi) if phi is not None else (22.0, -20.0)
             if azim1 - azim0 > 180:
                 azim1 -= 360
@@ -375,27 +562,19 @@ def animate(
         elif d == 2 and draw == "levels":
             lines2d = [ax.plot([], [], color="C3", lw=0.8, ls=ls)[0] for ls in ("-", ":", "-")]
         if d == 3 and draw == "hull":
-            draw_hull(ax, Y[-1], facecolor="C3", edgecolor="C3", alpha=0.12, lw=0.4)
+            draw_hull(ax, Y[-1], color="C3", alpha=0.12, lw=0.4)
         polys = []
 
         def update(j):
             k = idx[j]
             k0 = max(0, k - trail)
             for i, ln in enumerate(trails):
-                seg = Y[k0 : k + 1, i]
-                if d == 2:
-                    ln.set_data(seg[:, 0], seg[:, 1])
-                else:
-                    ln.set_data_3d(seg[:, 0], seg[:, 1], seg[:, 2])
-            if d == 2:
-                dots.set_data(Y[k, :, 0], Y[k, :, 1])
-            else:
-                dots.set_data_3d(Y[k, :, 0], Y[k, :, 1], Y[k, :, 2])
+                _set_points(ln, Y[k0 : k + 1, i])
+            _set_points(dots, Y[k])
             if draw == "hull" and d == 2:
-                hv = hull_vertices(Y[k])
-                poly = Y[k][np.append(hv, hv[0])]
+                poly = _closed_hull(Y[k])
                 lines2d[0].set_data(poly[:, 0], poly[:, 1])
-            elif draw == "levels":
+            elif draw == "levels" and phi is not None:
                 p = Y[k] @ phi
                 levels = (p.min(), 0.0, p.max())
                 if d == 2:
@@ -405,15 +584,12 @@ def animate(
                 else:
                     while polys:
                         polys.pop().remove()
-                    for c in levels:
-                        coll = draw_level(
-                            ax, phi, c, lo, hi, facecolor="C3", edgecolor="C3", alpha=0.12, lw=0.4
-                        )
-                        if coll is not None:
-                            polys.append(coll)
-            if d == 3:
+                    polys.extend(
+                        draw_levels(ax, phi, levels, lo, hi, color="C3", alpha=0.12, lw=0.4)
+                    )
+            if ax3 is not None:
                 s = j / max(len(idx) - 1, 1)
-                ax.view_init(elev=elev0 + (elev1 - elev0) * s, azim=azim0 + (azim1 - azim0) * s)
+                ax3.view_init(elev=elev0 + (elev1 - elev0) * s, azim=azim0 + (azim1 - azim0) * s)
             title_artist.set_text(f"{title}\n$t = {ts[k]:.1f}$")
             return []
 
@@ -430,7 +606,7 @@ def animate(
 
 def movie(
     case: str,
-    path,
+    path: str | os.PathLike[str],
     *,
     n: int = 20,
     seed: int = 0,
@@ -439,15 +615,34 @@ def movie(
     frames: int = 60,
     fps: int = 12,
     dpi: int = 90,
-) -> dict:
-    """Simulate a named case of ``MOVIE_CASES`` and write its GIF (``animate``).
+) -> dict[str, Any]:
+    """Simulate a named case of ``MOVIE_CASES`` (``simulate_tokens``) and write its GIF
+    (``animate``).
 
-    Returns ``animate``'s dict with the simulation parameters under ``"params"``."""
-    if case not in MOVIE_CASES:
-        raise ValueError(f"unknown case {case!r}; known: {', '.join(MOVIE_CASES)}.")
-    c = MOVIE_CASES[case]
-    t1 = c["t1"] if t1 is None else float(t1)
-    traj, params = simulate_tokens(case_matrix(c), n=n, seed=seed, t1=t1, dt=dt, frame=c["frame"])
+    Args:
+        case: a key of ``MOVIE_CASES``.
+        path: the ``.gif`` file to write.
+        n: number of tokens.
+        seed: seed of the tokens.
+        t1: final time; default the case's.
+        dt: layer step of the discrete transformer.
+        frames: number of frames.
+        fps: frames per second.
+        dpi: resolution.
+
+    Returns:
+        ``animate``'s dict, with the simulation's parameters under ``"params"`` and the
+        case under ``"case"``.
+    """
+    c = MOVIE_CASES[_checks.choice("case", case, MOVIE_CASES)]
+    traj, params = simulate_tokens(
+        case_matrix(c),
+        n=n,
+        seed=seed,
+        t1=c["t1"] if t1 is None else float(t1),
+        dt=dt,
+        frame=c["frame"],
+    )
     info = animate(
         traj,
         path,
