@@ -238,6 +238,70 @@ def test_plotting_geometry():
     assert np.allclose(ts / 0.1, np.round(ts / 0.1)) and ts[0] == 0 and ts[-1] == 1.0
 
 
+def test_draw_levels_lie_on_their_hyperplanes():
+    """draw_levels: one line per level that meets the box, every end point on
+    {phi . z = c} and on the box's boundary, the level 0 styled apart; a level outside
+    the box draws nothing."""
+    from matplotlib.figure import Figure
+
+    from attnflow.plotting import draw_levels
+
+    phi = np.array([0.6, -0.8])
+    lo, hi = np.array([-1.0, -2.0]), np.array([3.0, 1.0])
+    ax = Figure().add_subplot()
+    drawn = draw_levels(
+        ax, phi, (-1.0, 0.0, 0.5, 9.0), lo, hi, color="C3", ls="-", zero={"ls": ":"}
+    )
+    assert len(drawn) == 3  # phi . z <= 0.6 * 3 + 0.8 * 2 = 3.4 < 9 in the box
+    for (line,), c in zip(drawn, (-1.0, 0.0, 0.5)):
+        pts = np.column_stack(line.get_data())
+        assert pts.shape == (2, 2)
+        np.testing.assert_allclose(pts @ phi, c, atol=1e-12)
+        on_side = np.isclose(pts, lo) | np.isclose(pts, hi)
+        assert on_side.any(axis=1).all() and (pts >= lo - 1e-12).all() and (pts <= hi + 1e-12).all()
+        assert line.get_linestyle() == (":" if c == 0 else "-")
+
+
+def test_3d_color_is_face_and_edge_and_2d_axes_are_refused():
+    from matplotlib.colors import to_rgba
+    from matplotlib.figure import Figure
+
+    from attnflow.plotting import draw_hull, draw_level, set_box
+
+    cube = np.array(np.meshgrid([0, 1], [0, 1], [0, 1])).reshape(3, -1).T.astype(float)
+    fig = Figure()
+    ax3 = fig.add_subplot(projection="3d")
+    hull = draw_hull(ax3, cube, color="C2", alpha=0.3)
+    plane = draw_level(ax3, np.array([0.0, 0.0, 1.0]), 0.5, [0, 0, 0], [1, 1, 1], color="C0")
+    for coll, c, a in ((hull, "C2", 0.3), (plane, "C0", 0.18)):  # 0.18: the planes' default
+        np.testing.assert_allclose(coll.get_facecolor()[0], to_rgba(c, a))
+        np.testing.assert_allclose(coll.get_edgecolor()[0][:3], to_rgba(c)[:3])
+    set_box(ax3, [-1, -2, -3], [1, 2, 3])
+    assert ax3.get_zlim() == (-3, 3) and ax3.get_ylim() == (-2, 2)
+    with pytest.raises(ValueError, match="projection='3d'"):
+        draw_hull(fig.add_subplot(), cube)
+
+
+def test_movie_cases_and_simulate_tokens_arguments():
+    """Every movie case names a d x d value matrix; those drawn with levels have the
+    simple leading eigenvalue that levels need. simulate_tokens and movie refuse bad
+    arguments by name, before any work."""
+    import attnflow as af
+    from attnflow.plotting import MOVIE_CASES, movie, simulate_tokens
+    from attnflow.studies.setups import case_matrix
+
+    for case in MOVIE_CASES.values():
+        V = case_matrix(case)
+        assert V.shape == (case["d"], case["d"])
+        if case["draw"] == "levels":
+            assert af.spectral_structure(V).phi1_left is not None
+    for kw, word in (({"n": 0}, "n"), ({"scale": -1.0}, "scale"), ({"batch": 0}, "batch")):
+        with pytest.raises(ValueError, match=f"^{word} must"):
+            simulate_tokens(np.eye(2), **kw)
+    with pytest.raises(ValueError, match="^case must be one of"):
+        movie("nonsense", "m.gif")
+
+
 def test_find_experiments_installed_and_external(tmp_path):
     """Default: the installed subpackage; --experiments DIR: any folder of fig_*.py."""
     import attnflow.experiments
