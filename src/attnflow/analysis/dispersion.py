@@ -28,12 +28,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy.typing as npt
+from jaxtyping import Float, Int
 
+from .. import _checks
 from ..dynamics import kernels as _kernels
 
 __all__ = [
@@ -47,7 +51,7 @@ __all__ = [
 
 
 # -------------------------------------------------------------------------- bounds
-def bound_tight(delta, n):
+def bound_tight(delta: Float[npt.ArrayLike, "*b"], n: Any) -> Float[np.ndarray, "*b"]:
     """``1 / (1 + (n - 1) e^{-delta})``: the largest softmax coefficient possible for
     ``n`` logits of spread ``delta`` (temperature inside the logits). Arrays broadcast."""
     delta = np.asarray(delta, np.float64)
@@ -55,13 +59,13 @@ def bound_tight(delta, n):
         return 1.0 / (1.0 + (np.asarray(n, np.float64) - 1.0) * np.exp(-delta))
 
 
-def bound_loose(delta, n):
+def bound_loose(delta: Float[npt.ArrayLike, "*b"], n: Any) -> Float[np.ndarray, "*b"]:
     """``e^{delta} / n`` (``>= bound_tight``); ``inf`` past the float range."""
     with np.errstate(over="ignore"):
         return np.exp(np.asarray(delta, np.float64)) / np.asarray(n, np.float64)
 
 
-def qknorm_delta_bound(beta, p):
+def qknorm_delta_bound(beta: float, p: int) -> float:
     """``2 beta p``: the largest logit spread of ``qknorm`` (``|q^| = |k^| = sqrt(p)``)."""
     return 2.0 * float(beta) * int(p)
 
@@ -74,7 +78,7 @@ class DispersionReport:
 
     Attributes:
         max: the largest coefficient of each row, ``max_j P_ij``.
-        argmax: the token it falls on.
+        argmax: the token it falls on (-1 for a row of NaN).
         delta: the logit spread ``max_j L_ij - min_j L_ij`` (NaN without logits).
         bound_tight: ``1 / (1 + (n - 1) e^{-delta})``, the largest possible softmax
             coefficient for that spread.
@@ -183,7 +187,8 @@ def _report(st: dict, n: int, sink: int, kernel) -> DispersionReport:
         ent_n = ent / math.log(n) if n > 1 else np.full(ent.shape, np.nan)
     return DispersionReport(
         max=mx,
-        argmax=st["argmax"],
+        # a row with a NaN (the unreached saves of a failed system) has no top token
+        argmax=np.where(np.isnan(mx), -1, st["argmax"]),
         delta=delta,
         bound_tight=bound_tight(delta, n),
         bound_loose=bound_loose(delta, n),
@@ -198,12 +203,8 @@ def _report(st: dict, n: int, sink: int, kernel) -> DispersionReport:
     )
 
 
-def _check_sink(sink, n: int) -> int:
-    if isinstance(sink, bool) or not isinstance(sink, (int, np.integer)) or not 0 <= sink <= n:
-        raise ValueError(
-            f"sink must be an integer number of leading tokens in [0, n = {n}]; got {sink!r}."
-        )
-    return int(sink)
+def _check_sink(sink: Any, n: int) -> int:
+    return _checks.integer("sink", sink, lo=0, hi=n)
 
 
 def _auto_rows_block(n: int) -> int:
@@ -211,8 +212,11 @@ def _auto_rows_block(n: int) -> int:
 
 
 def _model_report(model, x, rows, sink, block) -> DispersionReport:
-    x = jnp.asarray(x, model.dtype)
-    if x.ndim not in (2, 3) or x.shape[-1] != model.d:
+    x = jnp.asarray(
+        _checks.real_array("x", x, ndim=(2, 3), shape_hint=f"(n, {model.d}) or (b, n, {model.d})"),
+        model.dtype,
+    )
+    if x.shape[-1] != model.d:
         raise ValueError(
             f"x must be tokens (n, {model.d}) or a batch (b, n, {model.d}); "
             f"got shape {tuple(x.shape)}."
@@ -240,7 +244,14 @@ def _model_report(model, x, rows, sink, block) -> DispersionReport:
 
 # ---------------------------------------------------------------------- public
 def dispersion(
-    P, *, logits=None, sink: int = 1, k: int = -1, x=None, rows=None, block: int | None = None
+    P: Any,
+    *,
+    logits: Float[npt.ArrayLike, "*b n"] | None = None,
+    sink: int = 1,
+    k: int = -1,
+    x: Float[npt.ArrayLike, "*b n d"] | None = None,
+    rows: slice | Int[npt.ArrayLike, " r"] | None = None,
+    block: int | None = None,
 ) -> DispersionReport:
     """Dispersion statistics of attention rows: largest coefficient, bounds, entropy, sink.
 
@@ -288,28 +299,18 @@ def dispersion(
         return _model_report(P, x, rows, sink, block)
     if x is not None or rows is not None:
         raise ValueError("x and rows apply to a model or trajectory, not to a matrix P.")
-    try:
-        Pa = np.asarray(P)
-    except Exception as exc:
-        raise ValueError(f"P must be an attention matrix (rows, n); {exc}") from None
-    if (
-        Pa.ndim < 1
-        or Pa.shape[-1] < 1
-        or not np.issubdtype(Pa.dtype, np.number)
-        or np.iscomplexobj(Pa)
-    ):
-        raise ValueError(
-            f"P must be a real (rows, n) attention matrix; got shape {Pa.shape}, dtype {Pa.dtype}."
-        )
+    Pa = _checks.real_array("P", P, shape_hint="(rows, n)")
+    if Pa.ndim < 1:
+        raise ValueError(f"P must be a real (rows, n) attention matrix; got shape {Pa.shape}.")
     if np.any(Pa < 0):
         raise ValueError("P has negative entries; attention weights are >= 0.")
     La = None
     if logits is not None:
-        La = np.asarray(logits)
+        La = _checks.real_array("logits", logits, finite=False)
         if La.shape != Pa.shape:
             raise ValueError(f"logits must have the shape of P {Pa.shape}; got {La.shape}.")
-        if np.iscomplexobj(La):
-            raise ValueError("logits must be real.")
+        if np.any(np.isnan(La) | (La == np.inf)):
+            raise ValueError("logits has NaN or +inf entries; only -inf (a masked key) is allowed.")
     n = Pa.shape[-1]
     sink = _check_sink(sink, n)
     Pf = Pa.astype(np.float64) if not np.issubdtype(Pa.dtype, np.floating) else Pa
@@ -338,9 +339,9 @@ def _row_stats_np(P, L, sink):
 
 
 def dispersion_scan(
-    Q,
-    K,
-    x,
+    Q: Float[npt.ArrayLike, "p d"],
+    K: Float[npt.ArrayLike, "p d"],
+    x: Float[npt.ArrayLike, "N d"],
     ns: Sequence[int],
     *,
     kernels: Sequence[str] | None = None,

@@ -107,14 +107,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy.typing as npt
+from jaxtyping import Float, Int, Shaped
+from scipy.stats import linregress
 
+from .. import _checks
 from ..dynamics import kernels as _kernels
+
+if TYPE_CHECKING:
+    from ..dynamics.trajectory import Trajectory
 
 __all__ = [
     "RankTrack",
@@ -133,53 +140,34 @@ _CHUNK_ELEMENTS = 2**24
 
 
 # ----------------------------------------------------------------------- checks
-def _check_tol(tol) -> float:
-    try:
-        t = float(tol)
-    except Exception:
-        raise ValueError(f"tol must be a number in (0, 1); got {tol!r}.") from None
-    if not math.isfinite(t) or not 0.0 < t < 1.0:
-        raise ValueError(
-            f"tol must be in (0, 1) (relative to the largest singular value); got {tol!r}."
-        )
-    return t
+def _check_tol(tol: Any) -> float:
+    return _checks.number(
+        "tol",
+        tol,
+        lo=0.0,
+        hi=1.0,
+        lo_open=True,
+        hi_open=True,
+        what="in (0, 1) (relative to the largest singular value)",
+    )
 
 
-def _check_norm(norm) -> str:
-    if norm not in NORMS:
-        raise ValueError(f"norm must be one of {NORMS}; got {norm!r}.")
-    return norm
+def _check_threshold(threshold: Any) -> float:
+    return _checks.positive("leader_threshold", threshold)
 
 
-def _check_int(name: str, value, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
-        raise ValueError(f"{name} must be an integer >= {lo}; got {value!r}.")
-    return int(value)
+def _check_method(method: Any) -> str:
+    return _checks.choice("method", method, ("auto", "svd"))
 
 
-def _check_P(P, name: str = "P") -> np.ndarray:
-    try:
-        arr = np.asarray(P)
-    except Exception as exc:
-        raise ValueError(f"{name} must be an array of shape (..., r, n): {exc}") from None
-    if np.iscomplexobj(arr):
-        raise ValueError(f"{name} must be real; got a complex array.")
-    if not (
-        np.issubdtype(arr.dtype, np.floating)
-        or np.issubdtype(arr.dtype, np.integer)
-        or arr.dtype == np.bool_
-    ):
-        raise ValueError(f"{name} must be a real numeric array; got dtype {arr.dtype}.")
+def _check_P(P: Any, name: str = "P") -> np.ndarray:
+    arr = _checks.real_array(name, P, shape_hint="(n, n), (r, n) or a stack (..., r, n)")
     if arr.ndim < 2:
         raise ValueError(
             f"{name} must have shape (n, n), (r, n) or a stack (..., r, n); got shape {arr.shape}."
         )
-    if arr.shape[-1] < 1 or arr.shape[-2] < 1:
-        raise ValueError(f"{name} must have at least one row and one column; got {arr.shape}.")
     if not np.issubdtype(arr.dtype, np.floating):
         arr = arr.astype(np.float64)
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} has non-finite entries (NaN or inf).")
     if np.any(arr < 0):
         raise ValueError(f"{name} has negative entries; an attention matrix has entries in [0, 1].")
     return arr
@@ -205,8 +193,12 @@ def _row_stats_np(P: np.ndarray, stochastic: bool):
 
 
 def boolean_distance(
-    P, *, norm: str = "inf", stochastic: bool = True, per_row: bool = False
-) -> np.ndarray:
+    P: Float[npt.ArrayLike, "*b r n"],
+    *,
+    norm: str = "inf",
+    stochastic: bool = True,
+    per_row: bool = False,
+) -> Float[np.ndarray, "*b"] | Float[np.ndarray, "*b r"]:
     """Distance of ``P`` to the nearest Boolean row-stochastic matrix.
 
     Args:
@@ -227,14 +219,14 @@ def boolean_distance(
         ``(...)`` max over rows (or ``(..., r)`` per row), as a numpy array. A Boolean
         row-stochastic matrix has distance exactly 0.
     """
-    _check_norm(norm)
+    norm = _checks.choice("norm", norm, NORMS)
     P = _check_P(P)
     _, d_inf, d_l1, _ = _row_stats_np(P, bool(stochastic))
     d = d_inf if norm == "inf" else d_l1
     return d if per_row else d.max(-1)
 
 
-def nearest_boolean(P) -> np.ndarray:
+def nearest_boolean(P: Float[npt.ArrayLike, "*b r n"]) -> Float[np.ndarray, "*b r n"]:
     """The nearest Boolean row-stochastic matrix: ``B_i = e_{argmax_j P_ij}``.
 
     Args:
@@ -250,7 +242,7 @@ def nearest_boolean(P) -> np.ndarray:
     return B
 
 
-def leaders_of(P, threshold: float = 0.5) -> np.ndarray:
+def leaders_of(P: Float[npt.ArrayLike, "r n"], threshold: float = 0.5) -> Int[np.ndarray, " k"]:
     """Tokens that receive attention: columns of ``P`` with mass ``sum_i P_ij > threshold``.
 
     Args:
@@ -266,18 +258,6 @@ def leaders_of(P, threshold: float = 0.5) -> np.ndarray:
         raise ValueError(f"P must be one matrix (r, n) here; got shape {P.shape}.")
     th = _check_threshold(threshold)
     return np.flatnonzero(P.sum(0) > th)
-
-
-def _check_threshold(threshold) -> float:
-    try:
-        th = float(threshold)
-    except Exception:
-        raise ValueError(
-            f"leader_threshold must be a positive number; got {threshold!r}."
-        ) from None
-    if not math.isfinite(th) or th <= 0:
-        raise ValueError(f"leader_threshold must be a positive number; got {threshold!r}.")
-    return th
 
 
 # ------------------------------------------------------------------------ rank
@@ -364,7 +344,7 @@ def _rank_stack(
 
 
 def rank_of(
-    P,
+    P: Float[npt.ArrayLike, "*b r n"],
     tol: float = 1e-6,
     *,
     method: str = "auto",
@@ -372,7 +352,7 @@ def rank_of(
     rank_cap: int = 64,
     seed: int = 0,
     return_method: bool = False,
-):
+) -> Int[np.ndarray, "*b"] | tuple[Int[np.ndarray, "*b"], Shaped[np.ndarray, "*b"]]:
     """Numerical rank of an attention matrix or a stack of them.
 
     ``rank = #{k : sigma_k(P) > tol * sigma_1(P)}``.
@@ -395,10 +375,9 @@ def rank_of(
         asked.
     """
     tol = _check_tol(tol)
-    if method not in ("auto", "svd"):
-        raise ValueError(f"method must be 'auto' or 'svd'; got {method!r}.")
-    svd_max_n = _check_int("svd_max_n", svd_max_n, 1)
-    rank_cap = _check_int("rank_cap", rank_cap, 1)
+    method = _check_method(method)
+    svd_max_n = _checks.integer("svd_max_n", svd_max_n, lo=1)
+    rank_cap = _checks.integer("rank_cap", rank_cap, lo=1)
     P = _check_P(P)
     lead = P.shape[:-2]
     Ps = P.reshape((-1,) + P.shape[-2:])
@@ -420,40 +399,6 @@ def rank_of(
 
 
 # -------------------------------------------------------- trajectory statistics
-def _masked_log_mass(L, keep, m, logS):
-    """``log(sum_{j in keep} e^{L_j - m}) - logS`` for rows of logits ``L``, robustly.
-
-    The largest kept logit is pinned to ``e^0 = 1`` after its own shift (see
-    ``_softmax_pinned``), so the result is exact to relative rounding and ``-inf`` only
-    when nothing is kept.
-    """
-    Lk = jnp.where(keep, L, -jnp.inf)
-    mk = jnp.max(Lk, axis=-1)
-    top = jax.nn.one_hot(jnp.argmax(Lk, axis=-1), L.shape[-1], dtype=bool)
-    e = jnp.where(keep, jnp.where(top, 1.0, jnp.exp(jnp.minimum(L - mk[:, None], 0.0))), 0.0)
-    return (mk - m) + jnp.log(e.sum(-1)) - logS
-
-
-def _softmax_pinned(L):
-    """Row softmax of ``L`` ``(n, n)`` with the argmax entry pinned to ``e^0``.
-
-    Inside ``jit`` on CPU, XLA may contract ``q.k - max`` into one fused multiply-add,
-    so the shifted logit of the maximum comes out as the product's rounding error
-    (``+-ulp/2``), not 0; past ``|logit| ~ 6e18`` (float64; ``~1.5e9`` in float32) that
-    is beyond ``log(finfo.max)`` and ``jax.nn.softmax`` returns ``inf / inf = NaN``.
-    Clamping the shifts at 0 and pinning the argmax to 1 keeps every row exact to the
-    accuracy of its logits (the same formula as ``kernels.softmax``; here the shift and
-    the normaliser are also returned, for the log-masses).
-    """
-    n = L.shape[-1]
-    k = jnp.argmax(L, axis=-1)
-    hot = jax.nn.one_hot(k, n, dtype=bool)
-    m = jnp.max(L, axis=-1)
-    e = jnp.where(hot, 1.0, jnp.exp(jnp.minimum(L - m[:, None], 0.0)))
-    S = e.sum(-1)
-    return e / S[:, None], k, hot, m, jnp.log(S)
-
-
 @eqx.filter_jit
 def _traj_stats(model, x, stochastic: bool):
     """Tokens ``x`` ``(c, n, d)`` (original frame) -> ``P`` and per-row statistics."""
@@ -462,8 +407,12 @@ def _traj_stats(model, x, stochastic: bool):
     def one(x):
         L = model.logits(x)
         n = L.shape[-1]
-        if kernel == "softmax":
-            P, k, hot, m, logS = _softmax_pinned(L)
+        # softmax: the kernel's own, with what the log-masses need (same band rule)
+        parts = _kernels.softmax_parts(L) if kernel == "softmax" else None
+        if parts is not None:
+            P = parts.P
+            k = jnp.argmax(L, axis=-1)
+            hot = jax.nn.one_hot(k, n, dtype=bool)
         else:
             P = _kernels.weights(kernel, L, params=model.kernel_params)
             k = jnp.argmax(P, axis=-1)
@@ -476,9 +425,9 @@ def _traj_stats(model, x, stochastic: bool):
         # Cluster of a leader: the tokens that attend it. Mass outside the row's cluster.
         same = k[None, :] == k[:, None]  # (i, j): token j attends the leader of row i
         out_mass = jnp.where(same, 0.0, P).sum(-1)
-        if kernel == "softmax":
-            log_off = _masked_log_mass(L, ~hot, m, logS)
-            log_out = _masked_log_mass(L, ~same, m, logS)
+        if parts is not None:
+            log_off = _kernels.log_mass(L, ~hot, parts)
+            log_out = _kernels.log_mass(L, ~same, parts)
         else:
             log_off = jnp.log(s)
             log_out = jnp.log(out_mass)
@@ -525,20 +474,23 @@ def _fit_double_exponential(
         return out
     t = ts[run].astype(np.float64)
     y = np.log(-logD[run].astype(np.float64))
-    tm, ym = t.mean(), y.mean()
-    sxx = float(((t - tm) ** 2).sum())
-    if sxx <= 0:
+    if np.all(t == t[0]):
         return out
-    slope = float(((t - tm) * (y - ym)).sum() / sxx)
-    icpt = float(ym - slope * tm)
-    res = y - (slope * t + icpt)
-    ss_res = float((res**2).sum())
-    ss_tot = float(((y - ym) ** 2).sum())
+    fit: Any = linregress(t, y)
+    slope, intercept, rvalue = float(fit.slope), float(fit.intercept), float(fit.rvalue)
+    # The slope's standard error from the residuals of scipy's line: scipy's own
+    # ``stderr`` is sqrt((1 - r^2) s_yy / s_xx / (m - 2)), whose 1 - r^2 cancels when the
+    # law holds (r^2 = 1 - 1e-10 leaves it ~1e-6 relative accuracy, 1 - 1e-14 none).
+    res = y - (intercept + slope * t)
+    sxx = float(((t - t.mean()) ** 2).sum())
     out.update(
         rate=slope,
-        intercept=icpt,
-        r2=1.0 - ss_res / ss_tot if ss_tot > 0 else nan,
-        rate_stderr=math.sqrt(ss_res / (run.size - 2) / sxx) if run.size > 2 else nan,
+        intercept=intercept,
+        # a constant y has no R^2 (scipy reports r = 0 for it)
+        r2=rvalue**2 if np.any(y != y[0]) else nan,
+        rate_stderr=math.sqrt(float((res**2).sum()) / (run.size - 2) / sxx)
+        if run.size > 2
+        else nan,
     )
     return out
 
@@ -680,7 +632,7 @@ def _last_reached(reached2d) -> np.ndarray:
 
 # ------------------------------------------------------------------------ main
 def track_rank(
-    traj,
+    traj: Trajectory,
     *,
     tol: float = 1e-6,
     norm: str = "inf",
@@ -715,39 +667,29 @@ def track_rank(
     Returns:
         A ``RankTrack``.
     """
-    from ..dynamics.trajectory import Trajectory
+    from ..dynamics.trajectory import Trajectory as _Trajectory
 
-    if not isinstance(traj, Trajectory):
+    if not isinstance(traj, _Trajectory):
         raise ValueError(
             f"traj must be an attnflow.Trajectory; got {type(traj).__name__}. "
             f"For a plain matrix use rank_of / boolean_distance."
         )
     tol = _check_tol(tol)
-    norm = _check_norm(norm)
+    norm = _checks.choice("norm", norm, NORMS)
     th = _check_threshold(leader_threshold)
-    if method not in ("auto", "svd"):
-        raise ValueError(f"method must be 'auto' or 'svd'; got {method!r}.")
-    svd_max_n = _check_int("svd_max_n", svd_max_n, 1)
-    rank_cap = _check_int("rank_cap", rank_cap, 1)
-    min_fit_points = _check_int("min_fit_points", min_fit_points, 2)
-    try:
-        fmax = float(fit_max)
-    except Exception:
-        raise ValueError(f"fit_max must be a number in (0, 1); got {fit_max!r}.") from None
-    if not (0.0 < fmax < 1.0):
-        raise ValueError(f"fit_max must be in (0, 1); got {fit_max!r}.")
+    method = _check_method(method)
+    svd_max_n = _checks.integer("svd_max_n", svd_max_n, lo=1)
+    rank_cap = _checks.integer("rank_cap", rank_cap, lo=1)
+    min_fit_points = _checks.integer("min_fit_points", min_fit_points, lo=2)
+    seed = _checks.integer("seed", seed, lo=0)
+    fmax = _checks.number("fit_max", fit_max, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
     dtype = np.dtype(traj.x.dtype)
     if fit_min is None:
         fmin = 1e3 * float(np.finfo(dtype).tiny)
     else:
-        try:
-            fmin = float(fit_min)
-        except Exception:
-            raise ValueError(
-                f"fit_min must be a number in [0, fit_max); got {fit_min!r}."
-            ) from None
-        if not (0.0 <= fmin < fmax):
-            raise ValueError(f"fit_min must be in [0, fit_max = {fmax}); got {fit_min!r}.")
+        fmin = _checks.number(
+            "fit_min", fit_min, lo=0.0, hi=fmax, hi_open=True, what=f"in [0, fit_max = {fmax})"
+        )
 
     model = traj.model
     stochastic = _kernels.row_stochastic(model.kernel)
@@ -829,7 +771,7 @@ def track_rank(
         for i in range(b)
     ]
 
-    def col(fs, key, dt=np.float64):
+    def col(fs: list[dict], key: str, dt: Any = np.float64) -> np.ndarray:
         return np.asarray([f[key] for f in fs], dt)
 
     # the growth rate of the rescaling (V's largest real part), the scale of the fit

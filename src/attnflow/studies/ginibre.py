@@ -64,12 +64,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from jaxtyping import Float, Shaped
 
+from .. import _checks
+from ..analysis.regimes import leading_eigenvalue
 from . import sweep as _sweep
 
 __all__ = [
@@ -99,97 +102,64 @@ AUTO_POOL_SECONDS = 20.0
 
 
 # ------------------------------------------------------------------ intervals
-def _z(level: float) -> float:
-    return statistics.NormalDist().inv_cdf(0.5 + level / 2.0)
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta I_x(a, b), a, b > 0 (continued fraction, Lentz)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    if x > (a + 1.0) / (a + b + 2.0):
-        return 1.0 - _betainc(b, a, 1.0 - x)
-    lbeta = math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
-    front = math.exp(a * math.log(x) + b * math.log1p(-x) - lbeta) / a
-    tiny = 1e-300
-    f, c, dd = 1.0, 1.0, 0.0
-    for i in range(200_000):
-        m = i // 2
-        if i == 0:
-            num = 1.0
-        elif i % 2 == 0:
-            num = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
-        else:
-            num = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
-        dd = 1.0 + num * dd
-        dd = tiny if abs(dd) < tiny else dd
-        dd = 1.0 / dd
-        c = 1.0 + num / c
-        c = tiny if abs(c) < tiny else c
-        cd = c * dd
-        f *= cd
-        if abs(1.0 - cd) < 1e-15:
-            return front * (f - 1.0)
-    raise ArithmeticError(f"incomplete beta did not converge (a={a}, b={b}, x={x}).")
-
-
-def _beta_quantile(q: float, a: float, b: float) -> float:
-    """x with I_x(a, b) = q, by bisection (I is increasing in x)."""
-    lo, hi = 0.0, 1.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if mid <= lo or mid >= hi:
-            break
-        if _betainc(a, b, mid) < q:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
-
-
 def binomial_interval(
     count: int, samples: int, *, level: float = 0.95, method: str = "wilson"
 ) -> tuple[float, float]:
-    """Two-sided confidence interval for a binomial proportion.
+    """Two-sided confidence interval for a binomial proportion (scipy).
 
-    Arguments:
+    Args:
         count: successes, 0 <= count <= samples.
         samples: trials, >= 1.
         level: confidence level in (0, 1), 0.95 by default.
-        method: ``"wilson"`` (the Wilson score interval) or ``"clopper-pearson"`` (the
-            exact interval: ``P(X >= count | low) = P(X <= count | high) = (1 - level)/2``,
-            from beta quantiles; conservative).
+        method: ``"wilson"``: the Wilson score interval, the textbook one without
+            continuity correction: the roots ``p`` of ``(count/samples - p)^2 = z^2 p
+            (1 - p) / samples`` (``scipy.stats.binomtest(...).proportion_ci(method=
+            "wilson")``; scipy's ``"wilsoncc"`` would add the continuity correction).
+            ``"clopper-pearson"`` (alias ``"exact"``): the exact interval, ``P(X >= count
+            | low) = P(X <= count | high) = (1 - level)/2``, i.e. the beta quantiles
+            ``low = B^-1(alpha/2; count, samples - count + 1)``, ``high = B^-1(1 -
+            alpha/2; count + 1, samples - count)`` (``scipy.stats.beta.ppf`` / ``.isf``,
+            exact to the last bits; ``binomtest``'s ``method="exact"`` finds the same
+            roots with ``brentq`` to an absolute 2e-12 only, which is a relative error of
+            1e-5 for a bound near 1e-7). Conservative.
 
-    Returns ``(low, high)`` with ``0 <= low <= count/samples <= high <= 1``.
+    Returns:
+        ``(low, high)`` with ``0 <= low <= count/samples <= high <= 1`` (exactly 0 for
+        ``count = 0`` and 1 for ``count = samples``).
     """
-    count = _sweep._nonneg_int("count", count)
-    samples = _sweep._nonneg_int("samples", samples, minimum=1)
+    from scipy.stats import beta, binomtest
+
+    count = _checks.integer("count", count, lo=0)
+    samples = _checks.integer("samples", samples, lo=1)
     if count > samples:
         raise ValueError(f"count must be <= samples; got {count} > {samples}.")
-    level = float(level)
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must lie strictly between 0 and 1 (e.g. 0.95); got {level}.")
+    level = _level(level)
     method = _interval_name(method)
     n, k = samples, count
     if method == "wilson":
-        z = _z(level)
-        p = k / n
-        den = 1.0 + z * z / n
-        centre = (p + z * z / (2 * n)) / den
-        half = z / den * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-        low, high = max(0.0, centre - half), min(1.0, centre + half)
-        # the exact end points (rounding must not push them past p)
-        if k == 0:
-            low = 0.0
-        if k == n:
-            high = 1.0
-        return min(low, p), max(high, p)
-    alpha = 1.0 - level
-    low = 0.0 if k == 0 else _beta_quantile(alpha / 2, k, n - k + 1)
-    high = 1.0 if k == n else _beta_quantile(1 - alpha / 2, k + 1, n - k)
+        ci = binomtest(k, n).proportion_ci(confidence_level=level, method="wilson")
+        low, high = float(ci.low), float(ci.high)
+    else:
+        alpha = 1.0 - level
+        low = float(beta.ppf(alpha / 2, k, n - k + 1)) if k > 0 else 0.0
+        high = float(beta.isf(alpha / 2, k + 1, n - k)) if k < n else 1.0
+    p = k / n
+    # the exact end points; rounding must not push an end past p or out of [0, 1]
+    low = 0.0 if k == 0 else min(max(low, 0.0), p)
+    high = 1.0 if k == n else max(min(high, 1.0), p)
     return low, high
+
+
+def _level(level: Any) -> float:
+    return _checks.number(
+        "level",
+        level,
+        lo=0.0,
+        hi=1.0,
+        lo_open=True,
+        hi_open=True,
+        what="strictly between 0 and 1 (e.g. 0.95)",
+    )
 
 
 def _interval_name(method: str) -> str:
@@ -334,11 +304,13 @@ def _generate_QK(seed: int, d: int, indices: np.ndarray) -> tuple[np.ndarray, np
     B = block_size(d)
     p = len(indices)
     Q, K = np.empty((p, d, d)), np.empty((p, d, d))
-    streams, cur = None, -1
+    streams: _sweep.Substreams | None = None
+    cur = -1
     for j, i in enumerate(indices):
         blk = int(i) // B
         if blk != cur:
             streams, cur = _sweep.Substreams(seed, TAG, d, 1, blk), blk
+        assert streams is not None
         g = streams[int(i) - blk * B]
         Q[j] = g.standard_normal((d, d))
         K[j] = g.standard_normal((d, d))
@@ -347,12 +319,12 @@ def _generate_QK(seed: int, d: int, indices: np.ndarray) -> tuple[np.ndarray, np
 
 def ginibre_sample(
     d: int, index: int, *, seed: int = 0
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[Float[np.ndarray, "d d"], Float[np.ndarray, "d d"], Float[np.ndarray, "d d"]]:
     """The triple ``(V, Q, K)`` (each (d, d) float64) of sample ``index`` of the study
     with this ``d`` and ``seed``: exactly the matrices ``ginibre_fraction`` used."""
-    d = _sweep._nonneg_int("d", d, minimum=1)
-    index = _sweep._nonneg_int("index", index)
-    seed = _sweep._nonneg_int("seed", seed)
+    d = _checks.integer("d", d, lo=1)
+    index = _checks.integer("index", index, lo=0)
+    seed = _checks.integer("seed", seed, lo=0)
     V = _generate_V(seed, d, index, index + 1)[0]
     Q, K = _generate_QK(seed, d, np.array([index]))
     return V, Q[0], K[0]
@@ -418,32 +390,34 @@ def _inverse_iteration(A: np.ndarray, x: np.ndarray, steps: int = 2) -> np.ndarr
     return x[:, :, 0]
 
 
-def _analyse(V: np.ndarray, start: int, seed: int, tol: float, backend: str) -> dict:
+def _analyse(
+    V: Float[np.ndarray, "b d d"], start: int, seed: int, tol: float, backend: str
+) -> dict[str, Shaped[np.ndarray, " b"]]:
     b, d = V.shape[0], V.shape[1]
-    w = _eigvals(V, backend)
-    mod = np.abs(w)
-    order = np.argsort(-mod, axis=1, kind="stable")
-    ms = np.take_along_axis(mod, order, axis=1)
+    fro = _fro(V)
+    # the one decision of the leading-eigenvalue hypothesis, at the rounding level: the
+    # tolerance a = tol ||V||_F for realness, positivity, the gap and simplicity alike
+    lead = leading_eigenvalue(_eigvals(V, backend), fro, rtol=tol, cluster_rtol=tol)
+    ms = np.abs(lead.eigenvalues)  # moduli, decreasing
     zeros = np.zeros(b)
     m1 = ms[:, 0]
     m2 = ms[:, 1] if d > 1 else zeros
     m3 = ms[:, 2] if d > 2 else zeros
-    lam = w[np.arange(b), order[:, 0]]
-    fro = _fro(V)
-    a = tol * fro
+    lam = lead.lambda1
+    a = lead.tol
     wide = BORDERLINE_FACTOR * a
-    real_top = np.abs(lam.imag) <= a
-    spectral = real_top & (lam.real > a) & (m1 - m2 > a)
+    real_top = lead.real
+    spectral = lead.spectral
     borderline = np.where(
         real_top,
-        (np.abs(lam.real) <= wide) | (m1 - m2 <= wide),
-        (np.abs(lam.imag) <= wide) | (m1 - m3 <= wide),
+        (np.abs(np.real(lam)) <= wide) | (m1 - m2 <= wide),
+        (np.abs(np.imag(lam)) <= wide) | (m1 - m3 <= wide),
     )
     qk = np.full(b, np.nan)
     good_id = np.zeros(b, dtype=bool)
     idx = np.nonzero(spectral)[0]
     if idx.size:
-        phi = _top_eigenvectors(V[idx], lam.real[idx])
+        phi = _top_eigenvectors(V[idx], np.real(lam)[idx])
         good_id[idx] = np.einsum("pi,pi->p", phi, phi) > tol
         Q, K = _generate_QK(seed, d, start + idx)
         qphi = np.einsum("pij,pj->pi", Q, phi)
@@ -466,7 +440,9 @@ def _analyse(V: np.ndarray, start: int, seed: int, tol: float, backend: str) -> 
     }
 
 
-def ginibre_kernel(config, start: int, stop: int, seed: int) -> dict:
+def ginibre_kernel(
+    config: Mapping[str, Any], start: int, stop: int, seed: int
+) -> dict[str, Shaped[np.ndarray, " samples"]]:
     """Sweep kernel: per-sample results for samples ``[start, stop)``.
 
     ``config``: ``{"d": int, "tol": float, "backend": "numpy" | "jax", "version": int}``.
@@ -517,33 +493,40 @@ def default_shard_size(d: int) -> int:
     return int(min(65536, max(block_size(d), size)))
 
 
-def _check_common(d, samples, seed, level, interval, tol, backend, workers):
-    d = _sweep._nonneg_int("d", d, minimum=1)
-    samples = _sweep._nonneg_int("samples", samples, minimum=1)
-    seed = _sweep._nonneg_int("seed", seed)
-    level = float(level)
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must lie strictly between 0 and 1 (e.g. 0.95); got {level}.")
+def _check_common(
+    d: Any,
+    samples: Any,
+    seed: Any,
+    level: Any,
+    interval: Any,
+    tol: Any,
+    backend: Any,
+    workers: Any,
+) -> tuple[int, int, int, float, str, float, int | None]:
+    d = _checks.integer("d", d, lo=1)
+    samples = _checks.integer("samples", samples, lo=1)
+    seed = _checks.integer("seed", seed, lo=0)
+    level = _level(level)
     interval = _interval_name(interval)
-    if tol is None:
-        tol = d * _EPS
-    try:
-        tol = float(tol)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"tol must be a positive number (relative to ||V||_F) or None; got {tol!r}."
-        ) from None
-    if not (math.isfinite(tol) and 0.0 < tol < 1e-2):
-        raise ValueError(
-            f"tol must be a positive number below 1e-2 (a relative rounding "
-            f"tolerance; default d * eps); got {tol!r}."
+    tol = (
+        d * _EPS
+        if tol is None
+        else _checks.number(
+            "tol",
+            tol,
+            lo=0.0,
+            hi=1e-2,
+            lo_open=True,
+            hi_open=True,
+            what="a positive number below 1e-2 (a relative rounding tolerance, times ||V||_F; "
+            "default d * eps)",
         )
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}.")
+    )
+    backend = _checks.choice("backend", backend, BACKENDS)
     if backend == "jax":
         import jax
 
-        if not jax.config.jax_enable_x64:
+        if not jax.config.read("jax_enable_x64"):
             raise ValueError(
                 "backend='jax' computes in float64 and needs "
                 "jax.config.update('jax_enable_x64', True) (or the CLI's "
@@ -556,7 +539,7 @@ def _check_common(d, samples, seed, level, interval, tol, backend, workers):
             )
         workers = 1
     if workers is not None:
-        workers = _sweep._nonneg_int("workers", workers, minimum=1)
+        workers = _checks.integer("workers", workers, lo=1)
     return d, samples, seed, level, interval, tol, workers
 
 
@@ -700,17 +683,17 @@ def ginibre_curve(
     ``merge_only`` (combine what the jobs wrote, compute nothing). Results are filled in
     when every shard of every d is on disk. Other arguments as in ``ginibre_fraction``.
     """
-    if isinstance(ds, (int, np.integer)):
-        ds = [ds]
-    ds = [_sweep._nonneg_int("d", x, minimum=1) for x in ds]
-    if not ds:
+    dims = [_checks.integer("d", x, lo=1) for x in ([ds] if np.ndim(ds) == 0 else ds)]
+    if not dims:
         raise ValueError("d must list at least one dimension (e.g. 2,4,8).")
-    if len(set(ds)) != len(ds):
-        raise ValueError(f"d lists a dimension twice ({ds}); list each once.")
+    if len(set(dims)) != len(dims):
+        raise ValueError(f"d lists a dimension twice ({dims}); list each once.")
     shard_t = _sweep.parse_shard(shard)
     if (shard_t is not None or merge_only) and out is None:
         raise ValueError("shard and merge need an output directory (out / --out).")
-    checked = [_check_common(x, samples, seed, level, interval, tol, backend, workers) for x in ds]
+    checked = [
+        _check_common(x, samples, seed, level, interval, tol, backend, workers) for x in dims
+    ]
     samples, seed, level, interval, workers = (
         checked[0][1],
         checked[0][2],
@@ -721,7 +704,7 @@ def ginibre_curve(
     shard_txt = None if shard_t is None else f"{shard_t[0]}/{shard_t[1]}"
     workers = _auto_workers(
         workers,
-        samples * sum(map(_seconds_per_matrix, ds)) / (1 if shard_t is None else shard_t[1]),
+        samples * sum(map(_seconds_per_matrix, dims)) / (1 if shard_t is None else shard_t[1]),
     )
     if out is None:
         res = [
@@ -736,9 +719,9 @@ def ginibre_curve(
                 backend=backend,
                 progress=progress,
             )
-            for x in ds
+            for x in dims
         ]
-        return GinibreStudy(ds, samples, seed, res, None, True, None, None)
+        return GinibreStudy(dims, samples, seed, res, None, True, None, None)
     out = Path(out)
     sweeps = [_make_sweep(c[0], samples, seed, c[5], backend, None) for c in checked]
     runs = []
@@ -747,7 +730,7 @@ def ginibre_curve(
         # together (shards cost about the same, see default_shard_size).
         every = [(j, k) for j, sw in enumerate(sweeps) for k in range(sw.n_shards)]
         mine = [every[m] for m in _sweep.shard_slice(len(every), shard_t)]
-        for j, (x, sw) in enumerate(zip(ds, sweeps)):
+        for j, (x, sw) in enumerate(zip(dims, sweeps)):
             rep = _sweep.run(
                 sw,
                 _subdir(out, x),
@@ -756,7 +739,7 @@ def ginibre_curve(
                 progress=progress,
             )
             runs.append({"d": x, **rep.to_dict()})
-    complete = all(_is_complete(_subdir(out, x), sw) for x, sw in zip(ds, sweeps))
+    complete = all(_is_complete(_subdir(out, x), sw) for x, sw in zip(dims, sweeps))
     results = []
     if complete or merge_only:
         for c, sw in zip(checked, sweeps):
@@ -773,7 +756,7 @@ def ginibre_curve(
                 )
             )
         complete = True
-    return GinibreStudy(ds, samples, seed, results, runs or None, complete, str(out), shard_txt)
+    return GinibreStudy(dims, samples, seed, results, runs or None, complete, str(out), shard_txt)
 
 
 def _is_complete(path: Path, sw: _sweep.Sweep) -> bool:
