@@ -416,3 +416,42 @@ def test_fig_dispersion_quick(tmp_path):
     for kern in ("softmax", "qknorm"):
         r = side["results"]["max"]["kernels"][kern]
         assert all(m <= b * (1 + 1e-12) for m, b in zip(r["max"], r["bound_tight"]))
+
+
+# ------------------------------------------------------------- non-finite input
+def test_non_finite_input_is_refused_not_reported_as_numbers():
+    """A regression: NaN tokens or weights used to come back as finite statistics
+    (qknorm normalised a NaN token to 0: a uniform, plausible row)."""
+    P = np.full((2, 3), 1 / 3)
+    with pytest.raises(ValueError, match="P has non-finite entries"):
+        af.dispersion(np.where(np.eye(2, 3, dtype=bool), np.nan, P))
+    with pytest.raises(ValueError, match="logits has NaN"):
+        af.dispersion(P, logits=np.array([[0.0, np.nan, 1.0], [0.0, 0.0, 0.0]]))
+    x = np.random.default_rng(0).uniform(-1, 1, (5, 2))
+    x[2, 1] = np.nan
+    for kernel in ("softmax", "qknorm"):
+        m = af.Attention(np.eye(2), np.eye(2), np.eye(2), kernel=kernel)
+        with pytest.raises(ValueError, match="x has non-finite entries"):
+            af.dispersion(m, x=x)
+    # a masked key (logit -inf, weight 0) is a legitimate row: infinite spread
+    rep = af.dispersion(np.array([[0.5, 0.5, 0.0]]), logits=np.array([[1.0, 1.0, -np.inf]]), sink=1)
+    assert rep.delta[0] == np.inf and rep.bound_tight[0] == 1.0 and rep.max[0] == 0.5
+
+
+def test_trajectory_saves_of_a_failed_system_give_nan_rows():
+    """In a batch, the saves a failed system never reached are NaN: their rows are NaN
+    with argmax -1, the other systems' rows are unchanged."""
+    import dataclasses
+
+    m = af.Attention(np.eye(2), np.eye(2), np.eye(2), kernel="qknorm")
+    x0 = np.random.default_rng(1).uniform(-1, 1, (2, 6, 2))
+    traj = af.simulate(m, x0, 1.0, ts=np.linspace(0, 1, 3))
+    y = np.array(traj._y)
+    y[1, -1] = np.nan
+    bad = dataclasses.replace(traj, _y=jnp.asarray(y))
+    rep, ref = af.dispersion(bad, k=-1), af.dispersion(traj, k=-1)
+    assert np.all(np.isnan(rep.max[1])) and np.all(rep.argmax[1] == -1)
+    np.testing.assert_array_equal(rep.max[0], ref.max[0])
+    np.testing.assert_array_equal(rep.argmax[0], ref.argmax[0])
+    with pytest.raises(IndexError, match="k = 3 is out of range for 3 saved times"):
+        af.dispersion(traj, k=3)

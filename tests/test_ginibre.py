@@ -353,3 +353,85 @@ def test_cli_sweep_killed_and_rerun_equals_uninterrupted(tmp_path):
     assert all((out / "d00064" / n).stat().st_mtime_ns == t for n, t in done.items())
     ref = G.ginibre_fraction(64, 16000, seed=4, workers=1)
     assert study["results"][0] == json.loads(json.dumps(ref.to_dict()))
+
+
+# ------------------------------------------------ scipy intervals, pinned to before
+# (k, n, level, method, low, high) from the former hand-written code (Wilson's formula;
+# Clopper-Pearson by bisection on a continued-fraction incomplete beta)
+FORMER = [
+    (3, 10, 0.95, "wilson", 0.10779126740630104, 0.6032218525388545),
+    (33333, 100000, 0.99, "wilson", 0.32950135908935496, 0.33718075620764787),
+    (0, 50, 0.95, "wilson", 0.0, 0.0713475991333587),
+    (1, 12345, 0.999, "wilson", 6.353758931358796e-06, 0.0010318256832764507),
+    (50, 100, 0.5, "wilson", 0.46635196422237973, 0.5336480357776203),
+    (3, 10, 0.95, "clopper-pearson", 0.06673951117773452, 0.6524528500599969),
+    (33333, 100000, 0.99, "clopper-pearson", 0.3294932009283791, 0.337182683111514),
+    (1, 100000, 0.99, "clopper-pearson", 5.012541695965688e-08, 7.429890621707402e-05),
+    (49, 50, 0.9, "clopper-pearson", 0.9086018692803022, 0.998974660132768),
+    (333, 1000, 0.95, "clopper-pearson", 0.30381780242015965, 0.3631692178520004),
+]
+
+
+@pytest.mark.parametrize("k,n,level,method,low,high", FORMER)
+def test_intervals_equal_the_former_numbers(k, n, level, method, low, high):
+    got = G.binomial_interval(k, n, level=level, method=method)
+    if method == "wilson":  # the same formula, other rounding
+        np.testing.assert_allclose(got, (low, high), rtol=0, atol=4e-16)
+    else:  # the former code was accurate to ~4e-10 relative (its incomplete beta)
+        np.testing.assert_allclose(got, (low, high), rtol=1e-9, atol=0)
+    assert (got[0] == 0.0) == (k == 0) and (got[1] == 1.0) == (k == n)
+
+
+def test_clopper_pearson_to_the_last_bits_where_brentq_is_not():
+    """k = 1: low solves P(X >= 1 | p) = 1 - (1 - p)^n = alpha/2, so in closed form
+    low = -expm1(log1p(-alpha/2) / n). scipy's binomtest(...).proportion_ci("exact")
+    finds it with brentq to an absolute 2e-12, a relative error of ~1e-5 here."""
+    from scipy.stats import binomtest
+
+    for n, level in ((100_000, 0.99), (100_000, 0.999), (12_345, 0.95)):
+        alpha = 1 - level
+        exact = -math.expm1(math.log1p(-alpha / 2) / n)
+        low, _ = G.binomial_interval(1, n, level=level, method="exact")
+        assert low == pytest.approx(exact, rel=1e-14)
+        # k = n - 1 by symmetry: high = 1 - low
+        _, high = G.binomial_interval(n - 1, n, level=level, method="exact")
+        assert 1 - high == pytest.approx(exact, rel=1e-9)  # 1 - high loses the digits of 1
+        brentq_low = binomtest(1, n).proportion_ci(level, method="exact").low
+        assert abs(brentq_low - exact) > 1e3 * abs(low - exact)
+
+
+def test_wilson_is_scipys_textbook_interval_not_the_continuity_corrected_one():
+    from scipy.stats import binomtest
+
+    for k, n in ((3, 10), (14, 100), (1412, 10_000)):
+        r = binomtest(k, n)
+        w, cc = r.proportion_ci(0.95, method="wilson"), r.proportion_ci(0.95, method="wilsoncc")
+        got = G.binomial_interval(k, n)
+        assert got == (float(w.low), float(w.high))
+        assert got[0] > cc.low and got[1] < cc.high
+
+
+# ------------------------------------------------------- the one spectral decision
+def test_kernel_decision_equals_the_former_rule_on_random_stacks():
+    """The Ginibre decision is regimes.leading_eigenvalue with cluster_rtol = tol: the
+    former rule |Im l1| <= a, Re l1 > a, m1 - m2 > a (a = tol ||V||_F) exactly."""
+    from attnflow.analysis.regimes import leading_eigenvalue
+
+    rng = np.random.default_rng(4)
+    for d in (1, 2, 3, 5, 9):
+        V = rng.standard_normal((3000, d, d))
+        V[:50] = np.round(V[:50])  # integer matrices: exact ties and multiple roots
+        V[50:60] = np.eye(d)
+        w = np.linalg.eigvals(V)
+        fro = np.sqrt(np.einsum("pij,pij->p", V, V))
+        tol = d * np.finfo(float).eps
+        a = tol * fro
+        mod = np.abs(w)
+        order = np.argsort(-mod, axis=1, kind="stable")
+        ms = np.take_along_axis(mod, order, axis=1)
+        lam = w[np.arange(len(V)), order[:, 0]]
+        m2 = ms[:, 1] if d > 1 else np.zeros(len(V))
+        former = (np.abs(lam.imag) <= a) & (lam.real > a) & (ms[:, 0] - m2 > a)
+        lead = leading_eigenvalue(w, fro, rtol=tol, cluster_rtol=tol)
+        np.testing.assert_array_equal(lead.spectral, former)
+        np.testing.assert_array_equal(G._analyse(V, 0, 0, tol, "numpy")["spectral"], former)

@@ -525,3 +525,48 @@ def test_minilm_full_table_and_dynamics():
     head = C.load_bert_heads("minilm", layers=[3])[9]
     run = H.head_dynamics(head, [sents[0]["x0"]])
     assert run.statuses == ("ok",) and run.observed == ("hyperplanes",)
+
+
+# ---------------------------------------------- one decision, labels, the module split
+def test_head_flags_are_the_one_leading_eigenvalue_decision(ckpt):
+    """HeadReport's four flags are regimes.leading_eigenvalue of the head's spectrum,
+    decided independently here from numpy's eigenvalues of the full d x d V_h."""
+    from attnflow.analysis.regimes import Label, leading_eigenvalue
+
+    folder, _ = ckpt
+    heads = C.load_bert_heads(folder)
+    an = H.analyze_heads(heads, reduce=False)
+    for hw, rep in zip(heads, an.heads):
+        w = np.linalg.eigvals(hw.V)
+        scale = max(np.abs(w).max(), np.linalg.norm(hw.V, 2))
+        lead = leading_eigenvalue(w, scale, rtol=1e-8)
+        assert (rep.real, rep.positive, rep.simple, rep.dominant) == (
+            bool(lead.real),
+            bool(lead.positive),
+            bool(lead.simple),
+            bool(lead.dominant),
+        )
+        assert rep.spectral == bool(lead.spectral)
+        assert rep.lambda2_abs == pytest.approx(float(lead.lambda2_abs), rel=1e-12)
+        assert isinstance(rep.label, Label)
+    assert all(isinstance(k, Label) for k in an.counts)
+    assert json.loads(json.dumps(an.to_dict()["counts"])) == {
+        str(k): v for k, v in an.counts.items()
+    }
+
+
+def test_loading_names_stay_importable_from_studies_heads():
+    from attnflow.io import checkpoints
+    from attnflow.studies import heads
+
+    for name in (
+        "HeadWeights",
+        "load_bert_heads",
+        "resolve_checkpoint",
+        "read_safetensors",
+        "write_safetensors",
+        "input_embeddings",
+        "MINILM_PACKAGE",
+        "tokenize",
+    ):
+        assert getattr(heads, name) is getattr(checkpoints, name), name

@@ -281,3 +281,77 @@ def test_qknorm_never_overflows_where_softmax_does():
     assert soft.status == "overflow"
     qk = af.simulate(af.Attention(Q, Q, V, kernel="qknorm"), x0, 30.0, method="euler", dt=0.25)
     assert qk.ok and np.all(np.isfinite(np.asarray(qk.z)))
+
+
+# ------------------------------------------------- NaN rows, softmax with its parts
+def test_rms_normalize_non_finite_rows_give_nan_zero_rows_zero():
+    """A regression: a NaN row used to come out as zeros (its max is NaN, which failed
+    the `> 0` test), a plausible finite row."""
+    u = jnp.array([[np.nan, 1.0, 2.0], [0.0, 0.0, 0.0], [-np.inf, 1.0, 0.0], [1.0, 2.0, 2.0]])
+    r = np.asarray(K.rms_normalize(u))
+    assert np.all(np.isnan(r[0])) and np.all(np.isnan(r[2]))
+    assert np.all(r[1] == 0.0)
+    np.testing.assert_allclose(r[3], np_rms(np.array([[1.0, 2.0, 2.0]]))[0], rtol=1e-15)
+
+
+def test_qknorm_attention_of_nan_tokens_is_nan_not_uniform():
+    m = af.Attention(np.eye(2), np.eye(2), np.eye(2), kernel="qknorm")
+    x = np.random.default_rng(0).uniform(-1, 1, (5, 2))
+    x[3] = np.nan
+    P = np.asarray(m.attention(jnp.asarray(x)))
+    assert np.all(np.isnan(P[3]))  # the NaN query's row
+    assert np.all(np.isnan(P[:, 3]))  # and the NaN key in every row
+    assert not np.any(np.isfinite(P.sum(-1)))
+
+
+def _np_logsumexp(L):
+    m = L.max(axis=-1, keepdims=True)
+    return (m + np.log(np.exp(L - m).sum(axis=-1, keepdims=True)))[..., 0]
+
+
+def test_softmax_parts_is_softmax_with_its_max_and_normaliser():
+    L = jnp.asarray(np.random.default_rng(1).normal(size=(3, 7, 9)) * 4)
+    parts = K.softmax_parts(L)
+    np.testing.assert_array_equal(np.asarray(parts.P), np.asarray(K.softmax(L)))
+    jit_parts = eqx.filter_jit(K.softmax_parts)(L)
+    np.testing.assert_array_equal(np.asarray(jit_parts.P), np.asarray(eqx.filter_jit(K.softmax)(L)))
+    Ln = np.asarray(L)
+    np.testing.assert_array_equal(np.asarray(parts.max), Ln.max(-1))
+    np.testing.assert_allclose(
+        np.asarray(parts.log_norm), _np_logsumexp(Ln) - Ln.max(-1), rtol=1e-14, atol=4e-15
+    )
+    np.testing.assert_allclose(np.asarray(parts.P), np_softmax(Ln), rtol=1e-13)
+
+
+def test_log_mass_against_numpy_logsumexp():
+    rng = np.random.default_rng(2)
+    L = rng.normal(size=(40, 12)) * 30  # masses down to ~1e-300
+    keep = rng.random((40, 12)) < 0.4
+    keep[0] = False  # nothing kept: -inf
+    keep[1] = True  # everything: log 1 = 0
+    got = np.asarray(K.log_mass(jnp.asarray(L), jnp.asarray(keep), K.softmax_parts(jnp.asarray(L))))
+    ref = np.array(
+        [_np_logsumexp(L[i][keep[i]][None])[0] if keep[i].any() else -np.inf for i in range(40)]
+    ) - _np_logsumexp(L)
+    assert got[0] == -np.inf and abs(got[1]) < 1e-15
+    np.testing.assert_allclose(got[2:], ref[2:], rtol=1e-13, atol=1e-14)
+    # where the mass is representable it is the sum of the weights softmax gives
+    P = np.asarray(K.softmax(jnp.asarray(L)))
+    mass = np.where(keep, P, 0.0).sum(-1)
+    ok = mass > 1e-300
+    np.testing.assert_allclose(np.exp(got[ok]), mass[ok], rtol=1e-12)
+
+
+def test_log_mass_uses_the_band_of_softmax_on_huge_logits():
+    """Logits of 1e20 carry ~1e4 of rounding: entries within 8 eps |max| of a max are
+    ties, weight e^0 in softmax and in the log-masses alike (never NaN)."""
+    big = 1e20
+    L = jnp.array([[big, big - 1e3, big - 1e6, 0.0]])
+    parts = K.softmax_parts(L)
+    np.testing.assert_array_equal(np.asarray(parts.P)[0, :2], [0.5, 0.5])
+    assert np.asarray(parts.P)[0, 2] == 0.0
+    off_top = np.asarray(K.log_mass(L, jnp.array([[False, True, True, True]]), parts))
+    np.testing.assert_allclose(off_top, [math.log(0.5)], rtol=1e-15)  # the tie's half
+    rest = np.asarray(K.log_mass(L, jnp.array([[False, False, True, True]]), parts))
+    gap = float(np.float64(big - 1e6) - np.float64(big))  # -999424: 1e20 has ulp 16384
+    np.testing.assert_allclose(rest, [gap - math.log(2.0)], rtol=1e-15)

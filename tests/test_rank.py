@@ -455,3 +455,102 @@ def test_track_rank_uses_kernel_parameters():
     want = (1 - np.asarray(traj.attention(-1)).max(axis=1)).max()
     assert float(af.track_rank(traj).boolean_distance[-1]) == pytest.approx(want, rel=1e-10)
     assert traj.metadata()["kernel_params"] == {"s": 3.0}
+
+
+# --------------------------------------------------- the fit and the kernel's softmax
+def _fit_by_hand(t, y):
+    """The former hand-written least squares (the reference for scipy's linregress)."""
+    tm, ym = t.mean(), y.mean()
+    sxx = ((t - tm) ** 2).sum()
+    slope = ((t - tm) * (y - ym)).sum() / sxx
+    icpt = ym - slope * tm
+    res = y - (slope * t + icpt)
+    ss_res, ss_tot = (res**2).sum(), ((y - ym) ** 2).sum()
+    return slope, icpt, 1 - ss_res / ss_tot, math.sqrt(ss_res / (len(t) - 2) / sxx)
+
+
+@pytest.mark.parametrize("noise", [1e-1, 1e-4, 1e-8, 1e-12])
+def test_fit_equals_the_hand_written_least_squares(noise):
+    from attnflow.analysis.rank import _fit_double_exponential
+
+    rng = np.random.default_rng(int(-math.log10(noise)))
+    t = np.linspace(2.0, 9.0, 29)
+    y = 1.37 * t + 0.4 + noise * rng.standard_normal(t.size)  # y = log(-log D)
+    logD = -np.exp(y)
+    fit = _fit_double_exponential(t, logD, np.ones(t.size, bool), 0.0, 1e-3, 3)
+    slope, icpt, r2, se = _fit_by_hand(t, np.log(-logD))
+    assert fit["points"] == t.size and fit["window"] == (2.0, 9.0)
+    np.testing.assert_allclose([fit["rate"], fit["intercept"]], [slope, icpt], rtol=1e-14)
+    assert abs(fit["r2"] - r2) < 1e-15
+    # The standard error from the residuals, which carry ~1e-15 |y| of rounding: as
+    # accurate as the residuals allow. scipy's own stderr comes from 1 - r^2 and cancels:
+    # at noise 1e-12 it is wrong by orders of magnitude.
+    np.testing.assert_allclose(fit["rate_stderr"], se, rtol=max(1e-12, 1e-13 / noise))
+    if noise <= 1e-8:
+        from scipy.stats import linregress
+
+        scipy_se = float(linregress(t, np.log(-logD)).stderr)  # type: ignore[attr-defined]
+        assert abs(scipy_se - se) > 100 * abs(fit["rate_stderr"] - se)
+    # two points: a line, no standard error; a constant: no R^2
+    two = _fit_double_exponential(t[:2], logD[:2], np.ones(2, bool), 0.0, 1e-3, 2)
+    assert np.isfinite(two["rate"]) and math.isnan(two["rate_stderr"])
+    flat = _fit_double_exponential(t, np.full(t.size, -50.0), np.ones(t.size, bool), 0.0, 1e-3, 3)
+    assert flat["rate"] == 0.0 and math.isnan(flat["r2"])
+
+
+def test_track_rank_rows_are_the_kernels_softmax(d1):
+    """The attention track_rank measures is kernels.softmax (one band rule): its log
+    Boolean distance is the log of the off-argmax mass of those very rows."""
+    from attnflow.dynamics import kernels as K
+
+    _, traj, rt = d1
+    for k in (0, 60, 120):
+        L = np.asarray(traj.logits(k), np.float64)
+        P = np.asarray(K.softmax(L))
+        top = np.argmax(L, axis=-1)
+        off = P.sum(-1) - P[np.arange(len(P)), top]
+        off = np.where(off > 0, off, np.nan)
+        np.testing.assert_allclose(rt.boolean_distance[k], np.nanmax(1 - P.max(-1)), atol=1e-15)
+        # log(off-argmax mass) from logsumexp of the off-argmax logits (numpy reference)
+        Lo = np.where(np.eye(len(L), dtype=bool)[top], -np.inf, L)
+        mo = Lo.max(-1, keepdims=True)
+        ref = (mo[:, 0] + np.log(np.exp(Lo - mo).sum(-1))) - (
+            L.max(-1) + np.log(np.exp(L - L.max(-1, keepdims=True)).sum(-1))
+        )
+        np.testing.assert_allclose(rt.log_boolean_distance[k], ref.max(), rtol=1e-12)
+
+
+def test_track_rank_on_non_finite_tokens_gives_nan_not_numbers():
+    """A save whose tokens are NaN (a non-finite stop state) has no attention matrix:
+    rank -1, NaN distances; it used to stop in LinAlgError inside the SVD."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    for kernel in ("softmax", "qknorm"):
+        m = af.Attention(np.eye(2), np.eye(2), np.eye(2), kernel=kernel)
+        x0 = np.random.default_rng(0).uniform(-1, 1, (6, 2))
+        traj = af.simulate(m, x0, 1.0, ts=np.linspace(0, 1, 5))
+        y = np.array(traj._y)
+        y[:, -1, 2, :] = np.nan
+        bad = dataclasses.replace(traj, _y=jnp.asarray(y))
+        rt = track_rank(bad)
+        good = track_rank(traj)
+        assert rt.rank[-1] == -1 and rt.rank_method[-1] == "none"
+        assert math.isnan(rt.boolean_distance[-1]) and math.isnan(rt.log_boolean_distance[-1])
+        assert np.all(rt.attends_to[-1] == -1)
+        np.testing.assert_array_equal(rt.rank[:-1], good.rank[:-1])
+        np.testing.assert_array_equal(rt.boolean_distance[:-1], good.boolean_distance[:-1])
+
+
+def test_validators_keep_their_messages(d1):
+    with pytest.raises(ValueError, match=r"tol must be in \(0, 1\) \(relative to the largest"):
+        rank_of(np.eye(2), tol=2.0)
+    with pytest.raises(ValueError, match="norm must be one of 'inf', 'l1'"):
+        boolean_distance(np.eye(2), norm="l2")
+    with pytest.raises(ValueError, match="leader_threshold must be a finite number > 0"):
+        leaders_of(np.eye(2), threshold=float("inf"))
+    with pytest.raises(ValueError, match="svd_max_n must be an integer >= 1"):
+        rank_of(np.eye(2), svd_max_n=True)
+    with pytest.raises(ValueError, match=r"fit_min must be in \[0, fit_max"):
+        track_rank(d1[1], fit_min=1e-9)

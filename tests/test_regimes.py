@@ -228,3 +228,182 @@ def test_classify_cli(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["classify", "--V", "nope"])
     assert exc.value.code == 2
+
+
+# ---------------------------------------------------------------------- Label
+def test_label_is_a_string_enum_that_serialises_as_its_name():
+    from attnflow.analysis.regimes import LABELS, Label
+    from attnflow.io.serialize import to_jsonable
+
+    assert Label.POLYTOPE == "polytope" and Label.NOT_CONVERGED == "not-converged"
+    assert [str(x) for x in LABELS] == [
+        "polytope",
+        "hyperplanes",
+        "subspace",
+        "origin",
+        "unclassified",
+    ]
+    r = predict_regime(I2, I2, PAPER["paper-2d"])
+    assert r.label is Label.HYPERPLANES and f"{r.label:<12}|" == "hyperplanes |"
+    text = json.dumps(to_jsonable({r.label: r.to_dict()}))
+    back = json.loads(text)
+    assert list(back) == ["hyperplanes"] and back["hyperplanes"]["label"] == "hyperplanes"
+    assert json.dumps([Label.ORIGIN]) == '["origin"]'
+    obs = observe_limit(_run(I2, I2, I2, 0.5))
+    assert obs.label is Label.NOT_CONVERGED
+
+
+# -------------------------------------------------------- the one spectral decision
+def _decide_by_hand(w, scale, rtol, ctol):
+    """The leading-eigenvalue hypotheses written out for one spectrum (the reference)."""
+    w = np.asarray(w, complex)
+    w = w[np.lexsort((-w.real, -np.abs(w)))]
+    l1 = w[0]
+    tol = rtol * scale
+    real = np.abs(l1.imag) <= tol
+    centre = l1.real if real else l1
+    others = [v for v in w[1:] if np.abs(v - centre) > ctol * scale]
+    k = len(w) - len(others)
+    rho = max((np.abs(v) for v in others), default=0.0)
+    return dict(
+        real=real,
+        positive=real and l1.real > tol,
+        simple=k == 1,
+        dominant=np.abs(l1) - rho > tol,
+        multiplicity=k,
+        lambda2_abs=rho,
+    )
+
+
+def test_leading_eigenvalue_vectorised_equals_the_rules_one_by_one():
+    from attnflow.analysis.regimes import leading_eigenvalue
+
+    rng = np.random.default_rng(5)
+    spectra = [np.linalg.eigvals(rng.standard_normal((4, 4))) for _ in range(300)]
+    spectra += [
+        np.array([3.0, -2.0, 1.0, 0.5]),
+        np.array([2.0, -2.0, 1.0, 0.0]),  # tie in modulus
+        np.array([2.0, 2.0, 1.0, 0.0]),  # double
+        np.array([2.0, 2.0 - 1e-12, 1.0, 0.0]),  # double at sqrt(rtol), simple at rtol
+        np.array([1 + 2j, 1 - 2j, 0.5, 0.1]),  # complex pair on top
+        np.array([-3.0, 1.0, 0.5, 0.1]),  # negative
+    ]
+    W = np.stack(spectra)
+    scale = np.abs(W).max(axis=1) * 1.5
+    for rtol, ctol in ((1e-8, 1e-4), (1e-15, 1e-15)):
+        lead = leading_eigenvalue(W, scale, rtol=rtol, cluster_rtol=ctol)
+        for i, w in enumerate(spectra):
+            want = _decide_by_hand(w, scale[i], rtol, ctol)
+            got = {key: getattr(lead, key)[i] for key in want}
+            assert got == want, (i, w, got, want)
+        ref = [_decide_by_hand(w, s, rtol, ctol) for w, s in zip(spectra, scale)]
+        spectral = [r["real"] and r["positive"] and r["simple"] and r["dominant"] for r in ref]
+        np.testing.assert_array_equal(lead.spectral, spectral)
+    # one spectrum: 0-d fields, the same decisions
+    one = leading_eigenvalue(spectra[-3], scale[-3], rtol=1e-8)
+    assert one.spectral.shape == () and not one.spectral and one.multiplicity == 2
+
+
+def test_predict_regime_and_spectral_structure_use_the_one_decision():
+    from attnflow.analysis.regimes import leading_eigenvalue
+
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        V = rng.standard_normal((3, 3))
+        st = spectral_structure(V)
+        ref = leading_eigenvalue(np.linalg.eigvals(V), st.scale, rtol=1e-8)
+        assert bool(ref.spectral) == bool(st.leading.spectral)
+        # "simple" structure <=> the hypothesis holds (no Jordan block for a simple root)
+        assert (st.kind == "simple") == bool(ref.spectral)
+        if st.kind == "simple":
+            assert st.rho_G == pytest.approx(float(ref.lambda2_abs), rel=0, abs=0)
+
+
+# ------------------------------------------------------------- overflow safety
+@pytest.mark.parametrize("c", [1e154, 1e200, 1e300, 1e-200, 1e-300])
+def test_scale_does_not_change_the_prediction(c):
+    """A regression: past ~1e154 the norm of V - cI overflowed and `inf <= rtol * inf`
+    called any V "V = c I, polytope"; tiny entries underflowed the same way."""
+    for V, label in (
+        (PAPER["paper-2d"], "hyperplanes"),
+        (np.array([[1.0, 1.0], [0.0, 1.0]]), "unclassified"),
+        (np.array([[0.0, -1.0], [1.0, 0.0]]), "unclassified"),
+        (I2, "polytope"),
+    ):
+        r = predict_regime(I2, I2, c * np.asarray(V))
+        assert r.label == label, (c, r.reason)
+        assert predict_regime(I2, I2, V).label == label
+    # Q and K of any scale: Q^T K of 1e400 is not representable, the decision is
+    r = predict_regime(c * I2, c * I2, I2)
+    assert r.label == "polytope", r.reason
+    r = predict_regime(c * I2, c * np.diag([1.0, -1.0]), I2)
+    assert r.label == "unclassified" and "positive definite" in r.reason
+    r = predict_regime(c * I2, c * I2, -I2)
+    assert r.label == "origin"
+    s = [h.value for h in r.hypotheses if h.name.startswith("Q^T K")][0]
+    assert s == pytest.approx(c * c, rel=1e-12, abs=0)  # inf past the float range
+    r = predict_regime(c * I2, np.eye(2), PAPER["paper-2d"])
+    qk = [h.value for h in r.hypotheses if h.name.startswith("<Q phi_1")][0]
+    want = predict_regime(I2, I2, PAPER["paper-2d"]).hypotheses[-1].value
+    assert r.label == "hyperplanes" and qk == pytest.approx(c * want, rel=1e-12)
+
+
+def test_unscaled_decisions_are_bit_identical():
+    """Matrices of ordinary size are not rescaled: the reported numbers are those of the
+    matrix itself (the spectrum straight from numpy)."""
+    V = PAPER["paper-3d-re-pos"]
+    r = predict_regime(I3, 2 * I3, V)
+    np.testing.assert_array_equal(
+        np.sort_complex(r.eigenvalues), np.sort_complex(np.linalg.eigvals(V))
+    )
+    assert r.hypotheses[-1].value == float((I3 @ r.structure.phi1) @ (2 * I3 @ r.structure.phi1))
+
+
+# -------------------------------------------------------------- observe_limit
+def test_observe_limit_refuses_what_is_not_a_trajectory():
+    with pytest.raises(ValueError, match="traj must be an attnflow.Trajectory"):
+        observe_limit(np.zeros((3, 4, 2)))
+    traj = _run(I2, I2, I2, 1.0)
+    with pytest.raises(ValueError, match="tol"):
+        observe_limit(traj, tol=-1.0)
+    with pytest.raises(ValueError, match="move_tol"):
+        observe_limit(traj, move_tol=float("nan"))
+    x0 = np.random.default_rng(0).uniform(-1, 1, (2, 5, 2))
+    batch = af.simulate(af.Attention(I2, I2, I2), x0, 1.0, ts=np.linspace(0, 1, 5))
+    with pytest.raises(IndexError, match="system = 2 is out of range"):
+        observe_limit(batch, system=2)
+
+
+def _clusters_by_hand(points, tol):
+    """The former hand-written single-linkage search (the reference for csgraph)."""
+    n = points.shape[0]
+    labels = -np.ones(n, dtype=int)
+    D = np.linalg.norm(points[:, None, :] - points[None, :, :], axis=-1)
+    c = 0
+    for i in range(n):
+        if labels[i] >= 0:
+            continue
+        stack = [i]
+        labels[i] = c
+        while stack:
+            j = stack.pop()
+            for k in np.flatnonzero((D[j] <= tol) & (labels < 0)):
+                labels[k] = c
+                stack.append(k)
+        c += 1
+    return labels, np.stack([points[labels == j].mean(axis=0) for j in range(c)])
+
+
+def test_clusters_are_the_connected_components_of_the_old_search():
+    from attnflow.analysis.observe import clusters
+
+    rng = np.random.default_rng(2)
+    for trial in range(60):
+        n, k = int(rng.integers(1, 40)), int(rng.integers(1, 4))
+        centres = rng.uniform(-1, 1, (int(rng.integers(1, 6)), k))
+        pts = centres[rng.integers(0, len(centres), n)] + 1e-3 * rng.standard_normal((n, k))
+        tol = [1e-4, 1e-2, 0.3][trial % 3]
+        lab, cen = clusters(pts, tol)
+        ref_lab, ref_cen = _clusters_by_hand(pts, tol)
+        np.testing.assert_array_equal(lab, ref_lab)
+        np.testing.assert_array_equal(cen, ref_cen)

@@ -211,10 +211,12 @@ def _auto_rows_block(n: int) -> int:
     return max(1, _kernels.BLOCK_ENTRIES // max(1, n))
 
 
-def _model_report(model, x, rows, sink, block) -> DispersionReport:
+def _model_report(model, x, rows, sink, block, *, finite: bool = True) -> DispersionReport:
+    """``finite=False`` for a trajectory's saves: the unreached saves of a failed system
+    are NaN, and their rows come out NaN (``argmax`` -1), the other systems' as usual."""
+    hint = f"(n, {model.d}) or (b, n, {model.d})"
     x = jnp.asarray(
-        _checks.real_array("x", x, ndim=(2, 3), shape_hint=f"(n, {model.d}) or (b, n, {model.d})"),
-        model.dtype,
+        _checks.real_array("x", x, ndim=(2, 3), finite=finite, shape_hint=hint), model.dtype
     )
     if x.shape[-1] != model.d:
         raise ValueError(
@@ -286,11 +288,9 @@ def dispersion(
     if isinstance(P, Trajectory):
         if logits is not None or x is not None:
             raise ValueError("with a trajectory, pass k (the saved index), not logits or x.")
-        m = P.x.shape[-3]
-        if not -m <= k < m:
-            raise IndexError(f"k = {k} is out of range for {m} saved times.")
+        k = _checks.index("k", k, P.x.shape[-3], what="saved times")
         xk = P.x[..., k, :, :]
-        return _model_report(P.model, xk, rows, sink, block)
+        return _model_report(P.model, xk, rows, sink, block, finite=False)
     if isinstance(P, Attention):
         if x is None:
             raise ValueError("dispersion(model, x=tokens): the tokens x are required.")

@@ -502,7 +502,8 @@ class RankTrack:
 
     Shapes: ``m`` saved times, ``n`` tokens; a batched trajectory adds a leading axis
     ``b`` to every per-system field (``leaders`` is then a tuple of ``b`` arrays). Saved
-    times a failed system never reached have ``rank = -1`` and NaN distances.
+    times a failed system never reached, and saves whose tokens are not finite, have
+    ``rank = -1`` and NaN distances ("reached" below means reached with finite tokens).
 
     Attributes:
         ts: ``(m,)`` saved times.
@@ -696,6 +697,10 @@ def track_rank(
     ts = np.asarray(traj.ts)
     x = traj.x if traj.batched else traj.x[None]  # (b, m, n, d)
     reached = np.asarray(traj.reached, bool).reshape(x.shape[0], x.shape[1])
+    # A save whose tokens are not finite (an overflowed or non-finite stop state) has no
+    # attention matrix: it counts as not reached (rank -1, NaN distances), never as a
+    # number computed from NaN.
+    reached &= np.asarray(jnp.all(jnp.isfinite(x), axis=(-2, -1)))
     b, m, n, _ = x.shape
     rng = np.random.default_rng(seed)
 
