@@ -700,7 +700,7 @@ def track_rank(
     # A save whose tokens are not finite (an overflowed or non-finite stop state) has no
     # attention matrix: it counts as not reached (rank -1, NaN distances), never as a
     # number computed from NaN.
-    reached &= np.asarray(jnp.all(jnp.isfinite(x), axis=(-2, -1)))
+    reached = reached & np.asarray(jnp.all(jnp.isfinite(x), axis=(-2, -1)))
     b, m, n, _ = x.shape
     rng = np.random.default_rng(seed)
 
