@@ -352,7 +352,8 @@ def report(exc: BaseException) -> int:
     if isinstance(exc, CLIError):
         return fail(str(exc), 2)
     if type(exc).__name__ == "Abort" or isinstance(exc, KeyboardInterrupt):
-        # click turns Ctrl-C (and an EOFError) into Abort, the cause kept
+        # Ctrl-C inside a command exits 130 through typer; click turns an EOFError
+        # into Abort ("interrupted"), the cause kept: report the cause instead.
         cause = exc.__cause__
         if isinstance(cause, EOFError):
             return report(cause)

@@ -8,14 +8,25 @@ strings ``"nan"``, ``"inf"``, ``"-inf"``; complex values ``{"real", "imag"}``).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 __all__ = ["to_jsonable"]
 
 
-def to_jsonable(obj):
-    """Convert numpy/jax values (and containers of them) to plain JSON types."""
+def to_jsonable(obj: Any) -> Any:
+    """Convert numpy/jax values (and containers of them) to plain JSON types.
+
+    Args:
+        obj: a value: dicts (keys become strings), lists, tuples, numpy or JAX arrays
+            and scalars, paths, Python numbers, complex numbers, strings.
+
+    Returns:
+        The same structure in plain JSON types: arrays become nested lists, non-finite
+        floats the strings ``"nan"``, ``"inf"``, ``"-inf"``, complex values
+        ``{"real", "imag"}``, paths strings.
+    """
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, Path):
