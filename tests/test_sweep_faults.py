@@ -184,6 +184,27 @@ def test_sigterm_stops_the_workers_and_releases_the_claims(tmp_path, monkeypatch
     same(S.merge(out).arrays, reference(tmp_path, size=40))
 
 
+def _worker_report(_):
+    import numpy  # noqa: F401
+    from threadpoolctl import threadpool_info
+
+    blas = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    return os.environ.get("OPENBLAS_NUM_THREADS"), os.environ.get(_parallel._PDEATHSIG_VAR), blas
+
+
+def test_pool_workers_have_one_blas_thread_and_this_process_keeps_its_environment():
+    before = dict(os.environ)
+    with _parallel.process_pool(1) as pool:
+        env, flag, blas = pool.submit(_worker_report, 0).result()
+        assert _parallel.worker_pids(pool) and all(
+            int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1]) == os.getpid()
+            for p in _parallel.worker_pids(pool)
+        )
+    assert env == "1" and blas and set(blas) == {1}
+    assert flag == ("1" if _parallel.USE_PDEATHSIG else "0")
+    assert dict(os.environ) == before
+
+
 def test_shutdown_on_sigterm_leaves_a_callers_handler_alone():
     seen = []
 

@@ -533,17 +533,19 @@ _BROKEN = (
 )
 
 
-def _execute(tasks: Iterable[tuple], workers: int, pooled: bool) -> Iterator[tuple]:
+def _execute(
+    tasks: Iterable[tuple], workers: int, pooled: bool, inflight: int | None = None
+) -> Iterator[tuple]:
     """``_run_one`` of every task: in this process in order, or in the shared pool of
-    ``workers`` processes as they complete (at most ``workers`` tasks submitted at a
-    time, so ``tasks`` may claim its shards lazily)."""
+    ``workers`` processes as they complete, at most ``inflight`` (default ``workers``)
+    submitted at a time, so that ``tasks`` may claim its shards lazily."""
     if not pooled:
         yield from map(_run_one, tasks)
         return
     pool = _parallel.shared_pool(workers)
     try:
         with _parallel.shutdown_on_sigterm(pool):
-            yield from _parallel.imap_unordered(pool, _run_one, tasks, inflight=workers)
+            yield from _parallel.imap_unordered(pool, _run_one, tasks, inflight=inflight or workers)
     except BrokenProcessPool as exc:
         _parallel.drop_shared_pool(workers, kill=True)
         raise RuntimeError(_BROKEN) from exc
@@ -596,7 +598,9 @@ def compute(
     parts = {}
     bar = _progress_bar(progress, n, 0, sweep.name, sweep.unit)
     try:
-        for start, stop, arrays, _ in _execute(tasks, workers, workers > 1 and len(tasks) > 1):
+        # nothing is claimed here: keep a second task queued per worker (no idle gap)
+        pooled = workers > 1 and len(tasks) > 1
+        for start, stop, arrays, _ in _execute(tasks, workers, pooled, 2 * workers):
             parts[start] = arrays
             if bar is not None:
                 bar.update(stop - start)
