@@ -128,7 +128,7 @@ _HOST = socket.gethostname()
 # Tokens of the claims held by runs in this process (a claim with this process's pid
 # whose token is not here was left by an earlier process that had the same pid).
 _LIVE_TOKENS: set[str] = set()
-# Kept for modules that imported the old names.
+# The name the Ginibre study calls (None -> one worker per available core).
 _resolve_workers = _parallel.resolve_workers
 
 
@@ -137,11 +137,6 @@ class BadShardWarning(UserWarning):
 
 
 # ----------------------------------------------------------------------- helpers
-def _nonneg_int(name: str, value: Any, *, minimum: int = 0) -> int:
-    """``_checks.integer(name, value, lo=minimum)`` (the name the studies call)."""
-    return _checks.integer(name, value, lo=minimum)
-
-
 def rng(seed: int, *key: int) -> np.random.Generator:
     """The random stream of one sample (or one block of samples).
 
