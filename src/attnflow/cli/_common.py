@@ -35,6 +35,7 @@ __all__ = [
     "emit_json",
     "value",
     "load_weights",
+    "simulate_head",
     "read_tokens",
     "initial_tokens",
     "save_times",
@@ -163,6 +164,29 @@ def read_tokens(option: str, path: str, *, d: int | None = None) -> Float[np.nda
             f"columns, the size of the weights."
         )
     return np.asarray(arr, dtype=np.float64)
+
+
+def simulate_head(
+    V: str,
+    Q: str,
+    K: str,
+    d: int | None,
+    seed: int,
+    x0: str,
+    n: int,
+    scale: float,
+    beta: float,
+    t1: float,
+    **solve: Any,
+) -> Any:
+    """Build one head from ``--V/--Q/--K`` and its starting tokens from ``--x0``, then
+    ``attnflow.simulate`` it with the solver options ``solve``; returns the Trajectory.
+    Call after ``setup_jax`` (the weights are cast to the working precision here)."""
+    import attnflow as af
+
+    Qm, Km, Vm = load_weights(V, Q, K, d, seed)
+    tokens = initial_tokens(x0, n, Vm.shape[0], seed, scale)
+    return af.simulate(af.Attention(Qm, Km, Vm, beta=beta), tokens, t1, **solve)
 
 
 def initial_tokens(kind: str, n: int, d: int, seed: int, scale: float) -> Float[np.ndarray, "n d"]:

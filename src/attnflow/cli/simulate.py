@@ -53,14 +53,17 @@ def simulate(
     ts = common.save_times(t1, saves, method_s, dt)
     common.check_tolerances(method_s, rtol, atol)
     common.setup_jax(x64)
-    import attnflow as af
 
-    Qm, Km, Vm = common.load_weights(V, Q, K, common.default_dim(V, d, 2), seed)
-    tokens = common.initial_tokens(x0, n, Vm.shape[0], seed, scale)
-    model = af.Attention(Qm, Km, Vm, beta=beta)
-    traj = af.simulate(
-        model,
-        tokens,
+    traj = common.simulate_head(
+        V,
+        Q,
+        K,
+        common.default_dim(V, d, 2),
+        seed,
+        x0,
+        n,
+        scale,
+        beta,
         t1,
         ts=ts,
         frame=frame_s,
