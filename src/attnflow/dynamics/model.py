@@ -178,10 +178,12 @@ class Attention(AbstractAttentionSystem):
         )
         # 5: past equinox's module constructor, to the line that built the model
         _warn_float64_cast(Qa, Ka, Va, stacklevel=5)
-        self.Q = jnp.asarray(Qa, dtype=dtype)
-        self.K = jnp.asarray(Ka, dtype=dtype)
-        self.V = jnp.asarray(Va, dtype=dtype)
-        self.beta = jnp.asarray(beta, dtype=dtype)
+        # an overflowing cast is reported just below, naming the matrix; not as numpy's warning
+        with np.errstate(over="ignore"):
+            self.Q = jnp.asarray(Qa, dtype=dtype)
+            self.K = jnp.asarray(Ka, dtype=dtype)
+            self.V = jnp.asarray(Va, dtype=dtype)
+            self.beta = jnp.asarray(beta, dtype=dtype)
         for name, arr in (("Q", self.Q), ("K", self.K), ("V", self.V), ("beta", self.beta)):
             if _is_concrete(arr) and not bool(jnp.all(jnp.isfinite(arr))):
                 raise ValueError(
