@@ -432,3 +432,18 @@ def test_kernel_decision_equals_the_former_rule_on_random_stacks():
         lead = leading_eigenvalue(w, fro, rtol=tol, cluster_rtol=tol)
         np.testing.assert_array_equal(lead.spectral, former)
         np.testing.assert_array_equal(G._analyse(V, 0, 0, tol, "numpy")["spectral"], former)
+
+
+def test_ginibre_curve_checks_every_folder_before_computing_any(tmp_path, monkeypatch):
+    """A later d's folder holding another sweep is refused before the first d runs."""
+    G.ginibre_curve([32], 100, out=tmp_path, workers=1)  # d = 32 holds 100 samples
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a sweep ran before every folder was checked")
+
+    monkeypatch.setattr(S, "run", forbidden)
+    with pytest.raises(ValueError, match=r"different sweep .*size: stored 100, asked 200"):
+        G.ginibre_curve([8, 32], 200, out=tmp_path, workers=1)
+    assert not (tmp_path / "d00008").exists()
+    with pytest.raises(ValueError, match="holds no sweep"):
+        G.ginibre_curve([8, 32], 100, out=tmp_path, merge_only=True)

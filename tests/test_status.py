@@ -86,3 +86,25 @@ def test_status_of_names_the_array():
     assert traj.status_of("state") == "ok"
     with pytest.raises(ValueError, match="name must be one of"):
         traj.status_of("y")
+
+
+@pytest.mark.parametrize(
+    "Q, V, kernel",
+    [
+        (np.zeros((2, 2)), np.eye(2), "softmax"),  # uniform attention: logits stay 0
+        (np.eye(2), np.eye(2), "qknorm"),  # normalised queries and keys: logits bounded
+        (np.zeros((2, 2)), np.array([[1.0, 1.0], [0.0, 1.0]]), "softmax"),  # a Jordan V
+    ],
+)
+def test_rescaled_tokens_leaving_the_range_stop_as_overflow(Q, V, kernel):
+    """When the logits stay bounded, the tokens x = e^{tV} z leave the float64 range
+    first (|e^{tV}| passes 1.8e308 near t = 709 for lambda = 1): the solve stops there
+    as "overflow" (before, its field was 0 * inf and it used up max_steps)."""
+    x0 = np.random.default_rng(0).uniform(-1, 1, (5, 2))
+    model = af.Attention(Q, Q, V, kernel=kernel)
+    traj = af.simulate(model, x0, 800.0, ts=np.linspace(0.0, 800.0, 9))
+    assert traj.status == af.Status.OVERFLOW
+    t_stop = float(np.asarray(traj.t_stop).reshape(-1)[0])
+    # stopped within the guard's margin (e^4) of where the first token's size leaves it
+    assert 690.0 < t_stop < np.log(np.finfo(np.float64).max)
+    assert np.all(np.isfinite(np.asarray(traj.z)[:-1]))  # the saves before t_stop are kept

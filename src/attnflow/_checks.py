@@ -164,8 +164,8 @@ def output_file(name: str, path: Any, *, suffix: str | None = None) -> Path:
     if not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"{name} must be a file path; got {_show(path)}.")
     p = Path(path)
-    if str(p) in ("", "."):
-        raise ValueError(f"{name} must be a file path; got {_show(path)}.")
+    if str(path) == "":
+        raise ValueError(f"{name} must be a file path; got an empty string.")
     if p.is_dir():
         raise ValueError(
             f"{name} {str(p)!r} is a directory; give a file name such as "

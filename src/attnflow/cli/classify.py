@@ -7,6 +7,7 @@ import numpy as np
 import typer
 
 from .. import _checks
+from ..analysis.regimes import Label
 from . import _common as common
 from . import _options as opt
 
@@ -67,7 +68,7 @@ def classify(
         import attnflow as af
 
         tokens = common.initial_tokens("uniform", n, Vm.shape[0], seed, scale)
-        frame = "original" if reg.label == "origin" else "rescaled"
+        frame = "original" if reg.label == Label.ORIGIN else "rescaled"
         traj = af.simulate(
             af.Attention(Qm, Km, Vm),
             tokens,

@@ -159,13 +159,21 @@ class Rescaled(AbstractFrame):
     def initial_state(self, x0: Array) -> Array:
         return self.model.propagator.to_modal(x0) if self._coords == "modal" else x0
 
+    def tokens(self, y: Array, scale: Any) -> Array:
+        """The tokens ``x`` that the state ``y`` stands for: in standard coordinates
+        ``x = y M^T`` (``scale`` the ``(d, d)`` flow matrix ``M``), in modal coordinates
+        their modal coordinates ``T^{-1} x`` (``scale`` the per-mode factors (re, im))."""
+        if self._coords == "modal":
+            return self.model.propagator.modal_scale(y, *scale)
+        return y @ scale.T
+
     def queries_keys(self, y: Array, scale: Any) -> tuple[Array, Array]:
         """Queries and keys of the tokens ``x`` that the state ``y`` stands for."""
-        if self._coords == "modal":  # scale: per-mode factors (re, im) of the flow
-            we = self.model.propagator.modal_scale(y, *scale)
+        x = self.tokens(y, scale)
+        if self._coords == "modal":
             assert self.QT is not None and self.KT is not None
-            return we @ self.QT.T, we @ self.KT.T
-        return self.model.queries_keys(y @ scale.T)  # scale: the (d, d) flow matrix
+            return x @ self.QT.T, x @ self.KT.T
+        return self.model.queries_keys(x)
 
     def _increment(self, y: Array, scale: Any) -> Array:
         return self.model.weigh(*self.queries_keys(y, scale), y) - y
@@ -183,7 +191,18 @@ class Rescaled(AbstractFrame):
         return y + (dt * u) @ factor.T
 
     def log_bound(self, y: Array, scale: Any) -> Array:
-        return self.model.log_bound(*self.queries_keys(y, scale))
+        """The model's logit bound, or ``log max |x|`` where larger: the tokens
+        ``x = e^{tV} z`` leave the float range before the logits do when attention does
+        not read them (Q = 0 or K = 0), and a solve would otherwise stall there on
+        ``0 * inf``. A NaN token counts as beyond the range."""
+        x = self.tokens(y, scale)
+        if self._coords == "modal":
+            assert self.QT is not None and self.KT is not None
+            q, k = x @ self.QT.T, x @ self.KT.T
+        else:
+            q, k = self.model.queries_keys(x)
+        size = jnp.max(jnp.where(jnp.isnan(x), jnp.inf, jnp.abs(x)))
+        return jnp.maximum(self.model.log_bound(q, k), jnp.log(size))
 
 
 def make_frame(name: str, model: AbstractModel, coords: str | None = None) -> AbstractFrame:

@@ -69,10 +69,12 @@ def _safe_matmul(a: np.ndarray, M: np.ndarray) -> np.ndarray:
     """``a @ M.T`` in float64 where a zero factor times an infinite one counts 0, and a
     sum of infinite terms of both signs takes the sign of their majority (+inf on a tie):
     never NaN from finite or infinite inputs."""
-    terms = a[..., None, :] * M  # (..., d_out, d_in)
-    zero = (a[..., None, :] == 0) | (M == 0)
-    terms = np.where(zero, 0.0, terms)
-    with np.errstate(invalid="ignore"):
+    # 0 * inf (invalid) is replaced just below; an overflow to inf is the intended
+    # representation (the caller warns once, in its own words)
+    with np.errstate(invalid="ignore", over="ignore"):
+        terms = a[..., None, :] * M  # (..., d_out, d_in)
+        zero = (a[..., None, :] == 0) | (M == 0)
+        terms = np.where(zero, 0.0, terms)
         out = terms.sum(-1)
     nan = np.isnan(out)
     if nan.any():

@@ -207,8 +207,9 @@ def write_json(
     """Write ``data`` (plain JSON types) as ``stem.json`` into ``out_dir`` (created).
 
     ``compact``: every innermost list of numbers on one line (matrix rows, vectors).
-    Returns the path."""
-    text = json.dumps(data, indent=1)
+    Returns the path. Non-finite floats must already be strings (``jsonable``): a bare
+    NaN or Infinity is not JSON, and is refused here."""
+    text = json.dumps(data, indent=1, allow_nan=False)
     if compact:
         text = _compact_numbers(text)
     out = Path(out_dir)

@@ -31,6 +31,9 @@ from typing import Any
 
 import numpy as np
 
+from attnflow.analysis.regimes import Label
+from attnflow.dynamics.trajectory import Status
+
 FAMILIES = [
     "polytope",
     "polytope-ns",
@@ -42,8 +45,9 @@ FAMILIES = [
     "jordan",
     "qk-indefinite",
 ]
-LABELS = ["polytope", "hyperplanes", "subspace", "origin", "unclassified", "not-converged"]
-STATUS = ["ok", "overflow", "max_steps", "nonfinite", "failed"]
+# the saved arrays hold positions in these lists (the enums' order)
+LABELS = [str(lab) for lab in Label]
+STATUS = [str(s) for s in Status]
 
 
 def _basis(rng, d):
@@ -206,7 +210,7 @@ def recheck(arrays, seed: int, n: int, max_steps: int, factor: float = 2.0) -> d
     from attnflow.studies.sweep import rng as sample_rng
 
     out = {}
-    nc = LABELS.index("not-converged")
+    nc = LABELS.index(Label.NOT_CONVERGED)
     for i in np.flatnonzero((arrays["obs"] == nc) & (arrays["family"] < len(THEOREM_FAMILIES))):
         fam = FAMILIES[int(arrays["family"][i])]
         g = sample_rng(seed, int(i))
@@ -235,7 +239,7 @@ def table(arrays, rechecked: dict | None = None) -> str:
             u, c = np.unique(a[sel], return_counts=True)
             return ", ".join(f"{LABELS[x]} {n}" for x, n in zip(u, c))
 
-        conv = sel & (obs != LABELS.index("not-converged")) & (status == 0)
+        conv = sel & (obs != LABELS.index(Label.NOT_CONVERGED)) & (status == 0)
         agree = conv & (pred == obs)
         if name in THEOREM_FAMILIES:
             ag = f"{agree.sum()} / {conv.sum()}"

@@ -548,7 +548,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     sidecar = dict(
         script="attnflow.experiments.fig_dispersion",
         quick=bool(quick),
-        x64=True,
+        x64=run_metadata()["x64"],
         parameters=cfg,
         versions=run_metadata(),
         summary=summary,
@@ -556,7 +556,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         figures=[str(p) for p in figures],
         seconds=dict(seconds, total=time.perf_counter() - t0),
     )
-    jpath = H.write_json(out_dir, NAME, sidecar)
+    jpath = H.write_json(out_dir, NAME, H.jsonable(sidecar))
     return {"figures": [str(p) for p in figures], "json": str(jpath), "summary": summary}
 
 

@@ -276,7 +276,7 @@ def make(
         "versions": {**run_metadata(), "matplotlib": mpl.__version__},
         "command": ("python -m attnflow.experiments.fig_ginibre" + (" --quick" if quick else "")),
     }
-    js = H.write_json(out_dir, NAME, side)
+    js = H.write_json(out_dir, NAME, H.jsonable(side))
     return {"figures": [str(png), str(pdf)], "json": str(js), "results": side["results"]}
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnflow.analysis.regimes import Label
 from attnflow.experiments import _plotting
 
 NAME = "heads"
@@ -58,15 +59,15 @@ KINDS = {
     "other": ("other", "#999999"),
 }
 OBSERVED = {
-    "hyperplanes": ("hyperplanes", "#1b9e77"),
-    "unclassified": ("settled, no theorem", "#e6ab02"),
-    "not-converged": ("not converged", "#bbbbbb"),
+    Label.HYPERPLANES: ("hyperplanes", "#1b9e77"),
+    Label.UNCLASSIFIED: ("settled, no theorem", "#e6ab02"),
+    Label.NOT_CONVERGED: ("not converged", "#bbbbbb"),
     "mixed": ("differs across sentences", "#e7298a"),
 }
 
 
 def kind_of(rep) -> str:
-    if rep.label == "hyperplanes":
+    if rep.label == Label.HYPERPLANES:
         return "hyperplanes"
     if rep.spectral:
         return "spectral-qk"
@@ -291,7 +292,7 @@ def summarize(analysis, runs, sentences) -> dict:
                     leader_role[
                         "[CLS]" if ld[0] == 0 else "[SEP]" if ld[0] == n - 1 else "word"
                     ] += 1
-            if run.levels[s] is not None and o == "hyperplanes":
+            if run.levels[s] is not None and o == Label.HYPERPLANES:
                 lv, lv0 = np.asarray(run.levels[s]), np.asarray(run.levels0[s])
                 scale = max(np.abs(lv0).max(), 1e-300)
                 levels[run.n_clusters[s]] += 1

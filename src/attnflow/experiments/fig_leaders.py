@@ -495,7 +495,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     sidecar = dict(
         script="attnflow.experiments.fig_leaders",
         quick=bool(quick),
-        x64=True,
+        x64=run_metadata()["x64"],
         solver=solver,
         track_rank=dict(
             default=dict(
@@ -514,7 +514,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         figures=[str(p) for p in figures],
         seconds=time.perf_counter() - t_start,
     )
-    jpath = H.write_json(out_dir, NAME, sidecar)
+    jpath = H.write_json(out_dir, NAME, H.jsonable(sidecar))
     compact = {k: {kk: vv for kk, vv in v.items() if kk != "systems"} for k, v in summary.items()}
     return {"figures": figures, "json": jpath, "summary": compact}
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnflow.analysis.regimes import Label
 from attnflow.experiments import _plotting as H
 
 NAME = "fig_phase_diagram"
@@ -37,7 +38,7 @@ SEED, N, BATCH, DT, SAVES = 0, 20, 3, 0.1, 121
 BATCH_QUICK = 1  # quick: the shapes of the other figures' runs (no extra compilation)
 S2 = np.array([[1.0, 0.6], [0.3, 1.0]])
 S3 = np.array([[1.0, 0.3, -0.2], [0.2, 1.0, 0.3], [-0.1, 0.25, 1.0]])
-ORDER = ["polytope", "hyperplanes", "subspace", "origin", "unclassified", "not-converged"]
+ORDER = list(Label)
 
 
 def family_a(l1: float, l2: float) -> np.ndarray:
@@ -155,7 +156,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
                 if m == c["predicted"]:
                     agree += 1
                     continue
-                if m == "not-converged":
+                if m == Label.NOT_CONVERGED:
                     unsettled += 1
                 else:
                     disagree += 1
@@ -169,7 +170,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
                         lw=0.4,
                     )
                 )
-                if m == "not-converged":
+                if m == Label.NOT_CONVERGED:
                     ax.plot(x, y, ".", color="k", ms=1.5)
         ax.set_xlim(xv[0] - dx / 2, xv[-1] + dx / 2)
         ax.set_ylim(ys[0] - dy / 2, ys[-1] + dy / 2)

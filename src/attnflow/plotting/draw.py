@@ -28,6 +28,7 @@ import numpy.typing as npt
 from jaxtyping import Float, Int
 
 from .. import _checks
+from ..analysis.regimes import Label
 from ..studies.setups import MOVIE_CASES, case_matrix, simulate_tokens
 
 if TYPE_CHECKING:
@@ -75,12 +76,12 @@ STYLE: dict[str, Any] = {
 """rc parameters readable at paper size: a 6.5 in wide figure with 8 pt text."""
 
 LABEL_COLORS: dict[str, str] = {
-    "polytope": "#4477aa",
-    "hyperplanes": "#66ccee",
-    "subspace": "#228833",
-    "origin": "#ccbb44",
-    "unclassified": "#dddddd",
-    "not-converged": "#ffffff",
+    Label.POLYTOPE: "#4477aa",
+    Label.HYPERPLANES: "#66ccee",
+    Label.SUBSPACE: "#228833",
+    Label.ORIGIN: "#ccbb44",
+    Label.UNCLASSIFIED: "#dddddd",
+    Label.NOT_CONVERGED: "#ffffff",
 }
 """Colours of the regime labels (the ``predict_regime`` / ``observe_limit`` vocabulary)."""
 

@@ -724,6 +724,12 @@ def ginibre_curve(
         return GinibreStudy(dims, samples, seed, res, None, True, None, None)
     out = Path(out)
     sweeps = [_make_sweep(c[0], samples, seed, c[5], backend, None) for c in checked]
+    # every folder is checked before any d is computed (not d = 2's result, then an error)
+    for x, sw in zip(dims, sweeps):
+        if merge_only:
+            _sweep.read_manifest(_subdir(out, x))
+        else:
+            _sweep.check_dir(sw, _subdir(out, x))
     runs = []
     if not merge_only:
         # Job i of N takes the i-th contiguous slice of all the shards of all the d

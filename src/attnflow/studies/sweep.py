@@ -104,6 +104,7 @@ __all__ = [
     "run",
     "merge",
     "read_manifest",
+    "check_dir",
     "rng",
     "Substreams",
     "map_devices",
@@ -667,16 +668,8 @@ def _create_exclusive(path: Path, text: str) -> None:
             os.unlink(tmp)
 
 
-def _prepare_dir(sweep: Sweep, out_dir: Path) -> dict:
-    """Create ``out_dir`` and its manifest (atomically: of two runs starting together,
-    one writes it), or check that the stored sweep is this one; returns the stored
-    manifest."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+def _check_identity(sweep: Sweep, out_dir: Path, old: dict) -> None:
     man = sweep.manifest()
-    p = out_dir / MANIFEST
-    if not p.exists():
-        _create_exclusive(p, json.dumps(man, indent=2, sort_keys=True) + "\n")
-    old = read_manifest(out_dir)
     diff = [k for k in _IDENTITY if old.get(k) != man[k]]
     if diff:
         detail = "; ".join(f"{k}: stored {old.get(k)!r}, asked {man[k]!r}" for k in diff)
@@ -684,6 +677,27 @@ def _prepare_dir(sweep: Sweep, out_dir: Path) -> dict:
             f"{str(out_dir)!r} holds a different sweep ({detail}); use the "
             f"same parameters to resume it, or another output directory."
         )
+
+
+def check_dir(sweep: Sweep, out_dir: str | os.PathLike) -> None:
+    """Check, writing nothing, that ``run(sweep, out_dir)`` could start: ``out_dir`` is
+    a folder or can be created, and holds no other sweep (ValueError naming the
+    difference). Studies of several sweeps check every folder before computing any."""
+    path = _checks.output_dir("out_dir", out_dir)
+    if (path / MANIFEST).is_file():
+        _check_identity(sweep, path, read_manifest(path))
+
+
+def _prepare_dir(sweep: Sweep, out_dir: Path) -> dict:
+    """Create ``out_dir`` and its manifest (atomically: of two runs starting together,
+    one writes it), or check that the stored sweep is this one; returns the stored
+    manifest."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    p = out_dir / MANIFEST
+    if not p.exists():
+        _create_exclusive(p, json.dumps(sweep.manifest(), indent=2, sort_keys=True) + "\n")
+    old = read_manifest(out_dir)
+    _check_identity(sweep, out_dir, old)
     return old
 
 
