@@ -32,6 +32,9 @@ from .analysis import (
 from .dynamics import (
     SOLVERS,
     Attention,
+    Block,
+    FeedForward,
+    MultiHeadAttention,
     Propagator,
     SimulationError,
     Status,
@@ -52,6 +55,9 @@ del _name, _module, _sys
 __all__ = [
     "__version__",
     "Attention",
+    "Block",
+    "FeedForward",
+    "MultiHeadAttention",
     "Propagator",
     "SOLVERS",
     "SimulationError",

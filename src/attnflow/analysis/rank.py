@@ -405,7 +405,8 @@ def _traj_stats(model, x, stochastic: bool):
     kernel = model.kernel
 
     def one(x):
-        L = model.logits(x)
+        # a masked model's dropped logits are -inf: weight 0, as in model.attention
+        L = _kernels.apply_mask(model.logits(x), getattr(model, "mask", None))
         n = L.shape[-1]
         # softmax: the kernel's own, with what the log-masses need (same band rule)
         parts = _kernels.softmax_parts(L) if kernel == "softmax" else None

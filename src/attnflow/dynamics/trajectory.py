@@ -84,6 +84,7 @@ def _safe_matmul(a: np.ndarray, M: np.ndarray) -> np.ndarray:
 def _model_family(name: str) -> type[AbstractModel]:
     """The model class called ``name`` (a final subclass of ``AbstractModel``)."""
     from . import model as _models  # noqa: F401  (defines the built-in families)
+    from . import transformer as _transformer  # noqa: F401
 
     stack, seen = [AbstractModel], {}
     while stack:
@@ -401,7 +402,10 @@ class Trajectory:
 
     @property
     def has_z(self) -> bool:
-        """Whether the rescaled frame exists for this model (it needs one value matrix)."""
+        """Whether the rescaled frame exists for this model (it needs one value matrix,
+        and the skip connection: not after ``residual=False``)."""
+        if self.solver.get("residual", True) is False:
+            return False
         return self.frame == "rescaled" or self.model.propagator is not None
 
     @cached_property
@@ -409,9 +413,13 @@ class Trajectory:
         if self.frame == "rescaled" and self.coords == "standard":
             return self._y
         if not self.has_z:
+            why = (
+                "the layers had no skip connection (residual=False)"
+                if self.solver.get("residual", True) is False
+                else f"{type(self.model).__name__} has no value matrix V"
+            )
             raise ValueError(
-                f"{type(self.model).__name__} has no value matrix V, so the "
-                f"rescaled frame z = e^(-tV) x is not defined; use traj.x."
+                f"{why}, so the rescaled frame z = e^(-tV) x is not defined; use traj.x."
             )
         return self._checked("z", self._convert(self._y, False), False)
 
