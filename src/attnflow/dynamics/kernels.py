@@ -462,6 +462,7 @@ def apply_mask(L: Array, mask: tuple | None, row0: Any = 0) -> Array:
     if mask is None:
         return L
     keep = mask_keep(mask, row0 + jnp.arange(L.shape[-2]), jnp.arange(L.shape[-1]))
+    assert keep is not None
     return jnp.where(keep, L, -jnp.inf)
 
 

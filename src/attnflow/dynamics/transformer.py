@@ -39,7 +39,7 @@ from .base import AbstractModel
 from .model import Attention, _warn_float64_cast
 from .propagator import Propagator
 
-__all__ = ["MultiHeadAttention", "FeedForward", "Block", "ACTIVATIONS"]
+__all__ = ["MultiHeadAttention", "FeedForward", "Block", "ACTIVATIONS", "single_head"]
 
 ACTIVATIONS = ("relu", "gelu", "tanh")
 
@@ -204,6 +204,22 @@ class MultiHeadAttention(AbstractModel):
         """The heads' value matrices ``V_h``."""
         return self.V
 
+    def head(self, h: int) -> Attention:
+        """Head ``h`` alone, as an ``Attention`` (same beta, kernel, mask and tiling):
+        its attention matrix is this model's ``attention(x)[h]``."""
+        h = _checks.index("head", h, self.heads, what="heads")
+        return Attention(
+            self.Q[h],
+            self.K[h],
+            self.V[h],
+            beta=float(self.beta),
+            kernel=self.kernel,
+            kernel_params=self.kernel_params,
+            mask=self.mask,
+            block=self.block,
+            rectangular=True,
+        )
+
     # --------------------------------------------------------------- the field
     def _queries_keys(self, x: Array) -> tuple[Array, Array]:
         """Per-head queries and keys ``(h, n, p)`` of tokens ``x`` (the kernel's prep
@@ -306,6 +322,30 @@ class MultiHeadAttention(AbstractModel):
             W=arrays["W"] if description.get("W_given") else None,
             block=description.get("block"),
         )
+
+
+def single_head(model: AbstractModel, head: int | None = None) -> Attention:
+    """The one attention head of ``model`` that an analysis of attention matrices reads.
+
+    ``Attention``: itself (``head`` None or 0). ``MultiHeadAttention``: head ``head``
+    (``MultiHeadAttention.head``; may be left out when there is one head). ``Block``: the
+    same, of its attention. ``ValueError`` otherwise (a feed-forward layer has none)."""
+    if isinstance(model, Block):
+        return single_head(model.attn, head)
+    if isinstance(model, Attention):
+        if head not in (None, 0):
+            raise ValueError(f"head: the model has one attention head (0); got {head!r}.")
+        return model
+    if isinstance(model, MultiHeadAttention):
+        if head is None:
+            if model.heads != 1:
+                raise ValueError(
+                    f"the model has {model.heads} attention heads: pass head=0 ... "
+                    f"{model.heads - 1} to choose one."
+                )
+            head = 0
+        return model.head(head)
+    raise ValueError(f"{type(model).__name__} has no attention head to analyse.")
 
 
 # ------------------------------------------------------------------ feed-forward
