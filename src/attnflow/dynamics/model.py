@@ -262,7 +262,6 @@ class Attention(AbstractAttentionSystem):
     def describe(self) -> dict:
         extra = {} if self.mask is None else {"mask": list(self.mask)}
         return {
-            **extra,
             "family": "Attention",
             "beta": float(self.beta),
             "kernel": self.kernel,
@@ -273,6 +272,7 @@ class Attention(AbstractAttentionSystem):
             "Q": np.asarray(self.Q).tolist(),
             "K": np.asarray(self.K).tolist(),
             "V": np.asarray(self.V).tolist(),
+            **extra,
         }
 
     def arrays(self) -> dict:
