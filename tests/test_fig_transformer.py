@@ -34,3 +34,43 @@ def test_fig_rank_collapse_quick(tmp_path):
     assert runs["one head, s=1"]["pure_log_growth_factor"] > 2
     assert runs["one head, s=1"]["residual_relative_residual_min"] > 0.5
     assert runs["one head, s=5"]["pure_layers_to_collapse"] is None
+
+
+def test_one_cluster_while_attention_tends_to_the_identity():
+    """Rank is not the number of clusters (d = 2): V = diag(1, 1/2), Q = K = I, two
+    tokens z = (1, +-a). The level phi_1*(z) = z^(1) of both stays exactly 1 (one
+    hyperplane: one cluster in the sense of the hyperplane theorem), while each token
+    attends to itself more and more: P(t) -> I, rank 2. By symmetry z = (1, +-a(t)) with
+    da/dt = -a / (1 + exp(2 e^t a^2)) = -a expit(-2 e^t a^2) (the off-diagonal weight times V's 1/2, twice),
+    integrated here by scipy."""
+    from scipy.integrate import solve_ivp
+    from scipy.special import expit
+
+    import attnflow as af
+
+    V = np.diag([1.0, 0.5])
+    model = af.Attention(np.eye(2), np.eye(2), V)
+    T = 6.0
+    traj = af.simulate(
+        model, [[1.0, 1.0], [1.0, -1.0]], T, ts=[0.0, 2.0, 4.0, T], rtol=1e-12, atol=1e-14
+    )
+    z = np.asarray(traj.z)
+    np.testing.assert_allclose(z[:, :, 0], 1.0, rtol=1e-12)  # one hyperplane throughout
+    ref = solve_ivp(
+        lambda t, a: -a * expit(-2 * np.exp(t) * a * a),
+        (0, T),
+        [1.0],
+        t_eval=[2.0, 4.0, T],
+        rtol=1e-12,
+        atol=1e-14,
+    )
+    np.testing.assert_allclose(z[1:, 0, 1], ref.y[0], rtol=1e-8)
+    np.testing.assert_allclose(z[1:, 1, 1], -ref.y[0], rtol=1e-8)
+    P = np.asarray(traj.attention(-1))
+    a = ref.y[0, -1]
+    off = expit(-2 * np.exp(T) * a * a)
+    np.testing.assert_allclose(P, [[1 - off, off], [off, 1 - off]], rtol=1e-10, atol=1e-300)
+    assert off < 1e-100  # P(T) is the identity to rounding: rank 2
+    obs = af.observe_limit(traj)
+    assert obs.label == "hyperplanes" and obs.n_clusters == 1
+    assert af.track_rank(traj).rank[-1] == 2
