@@ -41,7 +41,7 @@ def test_one_cluster_while_attention_tends_to_the_identity():
     tokens z = (1, +-a). The level phi_1*(z) = z^(1) of both stays exactly 1 (one
     hyperplane: one cluster in the sense of the hyperplane theorem), while each token
     attends to itself more and more: P(t) -> I, rank 2. By symmetry z = (1, +-a(t)) with
-    da/dt = -a / (1 + exp(2 e^t a^2)) = -a expit(-2 e^t a^2) (the off-diagonal weight times V's 1/2, twice),
+    da/dt = -a expit(-2 e^t a^2) (the off-diagonal weight times V's 1/2, twice),
     integrated here by scipy."""
     from scipy.integrate import solve_ivp
     from scipy.special import expit
