@@ -516,13 +516,16 @@ class Trajectory:
         return self._y.shape[-1]
 
     def attention(self, k: int = -1) -> Float[Array, "*b n n"]:
-        """The attention matrix ``P`` at saved index ``k``: ``(n, n)`` or ``(b, n, n)``."""
+        """The attention matrix ``P`` at saved index ``k``: ``(n, n)`` or ``(b, n, n)``;
+        one per head for a ``MultiHeadAttention`` (or a ``Block`` of one), ``(h, n, n)``
+        or ``(b, h, n, n)`` (``model.attention`` of the tokens ``traj.x[k]``)."""
         k = _checks.index("k", k, self._y.shape[1], what="saved times")
         P = _attention_rows(self.model, self._x[:, k])
         return P if self.batched else P[0]
 
     def logits(self, k: int = -1) -> Float[Array, "*b n n"]:
-        """The pre-kernel logits at saved index ``k``: ``(n, n)`` or ``(b, n, n)``."""
+        """The pre-kernel logits at saved index ``k``: ``(n, n)`` or ``(b, n, n)``
+        (per head, ``(h, n, n)``, for a multi-head model; never masked)."""
         k = _checks.index("k", k, self._y.shape[1], what="saved times")
         L = _logit_rows(self.model, self._x[:, k])
         return L if self.batched else L[0]
