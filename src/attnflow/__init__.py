@@ -34,6 +34,9 @@ from .analysis import (
 from .dynamics import (
     SOLVERS,
     Attention,
+    Block,
+    FeedForward,
+    MultiHeadAttention,
     Propagator,
     SimulationError,
     Status,
@@ -54,6 +57,9 @@ del _name, _module, _sys
 __all__ = [
     "__version__",
     "Attention",
+    "Block",
+    "FeedForward",
+    "MultiHeadAttention",
     "Propagator",
     "SOLVERS",
     "SimulationError",

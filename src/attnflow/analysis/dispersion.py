@@ -137,8 +137,9 @@ class DispersionReport:
 
 
 # ---------------------------------------------------------------------- row stats
-def _row_stats(P, L, sink: int):
-    """Per-row statistics of weights ``P`` ``(..., n)`` and logits ``L`` (or None)."""
+def _row_stats(P, L, sink: int, keep=None):
+    """Per-row statistics of weights ``P`` ``(..., n)`` and logits ``L`` (or None); with
+    a mask's ``keep``, the logit spread is that of the kept logits."""
     rs = jnp.sum(P, axis=-1)
     mx = jnp.max(P, axis=-1)
     a = P / rs[..., None]
@@ -152,26 +153,36 @@ def _row_stats(P, L, sink: int):
         share_max=mx / rs,
     )
     if L is not None:
-        out["delta"] = jnp.max(L, axis=-1) - jnp.min(L, axis=-1)
+        hi, lo = L, L
+        if keep is not None:
+            hi, lo = jnp.where(keep, L, -jnp.inf), jnp.where(keep, L, jnp.inf)
+        out["delta"] = jnp.max(hi, axis=-1) - jnp.min(lo, axis=-1)
     return out
 
 
 @eqx.filter_jit
-def _qk_stats(kernel: str, q, k, beta, params, rows, sink: int, block: int):
-    """Statistics of query rows ``rows`` (indices) against all keys, in tiles of ``block``."""
+def _qk_stats(kernel: str, q, k, beta, params, rows, sink: int, block: int, mask=None):
+    """Statistics of query rows ``rows`` (indices) against all keys, in tiles of ``block``
+    (``mask``: ``attnflow.kernels.check_mask``'s form; dropped logits weigh 0)."""
     q, k = _kernels.prepare(kernel, q, k)
     q = q[rows]
 
-    def tile(qi):
+    def tile(qi, ri):
         L = _kernels.logits(qi, k, beta)
-        return _row_stats(_kernels.weights(kernel, L, params), L, sink)
+        if mask is None:
+            return _row_stats(_kernels.weights(kernel, L, params), L, sink)
+        keep = _kernels.mask_keep(mask, ri, jnp.arange(k.shape[0]))
+        assert keep is not None  # rows: any query indices, not necessarily consecutive
+        Pm = _kernels.weights(kernel, jnp.where(keep, L, -jnp.inf), params)
+        return _row_stats(Pm, L, sink, keep)
 
     r = q.shape[0]
     if block <= 0 or block >= r:
-        return tile(q)
+        return tile(q, rows)
     nb = -(-r // block)
     qb = jnp.pad(q, ((0, nb * block - r), (0, 0))).reshape(nb, block, q.shape[-1])
-    out = jax.lax.map(tile, qb)
+    rb = jnp.pad(rows, (0, nb * block - r)).reshape(nb, block)
+    out = jax.lax.map(lambda a: tile(*a), (qb, rb))
     return {key: v.reshape((nb * block,) + v.shape[2:])[:r] for key, v in out.items()}
 
 
@@ -236,9 +247,13 @@ def _model_report(model, x, rows, sink, block, *, finite: bool = True) -> Disper
     block = _auto_rows_block(n) if block is None else int(block)
     idx = jnp.asarray(idx % n)
 
+    mask = getattr(model, "mask", None)
+
     def one(xi):
         q, k = model.queries_keys(xi)
-        return _qk_stats(model.kernel, q, k, model.beta, model.kernel_params, idx, sink, block)
+        return _qk_stats(
+            model.kernel, q, k, model.beta, model.kernel_params, idx, sink, block, mask
+        )
 
     st = one(x) if x.ndim == 2 else jax.vmap(one)(x)
     return _report(st, n, sink, model.kernel)
@@ -254,6 +269,7 @@ def dispersion(
     x: Float[npt.ArrayLike, "*b n d"] | None = None,
     rows: slice | Int[npt.ArrayLike, " r"] | None = None,
     block: int | None = None,
+    head: int | None = None,
 ) -> DispersionReport:
     """Dispersion statistics of attention rows: largest coefficient, bounds, entropy, sink.
 
@@ -276,6 +292,8 @@ def dispersion(
             where the ``(n, n)`` matrix is not.
         block: query rows per tile (model and trajectory input); default about
             ``4M / n``.
+        head: for a trajectory of a ``MultiHeadAttention`` (or a ``Block`` of one), the
+            head whose attention is measured (required when there are several heads).
 
     Returns:
         A ``DispersionReport``. The bounds are those of softmax on the given logits; for
@@ -284,13 +302,16 @@ def dispersion(
     """
     from ..dynamics.model import Attention
     from ..dynamics.trajectory import Trajectory
+    from ..dynamics.transformer import single_head
 
     if isinstance(P, Trajectory):
         if logits is not None or x is not None:
             raise ValueError("with a trajectory, pass k (the saved index), not logits or x.")
         k = _checks.index("k", k, P.x.shape[-3], what="saved times")
         xk = P.x[..., k, :, :]
-        return _model_report(P.model, xk, rows, sink, block, finite=False)
+        return _model_report(single_head(P.model, head), xk, rows, sink, block, finite=False)
+    if head is not None:
+        raise ValueError("head applies to a trajectory of a multi-head model only.")
     if isinstance(P, Attention):
         if x is None:
             raise ValueError("dispersion(model, x=tokens): the tokens x are required.")

@@ -130,6 +130,11 @@ def observe_limit(
       (relative change per unit time above ``move_tol`` between the last two saves),
       else "unclassified" with what failed in ``reason``.
 
+    For a ``MultiHeadAttention`` or a ``Block`` the structure tested is that of the
+    rescaling matrix W of the rescaled frame (``z = e^{-tW} x``; by default the sum of the
+    heads' V), which no theorem covers: the observation is then a measurement only, and
+    the polytope's set condition (one ``Q^T K``) is not reported.
+
     Args:
         traj: an ``attnflow.Trajectory`` (one system; for a batch pass ``system=i``).
         tol: clustering tolerance relative to the scale of the measured quantity (its
@@ -178,8 +183,16 @@ def observe_limit(
         return np.asarray(traj.project(P), np.float64)
 
     model = traj.model
-    V = np.asarray(model.V, np.float64)
-    M = np.asarray(model.Q, np.float64).T @ np.asarray(model.K, np.float64)
+    from ..dynamics.model import Attention
+
+    if isinstance(model, Attention):
+        V = np.asarray(model.V, np.float64)
+        M = np.asarray(model.Q, np.float64).T @ np.asarray(model.K, np.float64)
+    else:
+        # other families (several heads, a feed-forward term): the conclusion tested is
+        # that of the rescaling matrix W's structure, z = e^{-tW} x; no single Q^T K
+        M = None
+        V = np.asarray(model.propagator.V, np.float64)
     st = spectral_structure(V)
     dt_last = ts[-1] - ts[-2]
     base = {"t_final": float(ts[-1]), "status": traj.status, "structure": st.kind, "tol": rel}
@@ -228,9 +241,10 @@ def observe_limit(
             "on_boundary_or_0": ok_pts,
         }
         if st.kind == "scalar-positive":
-            quad = np.einsum("ci,ij,cj->c", centers, M, centers)
-            best = (centers @ M @ centers.T).max(axis=1)
-            details["S_gap"] = (best - quad) / max(scale**2 * np.linalg.norm(M, 2), 1e-300)
+            if M is not None:
+                quad = np.einsum("ci,ij,cj->c", centers, M, centers)
+                best = (centers @ M @ centers.T).max(axis=1)
+                details["S_gap"] = (best - quad) / max(scale**2 * np.linalg.norm(M, 2), 1e-300)
         if mv > move_tol:
             return Observation(
                 Label.NOT_CONVERGED,

@@ -405,7 +405,8 @@ def _traj_stats(model, x, stochastic: bool):
     kernel = model.kernel
 
     def one(x):
-        L = model.logits(x)
+        # a masked model's dropped logits are -inf: weight 0, as in model.attention
+        L = _kernels.apply_mask(model.logits(x), getattr(model, "mask", None))
         n = L.shape[-1]
         # softmax: the kernel's own, with what the log-masses need (same band rule)
         parts = _kernels.softmax_parts(L) if kernel == "softmax" else None
@@ -645,6 +646,7 @@ def track_rank(
     svd_max_n: int = 1024,
     rank_cap: int = 64,
     seed: int = 0,
+    head: int | None = None,
 ) -> RankTrack:
     """Follow the attention matrix of a trajectory to its Boolean limit.
 
@@ -664,6 +666,9 @@ def track_rank(
         min_fit_points: fewest saved times a fit needs (>= 2); fewer give NaN.
         method: ``"auto"`` or ``"svd"``: see ``rank_of``.
         svd_max_n, rank_cap, seed: see ``rank_of``.
+        head: for a ``MultiHeadAttention`` (or a ``Block`` of one), the head whose
+            attention matrix is tracked, along the joint trajectory (required when there
+            are several heads). The growth rate of the fit is the rescaling matrix W's.
 
     Returns:
         A ``RankTrack``.
@@ -692,7 +697,9 @@ def track_rank(
             "fit_min", fit_min, lo=0.0, hi=fmax, hi_open=True, what=f"in [0, fit_max = {fmax})"
         )
 
-    model = traj.model
+    from ..dynamics.transformer import single_head
+
+    model = single_head(traj.model, head)
     stochastic = _kernels.row_stochastic(model.kernel)
     ts = np.asarray(traj.ts)
     x = traj.x if traj.batched else traj.x[None]  # (b, m, n, d)
@@ -780,7 +787,7 @@ def track_rank(
         return np.asarray([f[key] for f in fs], dt)
 
     # the growth rate of the rescaling (V's largest real part), the scale of the fit
-    prop = getattr(model, "propagator", None)
+    prop = getattr(traj.model, "propagator", None)
     lam = (
         float(np.max(np.linalg.eigvals(np.asarray(prop.V, np.float64)).real))
         if prop is not None

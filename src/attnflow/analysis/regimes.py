@@ -496,7 +496,11 @@ def predict_regime(
 
     Args:
         Q: ``(d, d)`` real matrix (or ``(p, d)``: a head of size p); or one
-            ``attnflow.Attention``, with K and V left out.
+            ``attnflow.Attention``, with K and V left out; or a ``MultiHeadAttention``,
+            ``FeedForward`` or ``Block``: no theorem covers several heads or a
+            feed-forward term, so those are "unclassified" with a reason that reports
+            every head's spectrum and that of the summed V (one head and no
+            feed-forward term is predicted as that head).
         K: ``(d, d)`` (or ``(p, d)`` like Q).
         V: ``(d, d)`` real matrix.
         rtol: relative tolerance of every numerical decision (see module doc), in (0, 1).
@@ -505,9 +509,15 @@ def predict_regime(
         A ``Regime``. ``Label.UNCLASSIFIED`` means no proved theorem covers the triple;
         its reason names the failing hypothesis.
     """
+    from ..dynamics.base import AbstractModel
     from ..dynamics.model import Attention
 
     rect = False
+    if isinstance(Q, AbstractModel) and not isinstance(Q, Attention):
+        if K is not None or V is not None:
+            raise ValueError("pass either a model or Q, K, V, not both.")
+        rtol = _checks.number("rtol", rtol, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+        return _predict_family(Q, rtol)
     if isinstance(Q, Attention):
         if K is not None or V is not None:
             raise ValueError("pass either an Attention or Q, K, V, not both.")
@@ -670,6 +680,66 @@ def predict_regime(
         f"V is paranormal (dim F = {k}) but sym(Q^T K) is not "
         f"positive definite (smallest eigenvalue {pd_min:.4g}), and "
         f"lambda_1 is not simple, so neither theorem applies.",
+    )
+
+
+def _spectrum_text(w: np.ndarray) -> str:
+    return "[" + ", ".join(f"{complex(v).real:.4g}{complex(v).imag:+.4g}i" for v in w) + "]"
+
+
+def _predict_family(model: Any, rtol: float) -> Regime:
+    """``predict_regime`` of a model family other than ``Attention``."""
+    from ..dynamics.transformer import Block, FeedForward, MultiHeadAttention
+
+    if not isinstance(model, (Block, FeedForward, MultiHeadAttention)):
+        raise ValueError(
+            f"predict_regime takes Q, K, V or an Attention, MultiHeadAttention, FeedForward "
+            f"or Block; got {type(model).__name__}."
+        )
+    ff = isinstance(model, Block) and model.ffn is not None
+    att = model.attn if isinstance(model, Block) else model
+    if not ff and isinstance(att, MultiHeadAttention) and att.heads == 1:
+        one = att.head(0)
+        return predict_regime(one, rtol=rtol)
+    if not ff and not isinstance(att, MultiHeadAttention) and isinstance(model, Block):
+        return predict_regime(att, rtol=rtol)
+    d = model.d
+    Vs = np.asarray(model.value_matrices(), np.float64).reshape(-1, d, d)
+    h = Vs.shape[0]
+    summed = Vs.sum(0)
+    st = spectral_structure(summed, rtol=rtol)
+    parts = []
+    for i, Vh in enumerate(Vs):
+        w = sort_spectrum(np.linalg.eigvals(Vh))
+        parts.append(f"head {i}: {_spectrum_text(w)}")
+    what = []
+    if h > 1:
+        what.append(f"{h} heads")
+    if h == 0:
+        what.append("a feed-forward layer alone (no attention)")
+    elif ff:
+        what.append("a feed-forward term")
+    hyps = (
+        Hypothesis("one attention head", h == 1, float(h)),
+        Hypothesis("no feed-forward term", not (ff or h == 0)),
+    )
+    reason = (
+        f"{' and '.join(what)}: no theorem of [E] covers this model (the four regimes are "
+        f"proved for one head of pure self-attention)."
+    )
+    if h > 0:
+        reason += (
+            f" Spectra per head: {'; '.join(parts)}. Summed V: {_spectrum_text(st.eigenvalues)} "
+            f"(spectral structure {st.kind!r})."
+        )
+    return Regime(
+        label=Label.UNCLASSIFIED,
+        theorem=None,
+        eigenvalues=st.eigenvalues,
+        reason=reason,
+        hypotheses=hyps,
+        structure=st,
+        rtol=rtol,
     )
 
 

@@ -8,9 +8,13 @@ from .model import Attention
 from .propagator import Propagator
 from .simulate import SOLVERS, simulate
 from .trajectory import SimulationError, Status, Trajectory
+from .transformer import Block, FeedForward, MultiHeadAttention
 
 __all__ = [
     "Attention",
+    "Block",
+    "FeedForward",
+    "MultiHeadAttention",
     "Propagator",
     "SOLVERS",
     "SimulationError",

@@ -56,6 +56,12 @@ class AbstractModel(eqx.Module):
         """One residual layer of step ``dt``: ``x + dt F(x)`` (forward Euler)."""
         return x + dt * self.vector_field(x)
 
+    def pure_layer(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
+        """One layer without the skip connection: ``F(x)`` (``x_i <- sum_j P_ij V x_j``
+        for one head), as in Dong et al.'s pure attention; ``simulate(...,
+        residual=False)``."""
+        return self.vector_field(x)
+
     def log_logit_bound(self, x: Float[Array, "n d"]) -> Float[Array, ""]:
         """An upper bound of ``log max |exponent|`` over what the model exponentiates at
         tokens ``x``, for the overflow guard; ``-inf`` when nothing is exponentiated."""

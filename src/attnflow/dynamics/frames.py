@@ -45,6 +45,7 @@ __all__ = [
     "AbstractFrame",
     "Original",
     "Rescaled",
+    "Unskipped",
     "make_frame",
     "FRAMES",
     "AbstractTime",
@@ -118,21 +119,40 @@ class Rescaled(AbstractFrame):
     """``z = e^{-tV} x``: ``dz/dt = (P z - z) V^T`` with ``P`` taken at ``x = e^{tV} z``;
     in standard coordinates or V's real modal coordinates (``w = T^{-1} z``, a
     diagonalisable V). Needs an attention system with one value matrix (a
-    ``propagator``)."""
+    ``propagator``).
 
-    model: AbstractAttentionSystem  # pyright: ignore[reportIncompatibleVariableOverride]
+    Any other model with a ``propagator`` (a rescaling matrix ``W``: multi-head attention,
+    a transformer block) takes the generic path, in standard coordinates: from
+    ``dx/dt = F(x)`` and ``x = e^{tW} z``, ``dz/dt = e^{-tW} (F(x) - W x)
+    = e^{-tW} F(x) - W z``; one layer ``x' = layer(x)`` is ``z' = R^{-(k+1)} x'`` with
+    ``R = I + dt W`` and ``R^{-1} = I - dt R^{-1} W``."""
+
+    model: AbstractModel  # pyright: ignore[reportIncompatibleVariableOverride]
     QT: Array | None  # Q T and K T: queries and keys straight from modal coordinates
     KT: Array | None
     _coords: str = eqx.field(static=True)
+    generic: bool = eqx.field(static=True)
     name: ClassVar[str] = "rescaled"
 
     def __init__(self, model: AbstractModel, coords: str | None = None):
         prop = getattr(model, "propagator", None)
-        if not isinstance(model, AbstractAttentionSystem) or prop is None:
+        if prop is None:
             raise ValueError(
                 f"the rescaled frame z = e^(-tV) x needs an attention system with one "
                 f"value matrix V; {type(model).__name__} has none: use frame='original'."
             )
+        self.generic = not isinstance(model, AbstractAttentionSystem)
+        if self.generic:
+            if coords == "modal":
+                raise ValueError(
+                    f"{type(model).__name__} runs the rescaled frame in standard "
+                    f"coordinates only (coords='standard')."
+                )
+            self.model = model  # pyright: ignore[reportIncompatibleVariableOverride]
+            self._coords = "standard"
+            self.QT = self.KT = None
+            return
+        assert isinstance(model, AbstractAttentionSystem)
         if not _kernels.row_stochastic(model.kernel):
             raise ValueError(
                 f"kernel {model.kernel!r} is not row-stochastic (its rows need not sum to "
@@ -169,6 +189,7 @@ class Rescaled(AbstractFrame):
 
     def queries_keys(self, y: Array, scale: Any) -> tuple[Array, Array]:
         """Queries and keys of the tokens ``x`` that the state ``y`` stands for."""
+        assert isinstance(self.model, AbstractAttentionSystem)
         x = self.tokens(y, scale)
         if self._coords == "modal":
             assert self.QT is not None and self.KT is not None
@@ -176,15 +197,26 @@ class Rescaled(AbstractFrame):
         return self.model.queries_keys(x)
 
     def _increment(self, y: Array, scale: Any) -> Array:
+        assert isinstance(self.model, AbstractAttentionSystem)
         return self.model.weigh(*self.queries_keys(y, scale), y) - y
 
+    def _pull_back(self, u: Array, scale: Array) -> Array:
+        """Rows ``u`` mapped by ``scale^{-1}`` (``u scale^{-T}``)."""
+        return jnp.linalg.solve(scale, u.T).T
+
     def field(self, y: Array, scale: Any, factor: Any) -> Array:
+        if self.generic:  # scale = e^{tW}, factor = W
+            return self._pull_back(self.model.vector_field(y @ scale.T), scale) - y @ factor.T
         u = self._increment(y, scale)
         if self._coords == "modal":
             return self.model.propagator.modal_scale(u, *factor)
         return u @ factor.T
 
     def step(self, y: Array, scale: Any, dt: Any, factor: Any) -> Array:
+        if self.generic:  # scale = R^k, factor = R^{-1} W
+            x = y @ scale.T
+            u = y + self._pull_back(self.model.layer(x, dt) - x, scale)  # R^{-k} x^{k+1}
+            return u - dt * (u @ factor.T)  # R^{-1} = I - dt R^{-1} W
         u = self._increment(y, scale)
         if self._coords == "modal":
             return y + dt * self.model.propagator.modal_scale(u, *factor)
@@ -196,13 +228,27 @@ class Rescaled(AbstractFrame):
         not read them (Q = 0 or K = 0), and a solve would otherwise stall there on
         ``0 * inf``. A NaN token counts as beyond the range."""
         x = self.tokens(y, scale)
-        if self._coords == "modal":
-            assert self.QT is not None and self.KT is not None
-            q, k = x @ self.QT.T, x @ self.KT.T
+        if self.generic:
+            bound = self.model.log_logit_bound(x)
         else:
-            q, k = self.model.queries_keys(x)
+            assert isinstance(self.model, AbstractAttentionSystem)
+            if self._coords == "modal":
+                assert self.QT is not None and self.KT is not None
+                q, k = x @ self.QT.T, x @ self.KT.T
+            else:
+                q, k = self.model.queries_keys(x)
+            bound = self.model.log_bound(q, k)
         size = jnp.max(jnp.where(jnp.isnan(x), jnp.inf, jnp.abs(x)))
-        return jnp.maximum(self.model.log_bound(q, k), jnp.log(size))
+        return jnp.maximum(bound, jnp.log(size))
+
+
+class Unskipped(Original):
+    """The tokens, through layers without the skip connection: ``x <- pure_layer(x)``
+    (``x_i <- sum_j P_ij V x_j`` for one head); the step ``dt`` only counts layers."""
+
+    def step(self, y: Array, scale: Any, dt: Any, factor: Any) -> Array:
+        del scale, dt, factor
+        return self.model.pure_layer(y)
 
 
 def make_frame(name: str, model: AbstractModel, coords: str | None = None) -> AbstractFrame:

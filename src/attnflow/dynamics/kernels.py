@@ -72,6 +72,9 @@ __all__ = [
     "ADAPTIVE_POLY",
     "ADAPTIVE_MAX_INVERSE_TEMPERATURE",
     "get",
+    "check_mask",
+    "mask_keep",
+    "apply_mask",
 ]
 
 # Above this many tokens ``attend`` never forms the (n, n) matrix: it processes blocks of
@@ -411,6 +414,58 @@ def log_logit_bound(
     return jnp.where(jnp.isnan(out), jnp.inf, out)
 
 
+# ------------------------------------------------------------------------- masks
+def check_mask(mask: Any) -> tuple | None:
+    """The mask argument of an attention model, checked and normalised.
+
+    ``None`` (every token sees every token), ``"causal"`` (``P_ij = 0`` for ``j > i``: token
+    ``i`` sees itself and the tokens before it, in index order) or ``("window", w)``
+    (``P_ij = 0`` unless ``|i - j| <= w``, an integer ``w >= 0``). Returns ``None``,
+    ``("causal",)`` or ``("window", w)``; ``ValueError`` naming ``mask`` otherwise. Every
+    mask keeps the diagonal, so no row is empty."""
+    if mask is None:
+        return None
+    if isinstance(mask, str):
+        if mask == "causal":
+            return ("causal",)
+    elif isinstance(mask, (tuple, list)) and len(mask) >= 1 and isinstance(mask[0], str):
+        if tuple(mask) == ("causal",):
+            return ("causal",)
+        if mask[0] == "window" and len(mask) == 2:
+            w = mask[1]
+            if isinstance(w, (int, np.integer)) and not isinstance(w, (bool, np.bool_)) and w >= 0:
+                return ("window", int(w))
+            raise ValueError(
+                f"mask=('window', w) needs a whole number w >= 0 (the largest |i - j| "
+                f"attended); got w = {w!r}."
+            )
+    raise ValueError(
+        f"mask must be None, 'causal' or ('window', w) with an integer w >= 0; got {mask!r}."
+    )
+
+
+def mask_keep(mask: tuple | None, rows: Array, cols: Array) -> Array | None:
+    """Boolean ``(len(rows), len(cols))``: which logits of query rows ``rows`` on key
+    columns ``cols`` (token indices) the mask keeps; ``None`` when it keeps all."""
+    if mask is None:
+        return None
+    r, c = rows[:, None], cols[None, :]
+    if mask[0] == "causal":
+        return c <= r
+    return jnp.abs(r - c) <= mask[1]
+
+
+def apply_mask(L: Array, mask: tuple | None, row0: Any = 0) -> Array:
+    """Logits ``L`` ``(r, m)`` of query rows ``row0 .. row0 + r - 1`` with the entries the
+    mask drops set to ``-inf`` (weight 0 under every kernel here). ``mask=None`` returns
+    ``L`` itself, untouched."""
+    if mask is None:
+        return L
+    keep = mask_keep(mask, row0 + jnp.arange(L.shape[-2]), jnp.arange(L.shape[-1]))
+    assert keep is not None
+    return jnp.where(keep, L, -jnp.inf)
+
+
 # ------------------------------------------------------------------------ tiling
 def auto_block(n: int) -> int:
     """Query rows per tile for ``n`` tokens: 0 (dense) up to ``DENSE_MAX_N``, else about
@@ -429,6 +484,7 @@ def attend(
     *,
     block: int | None = None,
     params: Mapping | None = None,
+    mask: tuple | None = None,
 ) -> Array:
     """``weights(kernel, beta q k^T) @ values`` without the ``(n, n)`` matrix when n is large.
 
@@ -440,6 +496,8 @@ def attend(
         block: query rows per tile; ``None`` chooses by size (``auto_block``), 0 forces
             the dense path.
         params: the kernel's parameters (e.g. ``{"s": 2.0}`` for ``ssmax``).
+        mask: ``check_mask``'s normal form (``None``, ``("causal",)``, ``("window", w)``):
+            dropped logits are ``-inf`` before the kernel; each tile masks its own rows.
 
     Each tile holds whole rows of logits (a block of queries against every key), so every
     row-wise kernel is evaluated exactly as in the dense path (``ssmax`` and ``sigmoid``
@@ -451,13 +509,22 @@ def attend(
     if block is None:
         block = auto_block(k.shape[0])
     if block <= 0 or block >= n:
-        return weights(kernel, logits(q, k, beta), params) @ values
+        return weights(kernel, apply_mask(logits(q, k, beta), mask), params) @ values
     nb = -(-n // block)
     pad = nb * block - n
     qb = jnp.pad(q, ((0, pad), (0, 0))).reshape(nb, block, q.shape[-1])
 
-    def tile(qi):
-        return weights(kernel, logits(qi, k, beta), params) @ values
+    if mask is None:
 
-    out = jax.lax.map(tile, qb)
+        def tile(qi):
+            return weights(kernel, logits(qi, k, beta), params) @ values
+
+        out = jax.lax.map(tile, qb)
+    else:
+
+        def masked_tile(args):
+            qi, row0 = args
+            return weights(kernel, apply_mask(logits(qi, k, beta), mask, row0), params) @ values
+
+        out = jax.lax.map(masked_tile, (qb, jnp.arange(nb) * block))
     return out.reshape(nb * block, values.shape[-1])[:n]

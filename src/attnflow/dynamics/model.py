@@ -110,6 +110,10 @@ class Attention(AbstractAttentionSystem):
         block: query rows per tile in the vector field (``attnflow.kernels.attend``):
             ``None`` chooses by size (dense up to 2048 tokens, then tiles of ~4M logits,
             never the ``(n, n)`` matrix), ``0`` forces the dense path.
+        mask: ``None`` (default), ``"causal"`` (``P_ij = 0`` for ``j > i``, token order =
+            index order) or ``("window", w)`` (``P_ij = 0`` unless ``|i - j| <= w``): the
+            dropped logits are ``-inf`` before the kernel, in the dense and tiled paths
+            alike (``attnflow.kernels.check_mask``). ``logits(x)`` stays unmasked.
 
     The working precision is the promoted dtype of ``Q, K, V`` (integers become the
     default float): float64 inputs stay float64 when x64 is on, and become float32 when it
@@ -126,6 +130,7 @@ class Attention(AbstractAttentionSystem):
     kernel_params: dict
     kernel: str = eqx.field(static=True)
     block: int | None = eqx.field(static=True, default=None)
+    mask: tuple | None = eqx.field(static=True, default=None)
 
     def __init__(
         self,
@@ -139,6 +144,7 @@ class Attention(AbstractAttentionSystem):
         rectangular: bool = False,
         block: int | None = None,
         kernel_params=None,
+        mask=None,
     ):
         Qa = _as_matrix("Q", Q, square=not rectangular)
         Ka = _as_matrix("K", K, square=not rectangular)
@@ -164,6 +170,7 @@ class Attention(AbstractAttentionSystem):
                 f"kernel_params must be a mapping such as {{'s': 2.0}}; got {kernel_params!r}."
             )
         kparams = _kernels.kernel_params(kernel, kernel_params)
+        self.mask = _kernels.check_mask(mask)
         if _is_concrete(beta):
             try:
                 b = float(np.asarray(beta))
@@ -220,7 +227,8 @@ class Attention(AbstractAttentionSystem):
         return _kernels.logits(q, k, self.beta)
 
     def weights(self, q: Array, k: Array) -> Array:
-        return _kernels.weights(self.kernel, self.logits_qk(q, k), self.kernel_params)
+        L = _kernels.apply_mask(self.logits_qk(q, k), self.mask)
+        return _kernels.weights(self.kernel, L, self.kernel_params)
 
     def log_bound(self, q: Array, k: Array) -> Array:
         """``log(beta max_i |q_i| max_j |k_j|)``, an upper bound of ``log max |logit|``
@@ -236,7 +244,14 @@ class Attention(AbstractAttentionSystem):
     def weigh(self, q: Array, k: Array, values: Array) -> Array:
         """``P(q, k) @ values``, tiled for large n (see ``block``)."""
         return _kernels.attend(
-            self.kernel, q, k, self.beta, values, block=self.block, params=self.kernel_params
+            self.kernel,
+            q,
+            k,
+            self.beta,
+            values,
+            block=self.block,
+            params=self.kernel_params,
+            mask=self.mask,
         )
 
     def value_map(self, u: Array) -> Array:
@@ -245,6 +260,7 @@ class Attention(AbstractAttentionSystem):
 
     # ---------------------------------------------------------------- saved form
     def describe(self) -> dict:
+        extra = {} if self.mask is None else {"mask": list(self.mask)}
         return {
             "family": "Attention",
             "beta": float(self.beta),
@@ -256,6 +272,7 @@ class Attention(AbstractAttentionSystem):
             "Q": np.asarray(self.Q).tolist(),
             "K": np.asarray(self.K).tolist(),
             "V": np.asarray(self.V).tolist(),
+            **extra,
         }
 
     def arrays(self) -> dict:
@@ -281,4 +298,5 @@ class Attention(AbstractAttentionSystem):
             propagator="auto" if prop == "guarded" else prop,
             rectangular=bool(description.get("rectangular", False)),
             block=description.get("block"),
+            mask=description.get("mask"),
         )

@@ -34,7 +34,15 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .. import _checks
 from .base import AbstractModel
-from .frames import FRAMES, AbstractFrame, AbstractTime, Continuous, Layers, make_frame
+from .frames import (
+    FRAMES,
+    AbstractFrame,
+    AbstractTime,
+    Continuous,
+    Layers,
+    Unskipped,
+    make_frame,
+)
 from .model import _warn_float64_cast
 from .trajectory import Status, Trajectory
 
@@ -49,7 +57,7 @@ SOLVERS = {
     "bosh3": diffrax.Bosh3,
     "heun": diffrax.Heun,
 }
-_FIXED = ("euler",)
+_FIXED = ("euler", "euler-ode")
 
 # Logits are stopped this factor (in log) below the largest finite float.
 _LOG_MARGIN = 4.0
@@ -184,7 +192,16 @@ def _solve_adaptive(
 
 
 # ------------------------------------------------------------------ fixed-step path
-def _solve_euler(frame: AbstractFrame, y0, dt, n_layers: int, save_layers: np.ndarray, *, progress):
+def _solve_euler(
+    frame: AbstractFrame,
+    y0,
+    dt,
+    n_layers: int,
+    save_layers: np.ndarray,
+    *,
+    progress,
+    ode: bool = False,
+):
     bar = None
     callback: Callable[[Any], None] | None = None
     if progress:
@@ -200,7 +217,9 @@ def _solve_euler(frame: AbstractFrame, y0, dt, n_layers: int, save_layers: np.nd
 
     # Per-mode factors of the discrete rescaled update, (I + dt B)^{-1} B, exact.
     factor = None
-    if frame.coords == "modal":
+    if ode:  # forward Euler on the frame's ODE: the continuous-time scale and factor
+        factor = Continuous().factor(frame)
+    elif frame.coords == "modal":
         factor = Layers(dt).modal_factor(frame.model.propagator, y0.dtype)
     try:
         out = _euler_loop(
@@ -212,6 +231,7 @@ def _solve_euler(frame: AbstractFrame, y0, dt, n_layers: int, save_layers: np.nd
             log_limit=_log_limit(y0.dtype),
             progress_every=max(1, n_layers // 100) if progress else 0,
             callback=callback,
+            ode=ode,
         )
         jax.block_until_ready(out)
     finally:
@@ -223,7 +243,16 @@ def _solve_euler(frame: AbstractFrame, y0, dt, n_layers: int, save_layers: np.nd
 
 @eqx.filter_jit
 def _euler_loop(
-    frame: AbstractFrame, y0, dt, save_layers, factor, *, log_limit, progress_every, callback
+    frame: AbstractFrame,
+    y0,
+    dt,
+    save_layers,
+    factor,
+    *,
+    log_limit,
+    progress_every,
+    callback,
+    ode=False,
 ):
     """One layer per step (``frame.step``) for a batch ``y0`` ``(b, n, d)``.
 
@@ -232,11 +261,15 @@ def _euler_loop(
     taken at ``x = R^k z``; in modal coordinates ``R^k`` and ``R^{-1} V`` act mode by
     mode (exact), otherwise ``R^k`` is carried as a matrix product. A system whose logits
     would leave the float range stops (its state is frozen) and is flagged.
+
+    ``ode=True`` (``method="euler-ode"``): forward Euler on the frame's ODE,
+    ``y <- y + dt field(y)`` with the continuous-time scale at ``t_k = k dt`` and factor
+    (``Continuous``): ``z <- z + dt (P(e^{t_k V} z) z - z) V^T`` in the rescaled frame.
     """
     # R^k is carried as a matrix in standard coordinates (it maps z^k to x^k, for the
     # Trajectory), whenever the model has one value matrix V.
     prop = frame.model.propagator
-    carried = frame.coords == "standard" and prop is not None
+    carried = frame.coords == "standard" and prop is not None and not ode
     d = y0.shape[-1]
     eye = jnp.eye(d, dtype=y0.dtype)
     R = eye
@@ -249,6 +282,8 @@ def _euler_loop(
     def scale_at(k, Rk):
         if frame.name == "original":
             return None
+        if ode:
+            return Continuous().scale(frame, k * dt)
         if frame.coords == "modal":
             return frame.model.propagator.power_multipliers(k, dt)
         return Rk
@@ -256,7 +291,10 @@ def _euler_loop(
     def step_one(y, k, Rk):
         scale = scale_at(k, Rk)
         ok = frame.log_bound(y, scale) <= log_limit
-        y_new = frame.step(y, scale, dt, factor)
+        if ode:
+            y_new = y + dt * frame.field(y, scale, factor)
+        else:
+            y_new = frame.step(y, scale, dt, factor)
         ok = ok & jnp.all(jnp.isfinite(y_new))
         return jnp.where(ok, y_new, y), ok
 
@@ -306,6 +344,7 @@ def simulate(
     atol: float = 1e-9,
     max_steps: int = 100_000,
     progress: bool = False,
+    residual: bool = True,
 ) -> Trajectory:
     """Integrate the self-attention particle system from ``x0`` to time ``t1``.
 
@@ -322,11 +361,19 @@ def simulate(
             ``ICOEFF``; also ``"tsit5"``, ``"dopri5"``, ``"dopri8"``, ``"bosh3"``,
             ``"heun"``) or ``"euler"``: the discrete-time transformer, one forward-Euler
             step of size ``dt`` per layer, with the exact discrete rescaling
-            ``z^k = (I + dt V)^{-k} x^k`` in the rescaled frame.
-        dt: layer step for ``"euler"`` (required there, ignored otherwise).
+            ``z^k = (I + dt V)^{-k} x^k`` in the rescaled frame; or ``"euler-ode"``:
+            forward Euler on the ODE of the chosen frame with step ``dt``, in the
+            rescaled frame ``z_i <- z_i + dt sum_j P_ij(e^{t_k V} z) V (z_j - z_i)`` (the
+            clustering paper's own scheme), in the original frame ``x <- x + dt F(x)``
+            (``method="euler"`` to rounding for one head).
+        dt: layer step for ``"euler"`` and ``"euler-ode"`` (required there, ignored
+            otherwise).
         rtol, atol: tolerances of the adaptive step-size controller.
         max_steps: step budget of the adaptive solver, per system.
         progress: show a progress bar.
+        residual: ``False`` drops the skip connection (``method="euler"``, original frame
+            only): each of the ``t1 / dt`` layers maps ``x <- model.pure_layer(x)``,
+            ``x_i <- sum_j P_ij V x_j`` for one head. ``traj.z`` is then not defined.
 
     Returns:
         A ``Trajectory``. The solve never raises on failure: see ``traj.status`` and
@@ -338,8 +385,19 @@ def simulate(
             f"got {type(model).__name__}."
         )
     _checks.choice("frame", frame, FRAMES)
-    fr = make_frame(frame, model)  # checks that the model supports the frame
     _checks.choice("method", method, (*SOLVERS, *_FIXED))
+    if not isinstance(residual, (bool, np.bool_)):
+        raise ValueError(f"residual must be True or False; got {residual!r}.")
+    if not residual:
+        if method != "euler" or frame != "original":
+            raise ValueError(
+                f"residual=False (layers without the skip connection) needs "
+                f"method='euler' and frame='original'; got method={method!r}, "
+                f"frame={frame!r}."
+            )
+        fr: AbstractFrame = Unskipped(model)
+    else:
+        fr = make_frame(frame, model)  # checks that the model supports the frame
     # every argument is checked before any work (and before the metadata is built)
     x0 = _check_x0(model, x0)
     batched = x0.ndim == 3
@@ -358,9 +416,10 @@ def simulate(
 
     if method in _FIXED:
         if dt is None:
-            raise ValueError("dt is required for method='euler': the layer step, e.g. dt=0.1.")
+            raise ValueError(f"dt is required for method={method!r}: the layer step, e.g. dt=0.1.")
         dtf = _checks.positive("dt", dt)
-        discretisation: AbstractTime = Layers(dtf)
+        ode = method == "euler-ode"
+        discretisation: AbstractTime = Continuous() if ode else Layers(dtf)
         n_layers = int(round(t1f / dtf))
         if n_layers < 1 or abs(n_layers * dtf - t1f) > 1e-9 * max(1.0, t1f):
             raise ValueError(
@@ -368,8 +427,8 @@ def simulate(
             )
         save_layers = np.rint(ts_np / dtf).astype(np.int64)
         if np.any(np.abs(save_layers * dtf - ts_np) > 1e-9 * max(1.0, t1f)):
-            raise ValueError(f"ts must be multiples of dt = {dtf} for method='euler'.")
-        if frame == "rescaled":
+            raise ValueError(f"ts must be multiples of dt = {dtf} for method={method!r}.")
+        if frame == "rescaled" and not ode:
             R = np.eye(model.d) + dtf * np.asarray(model.propagator.V, np.float64)
             if np.linalg.cond(R) > 1.0 / np.finfo(np.dtype(dtype)).eps:
                 raise ValueError(
@@ -378,7 +437,7 @@ def simulate(
                     f"frame='original' or another dt."
                 )
         ys, Rks, reached, y_end, k_stop, stopped = _solve_euler(
-            fr, y0, dtf, n_layers, save_layers, progress=progress
+            fr, y0, dtf, n_layers, save_layers, progress=progress, ode=ode
         )
         codes = np.where(np.asarray(stopped), Status.OVERFLOW.code, Status.OK.code)
         t_stop = np.asarray(k_stop, np.float64) * dtf
@@ -389,8 +448,10 @@ def simulate(
             "n_layers": n_layers,
         }
         # Standard coordinates: map to the original frame with the R^k the loop used.
-        to_x = None if fr.coords == "modal" else np.asarray(Rks)
-        solver_info = {"method": "euler", "dt": dtf, "layers": n_layers}
+        to_x = None if fr.coords == "modal" or ode else np.asarray(Rks)
+        solver_info = {"method": method, "dt": dtf, "layers": n_layers}
+        if not residual:
+            solver_info["residual"] = False
         y_stop = y_end
         reached = np.asarray(reached)
     else:

@@ -86,6 +86,7 @@ def _safe_matmul(a: np.ndarray, M: np.ndarray) -> np.ndarray:
 def _model_family(name: str) -> type[AbstractModel]:
     """The model class called ``name`` (a final subclass of ``AbstractModel``)."""
     from . import model as _models  # noqa: F401  (defines the built-in families)
+    from . import transformer as _transformer  # noqa: F401
 
     stack, seen = [AbstractModel], {}
     while stack:
@@ -403,7 +404,10 @@ class Trajectory:
 
     @property
     def has_z(self) -> bool:
-        """Whether the rescaled frame exists for this model (it needs one value matrix)."""
+        """Whether the rescaled frame exists for this model (it needs one value matrix,
+        and the skip connection: not after ``residual=False``)."""
+        if self.solver.get("residual", True) is False:
+            return False
         return self.frame == "rescaled" or self.model.propagator is not None
 
     @cached_property
@@ -411,9 +415,13 @@ class Trajectory:
         if self.frame == "rescaled" and self.coords == "standard":
             return self._y
         if not self.has_z:
+            why = (
+                "the layers had no skip connection (residual=False)"
+                if self.solver.get("residual", True) is False
+                else f"{type(self.model).__name__} has no value matrix V"
+            )
             raise ValueError(
-                f"{type(self.model).__name__} has no value matrix V, so the "
-                f"rescaled frame z = e^(-tV) x is not defined; use traj.x."
+                f"{why}, so the rescaled frame z = e^(-tV) x is not defined; use traj.x."
             )
         return self._checked("z", self._convert(self._y, False), False)
 
@@ -510,13 +518,16 @@ class Trajectory:
         return self._y.shape[-1]
 
     def attention(self, k: int = -1) -> Float[Array, "*b n n"]:
-        """The attention matrix ``P`` at saved index ``k``: ``(n, n)`` or ``(b, n, n)``."""
+        """The attention matrix ``P`` at saved index ``k``: ``(n, n)`` or ``(b, n, n)``;
+        one per head for a ``MultiHeadAttention`` (or a ``Block`` of one), ``(h, n, n)``
+        or ``(b, h, n, n)`` (``model.attention`` of the tokens ``traj.x[k]``)."""
         k = _checks.index("k", k, self._y.shape[1], what="saved times")
         P = _attention_rows(self.model, self._x[:, k])
         return P if self.batched else P[0]
 
     def logits(self, k: int = -1) -> Float[Array, "*b n n"]:
-        """The pre-kernel logits at saved index ``k``: ``(n, n)`` or ``(b, n, n)``."""
+        """The pre-kernel logits at saved index ``k``: ``(n, n)`` or ``(b, n, n)``
+        (per head, ``(h, n, n)``, for a multi-head model; never masked)."""
         k = _checks.index("k", k, self._y.shape[1], what="saved times")
         L = _logit_rows(self.model, self._x[:, k])
         return L if self.batched else L[0]

@@ -1,0 +1,76 @@
+"""The transformer figure scripts, quick, against numpy written here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from reference import softmax_rows
+
+
+def test_fig_rank_collapse_quick(tmp_path):
+    from attnflow.experiments import fig_rank_collapse as F
+
+    out = F.make(tmp_path, quick=True)
+    side = json.loads((tmp_path / "fig_rank_collapse.json").read_text())
+    assert {Path(p).name for p in out["figures"]} >= {"fig_rank_collapse.png"}
+    runs = {r["name"]: r for r in side["runs"]}
+    # pure attention on the s = 1 tokens, layer by layer in numpy: x <- P x V^T
+    V = np.asarray(F.V_PAPER)
+    x = np.random.default_rng(F.SEED).uniform(-1, 1, (F.N, 2))
+    r = []
+    for _ in range(F.PURE_LAYERS + 1):
+        res = x - x.mean(0)
+        r.append(np.linalg.norm(res) / np.linalg.norm(x))
+        x = softmax_rows(x @ x.T) @ x @ V.T
+    got = np.asarray(runs["one head, s=1"]["pure_relative_residual"])
+    big = np.asarray(r) > 1e-10  # below that both are rounding
+    np.testing.assert_allclose(got[big], np.asarray(r)[big], rtol=1e-6, atol=1e-15)
+    k = runs["one head, s=1"]["pure_layers_to_collapse"]
+    assert k is not None and got[k] < 1e-12 <= got[k - 1]
+    # without the skip the collapse is doubly exponential (log(1/r) grows by > 2 a layer);
+    # with it the residual stays of order one
+    assert runs["one head, s=1"]["pure_log_growth_factor"] > 2
+    assert runs["one head, s=1"]["residual_relative_residual_min"] > 0.5
+    assert runs["one head, s=5"]["pure_layers_to_collapse"] is None
+
+
+def test_one_cluster_while_attention_tends_to_the_identity():
+    """Rank is not the number of clusters (d = 2): V = diag(1, 1/2), Q = K = I, two
+    tokens z = (1, +-a). The level phi_1*(z) = z^(1) of both stays exactly 1 (one
+    hyperplane: one cluster in the sense of the hyperplane theorem), while each token
+    attends to itself more and more: P(t) -> I, rank 2. By symmetry z = (1, +-a(t)) with
+    da/dt = -a expit(-2 e^t a^2) (the off-diagonal weight times V's 1/2, twice),
+    integrated here by scipy."""
+    from scipy.integrate import solve_ivp
+    from scipy.special import expit
+
+    import attnflow as af
+
+    V = np.diag([1.0, 0.5])
+    model = af.Attention(np.eye(2), np.eye(2), V)
+    T = 6.0
+    traj = af.simulate(
+        model, [[1.0, 1.0], [1.0, -1.0]], T, ts=[0.0, 2.0, 4.0, T], rtol=1e-12, atol=1e-14
+    )
+    z = np.asarray(traj.z)
+    np.testing.assert_allclose(z[:, :, 0], 1.0, rtol=1e-12)  # one hyperplane throughout
+    ref = solve_ivp(
+        lambda t, a: -a * expit(-2 * np.exp(t) * a * a),
+        (0, T),
+        [1.0],
+        t_eval=[2.0, 4.0, T],
+        rtol=1e-12,
+        atol=1e-14,
+    )
+    np.testing.assert_allclose(z[1:, 0, 1], ref.y[0], rtol=1e-8)
+    np.testing.assert_allclose(z[1:, 1, 1], -ref.y[0], rtol=1e-8)
+    P = np.asarray(traj.attention(-1))
+    a = ref.y[0, -1]
+    off = expit(-2 * np.exp(T) * a * a)
+    np.testing.assert_allclose(P, [[1 - off, off], [off, 1 - off]], rtol=1e-10, atol=1e-300)
+    assert off < 1e-100  # P(T) is the identity to rounding: rank 2
+    obs = af.observe_limit(traj)
+    assert obs.label == "hyperplanes" and obs.n_clusters == 1
+    assert af.track_rank(traj).rank[-1] == 2
