@@ -208,7 +208,7 @@ def read_safetensors(
         reader = "safetensors" if importlib.util.find_spec("safetensors") and not bf16 else "numpy"
     if reader == "safetensors":
         try:
-            from safetensors import safe_open
+            from safetensors import safe_open  # pyright: ignore[reportMissingImports]  (extra "heads")
         except ImportError:
             raise ValueError(
                 "reader='safetensors' needs the safetensors package: "
@@ -544,7 +544,7 @@ def load_tokenizer(checkpoint: str | Path):
             f"token ids to bert_embeddings instead."
         )
     try:
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer  # pyright: ignore[reportMissingImports]  (extra "heads")
     except ImportError:
         raise ValueError(
             "tokenising text needs the tokenizers package: "
