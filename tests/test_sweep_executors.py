@@ -3,6 +3,7 @@ an engine that pickles its calls, and (slow) a Dask LocalCluster with worker pro
 give the numbers of the in-memory computation bit for bit; the claims, hashes and
 resume work unchanged; BLAS limits of concurrent tasks are shared and restored."""
 
+import functools
 import json
 import os
 import pickle
@@ -44,6 +45,16 @@ def blas_counts():
     from threadpoolctl import threadpool_info
 
     return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+
+class Locked:
+    """A kernel that holds a lock, so that it cannot be pickled."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+
+    def __call__(self, config, start, stop, seed):
+        return {"i": np.arange(start, stop)}
 
 
 class Roundtrip(Executor):
@@ -116,6 +127,13 @@ def test_a_kernel_that_cannot_travel_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"local_kernel could not travel.*module-level"):
         S.run(sw, tmp_path / "a", executor=Roundtrip())
     assert not list((tmp_path / "a").glob("*.claim"))
+    # a callable object or a partial is named by its class or function
+    locked = S.Sweep("locked", Locked(), {}, size=4, seed=0, shard_size=2)
+    with pytest.raises(ValueError, match=r"kernel test_sweep_executors\.Locked instance could"):
+        S.compute(locked, executor=Roundtrip(), workers=2)
+    held = S.Sweep("held", functools.partial(Locked.__call__, Locked()), {}, 4, 0, 2)
+    with pytest.raises(ValueError, match=r"kernel partial\(test_sweep_executors\.Locked\.__call__"):
+        S.compute(held, executor=Roundtrip(), workers=2)
     # the embedded pool checks before it starts a worker
     with pytest.raises(ValueError, match="local_kernel could not travel"):
         S.compute(sw, workers=2)

@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -549,7 +550,13 @@ _BROKEN = (
 
 
 def _kernel_name(kernel: Any) -> str:
-    return f"{getattr(kernel, '__module__', '?')}.{getattr(kernel, '__qualname__', repr(kernel))}"
+    """``module.qualname`` of a function, ``partial(...)`` of a partial, else the class."""
+    if isinstance(kernel, functools.partial):
+        return f"partial({_kernel_name(kernel.func)})"
+    qual = getattr(kernel, "__qualname__", None)
+    if not isinstance(qual, str):
+        qual = f"{type(kernel).__qualname__} instance"
+    return f"{getattr(kernel, '__module__', None) or type(kernel).__module__}.{qual}"
 
 
 def _check_executor(executor: Any) -> Executor | None:
