@@ -661,7 +661,7 @@ def _execute_on(executor: Executor, tasks: Iterable[tuple], inflight: int) -> It
     write stays in the process that runs the sweep. Tasks still queued when this stops
     early are cancelled."""
     sent: dict[int, tuple] = {}
-    kernel: list[tuple] = []
+    kernel: list[tuple[Any, str]] = []  # the first task's kernel and sweep name
 
     def bare(it: Iterable[tuple]) -> Iterator[tuple]:
         for task in it:
@@ -682,7 +682,7 @@ def _execute_on(executor: Executor, tasks: Iterable[tuple], inflight: int) -> It
             yield start, stop, out, seconds
     except Exception as exc:
         if kernel and _is_serialization_error(exc):
-            raise _unpicklable(*kernel[0], exc) from exc
+            raise _unpicklable(kernel[0][0], kernel[0][1], exc) from exc
         raise
 
 
