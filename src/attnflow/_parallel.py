@@ -19,9 +19,11 @@ chunks, ``attnflow figures --jobs``), so every pool is made the same way:
   (a spawned worker costs seconds of imports), closed at exit, also in processes that
   multiprocessing ends with ``os._exit``.
 - ``blas_threads(n)``: BLAS calls on ``n`` threads inside a block, for every BLAS loaded
-  (OpenBLAS, MKL, BLIS, ...), through ``threadpoolctl``.
+  (OpenBLAS, MKL, BLIS, ...), through ``threadpoolctl``; thread-safe (blocks in several
+  threads share one limit), so it also holds for tasks of a thread pool.
 - ``imap_unordered(pool, fn, tasks, inflight)``: results as they complete, with at most
-  ``inflight`` tasks submitted at a time, so that tasks can be created (claimed) lazily.
+  ``inflight`` tasks submitted at a time, so that tasks can be created (claimed) lazily;
+  ``pool`` is any ``concurrent.futures.Executor`` (a cluster engine's included).
 - ``map_devices(fn, *args)``: a batched JAX function with its batch sharded over devices.
 
 Private: below every layer, imports no attnflow module but ``_checks``.
@@ -39,7 +41,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
@@ -104,6 +106,20 @@ def resolve_workers(workers: Any, name: str = "workers") -> int:
 
 
 # ------------------------------------------------------------------ BLAS threads
+class _Limit:
+    """One process-wide BLAS limit, shared by every block that asked for it."""
+
+    def __init__(self, n: int, limiter: Any):
+        self.n, self.limiter, self.users = n, limiter, 1
+
+
+# The limits in force, innermost last. BLAS thread counts are process-wide, so blocks
+# entered by several threads at once share one limit (the first sets it, the last one
+# out restores it) instead of each saving and restoring the others' setting.
+_BLAS_LIMITS: list[_Limit] = []
+_BLAS_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def blas_threads(n: int | None) -> Iterator[None]:
     """Run BLAS calls on ``n`` threads inside the block; ``None`` does nothing.
@@ -115,6 +131,11 @@ def blas_threads(n: int | None) -> Iterator[None]:
     workers, and it avoids OpenBLAS's spinning threads, which on a busy machine made
     ``geev`` at d = 128 up to 40 times slower in our measurements.
 
+    Thread-safe: blocks asking for the same ``n`` in several threads at once (kernels
+    run by a thread pool) share one limit, set by the first and restored when the last
+    one leaves; a block asking for another ``n`` sets its own limit over it, and the
+    limits are undone in the order they were set.
+
     Args:
         n: threads per BLAS call (an integer >= 1), or None to leave them alone.
     """
@@ -124,8 +145,22 @@ def blas_threads(n: int | None) -> Iterator[None]:
     n = _checks.integer("blas threads", n, lo=1)
     from threadpoolctl import threadpool_limits
 
-    with threadpool_limits(limits=n, user_api="blas"):
+    with _BLAS_LOCK:
+        if _BLAS_LIMITS and _BLAS_LIMITS[-1].n == n and _BLAS_LIMITS[-1].users:
+            mine = _BLAS_LIMITS[-1]
+            mine.users += 1
+        else:
+            mine = _Limit(n, threadpool_limits(limits=n, user_api="blas"))
+            _BLAS_LIMITS.append(mine)
+    try:
         yield
+    finally:
+        with _BLAS_LOCK:
+            mine.users -= 1
+            # undo the finished limits from the innermost one (a limit left by its
+            # blocks while another thread's inner limit is still set waits for it)
+            while _BLAS_LIMITS and not _BLAS_LIMITS[-1].users:
+                _BLAS_LIMITS.pop().limiter.restore_original_limits()
 
 
 # ------------------------------------------------------------------ worker side
@@ -323,7 +358,7 @@ multiprocessing.util.Finalize(None, _close_pools, exitpriority=100)
 
 # ------------------------------------------------------------------ scheduling
 def imap_unordered(
-    pool: ProcessPoolExecutor,
+    pool: Executor,
     fn: Callable[[_T], _R],
     tasks: Iterable[_T],
     *,
@@ -333,11 +368,13 @@ def imap_unordered(
 
     At most ``inflight`` tasks are submitted at a time and ``tasks`` is read only when a
     slot is free, so a task can be created (a shard claimed, say) just before it runs.
-    An exception of a task is raised here; the tasks still in flight are then left to
-    the caller (shut the pool down or kill its workers).
+    An exception of a task is raised here. When the iteration stops early (an exception,
+    or the generator closed), the tasks still queued are cancelled; those already
+    running are left to the caller (shut the pool down or kill its workers).
 
     Args:
-        pool: the executor.
+        pool: any ``concurrent.futures.Executor`` whose ``submit`` returns
+            ``concurrent.futures.Future`` objects.
         fn: a picklable function of one task.
         tasks: an iterable of picklable tasks, read lazily.
         inflight: tasks submitted at once, >= 1.
@@ -346,19 +383,23 @@ def imap_unordered(
     it = iter(tasks)
     running: set[Future[_R]] = set()
     exhausted = False
-    while True:
-        while not exhausted and len(running) < inflight:
-            try:
-                task = next(it)
-            except StopIteration:
-                exhausted = True
-                break
-            running.add(pool.submit(fn, task))
-        if not running:
-            return
-        done, running = wait(running, return_when=FIRST_COMPLETED)
-        for fut in done:
-            yield fut.result()
+    try:
+        while True:
+            while not exhausted and len(running) < inflight:
+                try:
+                    task = next(it)
+                except StopIteration:
+                    exhausted = True
+                    break
+                running.add(pool.submit(fn, task))
+            if not running:
+                return
+            done, running = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                yield fut.result()
+    finally:
+        for fut in running:
+            fut.cancel()
 
 
 # --------------------------------------------------------------- JAX devices

@@ -51,6 +51,14 @@ same wherever a sample is computed. That is the right "device" for host LAPACK w
 compute with JAX call ``map_devices`` instead, which shards a batch over all local JAX
 devices (padded to the device count) and returns the unpadded result.
 
+Engines. ``executor=`` runs the shards (or chunks) in any ``concurrent.futures.Executor``
+instead: a thread pool, a cluster engine's (Dask's ``Client.get_executor()``,
+``mpi4py.futures.MPIPoolExecutor``), used as it is and never shut down by attnflow.
+Its tasks only compute, with one BLAS thread, and return their arrays; the process that
+calls ``run`` claims the shards and writes, hashes and verifies the files, so the
+guarantees above hold unchanged and the engine's workers need not share ``out_dir``.
+``workers`` is then the number of shards in flight.
+
 Example (a later sweep)::
 
     def kernel(config, start, stop, seed):            # module level: picklable
@@ -74,9 +82,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
+import pickle
 import re
 import socket
 import threading
@@ -84,6 +94,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
@@ -437,13 +448,23 @@ def _write_atomic(path: Path, writer: Callable[[Any], None]) -> None:
 
 
 def _run_one(task: tuple) -> tuple[int, int, Any, float]:
-    """Compute one range; write it to ``path`` if given, else return the arrays."""
+    """Compute one range; write it to ``path`` if given, else return the arrays.
+
+    Runs wherever the executor puts it, so it limits BLAS to one thread itself."""
     kernel, config, start, stop, seed, name, path, digest = task
     t0 = time.perf_counter()
     with blas_threads(1):
         out = _check_output(kernel(config, start, stop, seed), start, stop, name)
     if path is None:
         return start, stop, out, time.perf_counter() - t0
+    _write_shard(Path(path), out, start, stop, seed, digest)
+    return start, stop, str(path), time.perf_counter() - t0
+
+
+def _write_shard(
+    path: Path, out: Mapping[str, np.ndarray], start: int, stop: int, seed: int, digest: str
+) -> None:
+    """Write a shard file atomically, with its metadata and the SHA-256 of its arrays."""
     meta = json.dumps(
         {
             "start": start,
@@ -457,8 +478,7 @@ def _run_one(task: tuple) -> tuple[int, int, Any, float]:
     def writer(f):
         np.savez(f, **out, **{_META_KEY: np.array(meta)})  # pyright: ignore[reportArgumentType]
 
-    _write_atomic(Path(path), writer)
-    return start, stop, str(path), time.perf_counter() - t0
+    _write_atomic(path, writer)
 
 
 class _BadShard(Exception):
@@ -529,19 +549,99 @@ _BROKEN = (
 )
 
 
+def _kernel_name(kernel: Any) -> str:
+    """``module.qualname`` of a function, ``partial(...)`` of a partial, else the class."""
+    if isinstance(kernel, functools.partial):
+        return f"partial({_kernel_name(kernel.func)})"
+    qual = getattr(kernel, "__qualname__", None)
+    if not isinstance(qual, str):
+        qual = f"{type(kernel).__qualname__} instance"
+    return f"{getattr(kernel, '__module__', None) or type(kernel).__module__}.{qual}"
+
+
+def _check_executor(executor: Any) -> Executor | None:
+    if executor is None or isinstance(executor, Executor):
+        return executor
+    raise ValueError(
+        "executor must be a concurrent.futures.Executor (a ThreadPoolExecutor, Dask's "
+        "Client.get_executor(), mpi4py.futures.MPIPoolExecutor, ...) or None for the "
+        f"embedded process pool; got {type(executor).__name__}."
+    )
+
+
+def _resolve_workers_for(workers: Any, executor: Executor | None) -> int:
+    """``workers`` as a count; with an executor and ``workers=None``, the executor's
+    own width when it tells it (the standard library's pools), else the local cores."""
+    if executor is not None and workers is None:
+        width = getattr(executor, "_max_workers", None)
+        if isinstance(width, int) and width >= 1:
+            return width
+    return _parallel.resolve_workers(workers)
+
+
+def _unpicklable(kernel: Any, name: str, exc: BaseException) -> ValueError:
+    return ValueError(
+        f"sweep {name!r}: its kernel {_kernel_name(kernel)} could not travel to the "
+        f"workers ({type(exc).__name__}: {exc}). Kernels sent to worker processes or "
+        "another engine's workers are pickled: define the kernel as a module-level "
+        "function of an importable module (not a lambda, a nested function or a "
+        "function of __main__ run interactively), or compute in this process "
+        "(workers=1, or a ThreadPoolExecutor)."
+    )
+
+
+def _is_serialization_error(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) says that pickling failed."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 8:
+        if isinstance(e, pickle.PicklingError):
+            return True
+        text = f"{type(e).__name__} {e}".lower()
+        if isinstance(e, (TypeError, AttributeError)) and ("pickl" in text or "serializ" in text):
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False
+
+
+def _picklable_first(tasks: Iterable[tuple]) -> Iterator[tuple]:
+    """The tasks, after checking that the first one's kernel and config pickle (the
+    embedded pool sends them with ``pickle``): a clear error before any worker starts."""
+    first = True
+    for task in tasks:
+        if first:
+            first = False
+            try:
+                pickle.dumps((task[0], task[1]))
+            except Exception as exc:
+                raise _unpicklable(task[0], task[5], exc) from exc
+        yield task
+
+
 def _execute(
-    tasks: Iterable[tuple], workers: int, pooled: bool, inflight: int | None = None
+    tasks: Iterable[tuple],
+    workers: int,
+    pooled: bool,
+    inflight: int | None = None,
+    executor: Executor | None = None,
 ) -> Iterator[tuple]:
-    """``_run_one`` of every task: in this process in order, or in the shared pool of
-    ``workers`` processes as they complete, at most ``inflight`` (default ``workers``)
-    submitted at a time, so that ``tasks`` may claim its shards lazily."""
+    """``_run_one`` of every task: in this process in order, in ``executor`` (when given),
+    or in the shared pool of ``workers`` processes, as they complete, at most
+    ``inflight`` (default ``workers``) submitted at a time, so that ``tasks`` may claim
+    its shards lazily."""
+    if executor is not None:
+        yield from _execute_on(executor, tasks, inflight or workers)
+        return
     if not pooled:
         yield from map(_run_one, tasks)
         return
     pool = _parallel.shared_pool(workers)
     try:
         with _parallel.shutdown_on_sigterm(pool):
-            yield from _parallel.imap_unordered(pool, _run_one, tasks, inflight=inflight or workers)
+            yield from _parallel.imap_unordered(
+                pool, _run_one, _picklable_first(tasks), inflight=inflight or workers
+            )
     except BrokenProcessPool as exc:
         _parallel.drop_shared_pool(workers, kill=True)
         raise RuntimeError(_BROKEN) from exc
@@ -550,6 +650,39 @@ def _execute(
         raise
     except BaseException:  # SIGTERM (SystemExit), Ctrl-C, an abandoned generator
         _parallel.drop_shared_pool(workers, kill=True)
+        raise
+
+
+def _execute_on(executor: Executor, tasks: Iterable[tuple], inflight: int) -> Iterator[tuple]:
+    """``_run_one`` of every task in a caller's executor, which attnflow neither starts
+    nor shuts down. Its workers only compute: each task returns its arrays (through the
+    executor, pickled if it sends them elsewhere) and this process writes the shard
+    files, so the workers need not see ``out_dir`` and every claim, hash and atomic
+    write stays in the process that runs the sweep. Tasks still queued when this stops
+    early are cancelled."""
+    sent: dict[int, tuple] = {}
+    kernel: list[tuple[Any, str]] = []  # the first task's kernel and sweep name
+
+    def bare(it: Iterable[tuple]) -> Iterator[tuple]:
+        for task in it:
+            sent[task[2]] = task
+            if not kernel:
+                kernel.append((task[0], task[5]))
+            yield (*task[:6], None, None)
+
+    try:
+        for start, stop, out, seconds in _parallel.imap_unordered(
+            executor, _run_one, bare(tasks), inflight=inflight
+        ):
+            task = sent.pop(start)
+            path = task[6]
+            if path is not None:
+                _write_shard(Path(path), out, start, stop, task[4], task[7])
+                out = path
+            yield start, stop, out, seconds
+    except Exception as exc:
+        if kernel and _is_serialization_error(exc):
+            raise _unpicklable(kernel[0][0], kernel[0][1], exc) from exc
         raise
 
 
@@ -563,24 +696,38 @@ def _progress_bar(progress: bool, total: int, initial: int, desc: str, unit: str
 
 # ---------------------------------------------------------------- in memory
 def compute(
-    sweep: Sweep, *, workers: int | None = 1, progress: bool = False, chunk: int | None = None
+    sweep: Sweep,
+    *,
+    workers: int | None = 1,
+    progress: bool = False,
+    chunk: int | None = None,
+    executor: Executor | None = None,
 ) -> SweepData:
     """Run the whole sweep in memory and return the concatenated arrays.
 
-    The result does not depend on ``workers`` or ``chunk``.
+    The result does not depend on ``workers``, ``chunk`` or ``executor``.
 
     Args:
         sweep: the ``Sweep``.
         workers: processes to spread the chunks over (1: in this process; None: one per
-            available core).
+            available core). With an ``executor``, the number of its workers to keep
+            busy: up to ``2 * workers`` chunks are submitted at a time (None: the
+            executor's ``max_workers`` when it is a standard-library pool, else the
+            cores of this machine).
         progress: show a tqdm progress bar (samples) on stderr.
         chunk: samples per kernel call (default: at most ``shard_size``, small enough to
             give every worker a few chunks, a multiple of ``sweep.align``).
+        executor: a ``concurrent.futures.Executor`` to run the chunks in (a thread pool,
+            Dask's ``Client.get_executor()``, ``mpi4py.futures.MPIPoolExecutor``...),
+            used as it is and not shut down; None: in this process or attnflow's own
+            process pool, by ``workers``. A kernel sent to other processes must pickle
+            (ValueError naming it otherwise); its arrays come back the same way.
 
     Returns:
         A ``SweepData`` with every array of shape ``(size, ...)``.
     """
-    workers = _parallel.resolve_workers(workers)
+    executor = _check_executor(executor)
+    workers = _resolve_workers_for(workers, executor)
     n = sweep.size
     if chunk is None:
         want = -(-n // (4 * workers))
@@ -596,7 +743,7 @@ def compute(
     try:
         # nothing is claimed here: keep a second task queued per worker (no idle gap)
         pooled = workers > 1 and len(tasks) > 1
-        for start, stop, arrays, _ in _execute(tasks, workers, pooled, 2 * workers):
+        for start, stop, arrays, _ in _execute(tasks, workers, pooled, 2 * workers, executor):
             parts[start] = arrays
             if bar is not None:
                 bar.update(stop - start)
@@ -861,6 +1008,7 @@ def run(
     workers: int | None = 1,
     progress: bool = False,
     wait: bool = True,
+    executor: Executor | None = None,
 ) -> RunReport:
     """Compute this job's shards of ``sweep`` into ``out_dir``, skipping the good ones.
 
@@ -879,18 +1027,29 @@ def run(
         shards: alternatively, the explicit shard numbers to run (``0 .. n_shards - 1``),
             e.g. a slice of several sweeps' shards taken together.
         workers: processes computing shards concurrently (1: this process; None: one per
-            available core). A crash loses at most the ``workers`` shards in flight.
+            available core). With an ``executor``, only the number of shards in flight
+            (claimed and submitted at a time): give the engine's worker count (None: the
+            executor's ``max_workers`` when it is a standard-library pool, else the cores
+            of this machine). A crash loses at most the ``workers`` shards in flight.
         progress: show a tqdm progress bar (samples) on stderr.
         wait: when another run is computing some of this job's shards, wait for them
             (taking over those whose run dies); False returns at once, listing them in
             ``busy``.
+        executor: a ``concurrent.futures.Executor`` to compute the shards in (a thread
+            pool, Dask's ``Client.get_executor()``, ``mpi4py.futures.MPIPoolExecutor``,
+            ...), used as it is and not shut down; None: in this process or attnflow's
+            own process pool, by ``workers``. Its tasks only compute (each with one BLAS
+            thread) and send their arrays back; this process claims the shards, checks
+            and writes the files, so the engine's workers need not see ``out_dir``. A
+            kernel sent to other processes must pickle (ValueError naming it otherwise).
 
     Returns:
         A ``RunReport``; ``merge(out_dir)`` gives the arrays once ``complete``.
     """
     t0 = time.perf_counter()
     out_dir = _checks.output_dir("out_dir", out_dir)
-    workers = _parallel.resolve_workers(workers)
+    executor = _check_executor(executor)
+    workers = _resolve_workers_for(workers, executor)
     parsed = parse_shard(shard)
     if shards is not None:
         if parsed is not None:
@@ -990,7 +1149,8 @@ def run(
         while pending:
             held_elsewhere: list[int] = []
             pooled = workers > 1 and len(pending) > 1
-            for start, _, _, _ in _execute(tasks(pending, held_elsewhere), workers, pooled):
+            jobs = tasks(pending, held_elsewhere)
+            for start, _, _, _ in _execute(jobs, workers, pooled, executor=executor):
                 k = by_start[start]
                 claims.release(claim_of(k))
                 computed.append(k)
