@@ -128,7 +128,7 @@ def test_softmax_matches_reference_and_its_gradient():
     np.testing.assert_allclose(
         np.asarray(af.kernels.softmax(L)), ref.softmax_rows(np.asarray(L)), rtol=1e-14
     )
-    f = lambda s: lambda L: jnp.sum(s(L) ** 2 * jnp.arange(7.0))  # noqa: E731
+    f = lambda s: lambda L: jnp.sum(s(L) ** 2 * jnp.arange(7.0)[None, :])  # noqa: E731
     g = jax.grad(f(af.kernels.softmax))(L)
     g_ref = jax.grad(f(lambda L: jax.nn.softmax(L, axis=-1)))(L)
     np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), rtol=1e-12, atol=1e-14)
@@ -142,7 +142,7 @@ def test_softmax_ties_and_huge_rows_keep_value_and_gradient():
     np.testing.assert_allclose(P[:2], ref.softmax_rows(np.asarray(L[:2])), rtol=1e-15)
     np.testing.assert_array_equal(P[2], [0.5, 0.5, 0.0, 0.0])
     w = jnp.arange(1.0, 5.0)
-    f = lambda s: lambda L: jnp.sum(s(L) ** 2 * w)  # noqa: E731
+    f = lambda s: lambda L: jnp.sum(s(L) ** 2 * w[None, :])  # noqa: E731
     g = jax.grad(f(af.kernels.softmax))(L[:2])
     g_ref = jax.grad(f(lambda L: jax.nn.softmax(L, axis=-1)))(L[:2])
     np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), rtol=1e-12, atol=1e-15)

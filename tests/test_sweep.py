@@ -293,13 +293,15 @@ def _heavy_row(a):
 _heavy = jax.vmap(_heavy_row)
 
 
-def test_map_devices_sharded_equals_unsharded_bit_for_bit():
+def test_map_devices_sharded_equals_unsharded_to_rounding():
     assert len(jax.devices()) == 2  # tests/conftest.py forces two host devices
     A = np.random.default_rng(0).standard_normal((7, 5, 5)) / 2  # odd: padded to 8
     two = S.map_devices(_heavy, A)
     one = S.map_devices(_heavy, A, devices=jax.devices()[:1])
     assert two.shape == (7, 5) and two.dtype == np.float64
-    np.testing.assert_array_equal(two, one)
+    # blocks of 4 rows and one block of 7 are vectorised differently by XLA (jax 0.12
+    # rounds them apart by an ulp): equal to rounding, not bit for bit
+    np.testing.assert_allclose(two, one, rtol=1e-14, atol=1e-15)
     # independent reference: the same recurrence in numpy
     ref = []
     for a in A:

@@ -416,7 +416,9 @@ def map_devices(
     The batch is padded up to a multiple of the device count by repeating its last row (a
     valid input, so padding never creates NaNs), placed with a ``NamedSharding`` over a
     1-D mesh ``("batch",)``, run under ``jax.jit``, and returned as numpy arrays with the
-    padding removed. The values do not depend on the device count.
+    padding removed. The values do not depend on the device count beyond rounding: XLA
+    may vectorise a block of 4 rows and one of 7 differently (an ulp apart, seen with
+    jax 0.12), so a decision taken on them (a sign, a tie) can differ only at ties.
 
     Args:
         fn: maps arrays with a leading batch axis ``b`` to a pytree of arrays with leading

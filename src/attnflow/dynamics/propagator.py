@@ -231,10 +231,13 @@ class Propagator(eqx.Module):
         A symmetric V (``"eigh"``, a static fact of the propagator) has no pairs: the
         rotation part, a gather over the columns, is skipped.
         """
+        lead = (1,) * (u.ndim - 1)  # explicit broadcasting over the rows
+        re = jnp.reshape(re, lead + re.shape)
         if self.method == "eigh":
             return re * u
         assert self.sign is not None and self.partner is not None
-        return re * u + (self.sign * im) * jnp.take(u, self.partner, axis=-1)
+        rot = jnp.reshape(self.sign * im, lead + im.shape)
+        return re * u + rot * jnp.take(u, self.partner, axis=-1)
 
     def exp_multipliers(self, t) -> tuple[Array, Array]:
         """``e^{t mu}`` per modal column, as ``(re, im)``; ``t`` a scalar."""
@@ -265,9 +268,9 @@ class Propagator(eqx.Module):
         t = jnp.asarray(t, dtype=dtype)
         if self.method == "eigh":
             scale = jnp.exp(t * jnp.real(self.evals))
-            return (self.evecs * scale) @ self.evecs_inv
+            return (self.evecs * scale[None, :]) @ self.evecs_inv
         scale = jnp.exp(t.astype(self.evals.dtype) * self.evals)
-        return jnp.real((self.evecs * scale) @ self.evecs_inv).astype(dtype)
+        return jnp.real((self.evecs * scale[None, :]) @ self.evecs_inv).astype(dtype)
 
     def _expm(self, t) -> Array:
         t = jnp.asarray(t, dtype=self.V.dtype)

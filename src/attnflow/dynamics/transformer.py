@@ -401,7 +401,11 @@ class FeedForward(AbstractModel):
         return jnp.zeros((0, self.d, self.d), self.dtype)
 
     def vector_field(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
-        return _activation(self.activation, x @ self.W1.T + self.b1) @ self.W2.T + self.b2
+        lead = (1,) * (x.ndim - 1)  # explicit broadcasting of the biases over the tokens
+        hidden = x @ self.W1.T + jnp.reshape(self.b1, lead + self.b1.shape)
+        return _activation(self.activation, hidden) @ self.W2.T + jnp.reshape(
+            self.b2, lead + self.b2.shape
+        )
 
     def attention(self, x: Float[Array, "n d"]) -> Array:
         """A feed-forward layer has no attention matrix: ``ValueError``."""

@@ -9,7 +9,9 @@ whose row ``i`` depends only on ``(config, seed, start + i)`` -- never on ``star
 ``stop`` themselves. Draw randomness per sample (``rng(seed, ..., index)``) or per fixed
 block of samples (``rng(seed, ..., index // block)``, then slice), never from one stream
 for the whole range. Then every split of the index range (shards, chunks, job-array
-slices, worker processes, devices, concurrent runs) gives the same numbers, bit for bit.
+slices, worker processes, concurrent runs) gives the same numbers, bit for bit. (A
+kernel that batches with JAX through ``map_devices`` gives them to rounding across
+device counts: XLA may vectorise blocks of different sizes differently.)
 
 On disk (``run``), the index range is cut into shards of ``shard_size`` samples; each
 shard is one file, written atomically (a temporary file, fsync, ``os.replace``), so a
@@ -590,8 +592,15 @@ def _unpicklable(kernel: Any, name: str, exc: BaseException) -> ValueError:
     )
 
 
-def _is_serialization_error(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an exception it was raised from) says that pickling failed."""
+def _is_serialization_error(exc: BaseException, kernel: Any) -> bool:
+    """Whether an engine's failure ``exc`` came from pickling: the kernel itself does
+    not pickle (asked directly, since the pickler's wording differs between Python
+    releases), or ``exc`` (or an exception it was raised from) is a pickling error."""
+    if isinstance(exc, (TypeError, AttributeError, pickle.PicklingError)):
+        try:
+            pickle.dumps(kernel)
+        except Exception:
+            return True
     seen = 0
     e: BaseException | None = exc
     while e is not None and seen < 8:
@@ -681,7 +690,7 @@ def _execute_on(executor: Executor, tasks: Iterable[tuple], inflight: int) -> It
                 out = path
             yield start, stop, out, seconds
     except Exception as exc:
-        if kernel and _is_serialization_error(exc):
+        if kernel and _is_serialization_error(exc, kernel[0][0]):
             raise _unpicklable(kernel[0][0], kernel[0][1], exc) from exc
         raise
 
