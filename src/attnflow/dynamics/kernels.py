@@ -328,8 +328,10 @@ def kernel_params(kernel: str, params: Mapping | None = None) -> dict:
 
     Values may be numbers or (traced) arrays; concrete values must be finite real
     scalars, and positive where the kernel needs it (``ssmax``'s ``s``). Raises
-    ``ValueError`` naming the parameter."""
+    ``ValueError`` naming the kernel or the parameter."""
     spec = get(kernel)
+    if params is not None and not hasattr(params, "items"):
+        raise ValueError(f"kernel_params must be a mapping such as {{'s': 2.0}}; got {params!r}.")
     params = {} if params is None else dict(params)
     unknown = sorted(set(params) - set(spec.params))
     if unknown:

@@ -163,12 +163,6 @@ class Attention(AbstractAttentionSystem):
                 f"The token dimension d is fixed by V (for heads with p x d query and key "
                 f"maps pass rectangular=True)."
             )
-        if not isinstance(kernel, str) or kernel not in _kernels.KERNELS:
-            raise ValueError(f"kernel must be one of {_kernels.KERNELS}; got {kernel!r}.")
-        if kernel_params is not None and not hasattr(kernel_params, "items"):
-            raise ValueError(
-                f"kernel_params must be a mapping such as {{'s': 2.0}}; got {kernel_params!r}."
-            )
         kparams = _kernels.kernel_params(kernel, kernel_params)
         self.mask = _kernels.check_mask(mask)
         if _is_concrete(beta):

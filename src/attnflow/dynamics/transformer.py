@@ -159,12 +159,6 @@ class MultiHeadAttention(AbstractModel):
                 f"Q and K must both be (h, p, d) with h = {h} heads and d = {d} from V "
                 f"(h, d, d); got Q {Qa.shape}, K {Ka.shape}, V {Va.shape}."
             )
-        if not isinstance(kernel, str) or kernel not in _kernels.KERNELS:
-            raise ValueError(f"kernel must be one of {_kernels.KERNELS}; got {kernel!r}.")
-        if kernel_params is not None and not hasattr(kernel_params, "items"):
-            raise ValueError(
-                f"kernel_params must be a mapping such as {{'s': 2.0}}; got {kernel_params!r}."
-            )
         kparams = _kernels.kernel_params(kernel, kernel_params)
         b = _beta(beta)
         self.mask = _kernels.check_mask(mask)
