@@ -168,3 +168,21 @@ def test_rectangular_head_equals_bilinear_form():
         ref.field_original(0.0, z, Q, K, V, 0.5),
         rtol=1e-12,
     )
+
+
+@pytest.mark.parametrize("family", ["Attention", "MultiHeadAttention"])
+def test_unknown_kernel_and_bad_kernel_params_are_named(family):
+    I = np.eye(2)
+    make = (
+        (lambda **kw: af.Attention(I, I, I, **kw))
+        if family == "Attention"
+        else (lambda **kw: af.MultiHeadAttention(I[None], I[None], I[None], **kw))
+    )
+    with pytest.raises(ValueError, match=r"kernel must be one of .*'softmax'.*got 'sofmax'"):
+        make(kernel="sofmax")
+    with pytest.raises(ValueError, match=r"kernel must be one of .*got \['softmax'\]"):
+        make(kernel=["softmax"])
+    with pytest.raises(ValueError, match=r"kernel_params must be a mapping .*got \[2\.0\]"):
+        make(kernel="ssmax", kernel_params=[2.0])
+    with pytest.raises(ValueError, match=r"kernel_params\['s'\] must be > 0"):
+        make(kernel="ssmax", kernel_params={"s": -1.0})
