@@ -1,4 +1,4 @@
-"""Tests run in float64 with explicit rank promotion (tests set the flags, never the library)."""
+"""Tests run in float64 with strict rank and dtype promotion (tests set them, not the library)."""
 
 import os
 
@@ -8,5 +8,7 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 # as diffrax's tests do: an implicit rank promotion (a (d,) array meeting an (n, d) one
-# without an explicit axis) is an error, so broadcasting is always written out
+# without an explicit axis) and an implicit dtype promotion (int32 times float64, float32
+# meeting float64) are errors, so broadcasting and casts are always written out
 jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update("jax_numpy_dtype_promotion", "strict")

@@ -283,7 +283,7 @@ def _euler_loop(
         if frame.name == "original":
             return None
         if ode:
-            return Continuous().scale(frame, k * dt)
+            return Continuous().scale(frame, jnp.asarray(k, y0.dtype) * dt)
         if frame.coords == "modal":
             return frame.model.propagator.power_multipliers(k, dt)
         return Rk
