@@ -231,12 +231,15 @@ class Propagator(eqx.Module):
         A symmetric V (``"eigh"``, a static fact of the propagator) has no pairs: the
         rotation part, a gather over the columns, is skipped.
         """
-        lead = (1,) * (u.ndim - 1)  # explicit broadcasting over the rows
-        re = jnp.reshape(re, lead + re.shape)
+        # explicit broadcasting over the leading axes of u (re, im: (d,) or already
+        # (..., d) of u's rank, as Trajectory passes them per save)
+        lead = (1,) * (u.ndim - jnp.ndim(re))
+        re = jnp.reshape(re, lead + jnp.shape(re))
         if self.method == "eigh":
             return re * u
         assert self.sign is not None and self.partner is not None
-        rot = jnp.reshape(self.sign * im, lead + im.shape)
+        rot = self.sign * im
+        rot = jnp.reshape(rot, (1,) * (u.ndim - rot.ndim) + rot.shape)
         return re * u + rot * jnp.take(u, self.partner, axis=-1)
 
     def exp_multipliers(self, t) -> tuple[Array, Array]:
