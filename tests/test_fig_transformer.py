@@ -74,3 +74,61 @@ def test_one_cluster_while_attention_tends_to_the_identity():
     obs = af.observe_limit(traj)
     assert obs.label == "hyperplanes" and obs.n_clusters == 1
     assert af.track_rank(traj).rank[-1] == 2
+
+
+def _block_layers(x, V, ff, act, dt, layers):
+    """The residual block in numpy: y = x + dt P V x (P = softmax(x x^T), Q = K = I),
+    then x' = y + dt (W2 act(W1 y + b1) + b2)."""
+    W1, b1, W2, b2 = (np.asarray(a) for a in ff)
+    f = {"relu": lambda u: np.maximum(u, 0.0), "tanh": np.tanh}[act]
+    for _ in range(layers):
+        y = x + dt * softmax_rows(x @ x.T) @ x @ V.T
+        x = y + dt * (f(y @ W1.T + b1) @ W2.T + b2)
+    return x
+
+
+def test_fig_feedforward_quick(tmp_path):
+    from attnflow.experiments import fig_feedforward as F
+
+    out = F.make(tmp_path, quick=True)
+    side = json.loads((tmp_path / "fig_feedforward.json").read_text())
+    assert {Path(p).name for p in out["figures"]} >= {"fig_feedforward.png"}
+    runs = {r["name"]: r for r in side["runs"]}
+    V = np.asarray(F.V_PAPER)
+    x0 = np.random.default_rng(F.SEED).uniform(-5, 5, (F.N, 2))
+    ff = F.ff_weights(np.random.default_rng(F.FF_SEED), 2, 1.0)
+    layers = int(round(side["runs"][0]["t1"] / F.DT))
+    # the last saved layer of each block against numpy; its rescaled tokens (I + dt V)^-k x
+    R = np.linalg.matrix_power(np.eye(2) + F.DT * V, layers)
+    w, vl = np.linalg.eig(V.T)
+    left = np.real(vl[:, np.argmax(np.real(w))])
+    for act in F.ACTS:
+        run = runs[f"+ {act}"]
+        ref = _block_layers(x0.copy(), V, ff, act, F.DT, layers)
+        np.testing.assert_allclose(run["x_final"], ref, rtol=1e-9, atol=1e-9)
+        z = np.linalg.solve(R, ref.T).T
+        np.testing.assert_allclose(run["z_final"], z, rtol=1e-8, atol=1e-8)
+        # the levels phi_1*(z), up to the normalisation of the left eigenvector
+        # (a positive or negative multiple: the fitted factor must fit every level)
+        lev, got = z @ left, np.asarray(run["levels_final"])
+        fits = []
+        for sign in (1.0, -1.0):
+            cand = np.sort(sign * lev)
+            c = (got @ cand) / (cand @ cand)
+            fits.append(np.abs(c * cand - got).max() / np.abs(got).max())
+        assert min(fits) < 1e-8
+    # tanh is bounded: the attention's two hyperplanes stay; ReLU changes the growth rate
+    assert runs["attention"]["clusters"] == runs["+ tanh"]["clusters"] == 2
+    assert abs(runs["+ relu"]["growth_rate_final"] - runs["attention"]["growth_rate_final"]) > 0.1
+    # the survival table recounted from the per-sample records
+    recs = side["sweep"]["records"]
+    for row in side["sweep"]["rows"]:
+        sel = [
+            r
+            for r in recs
+            if (r["family"], r["activation"], r["eps"])
+            == (row["family"], row["activation"], row["eps"])
+        ]
+        base = [r for r in sel if r["attention_observed"] == r["predicted"]]
+        assert row["samples"] == len(sel) and row["attention_as_predicted"] == len(base)
+        assert row["survives"] == sum(r["block_observed"] == r["predicted"] for r in base)
