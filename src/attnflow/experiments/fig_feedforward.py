@@ -81,7 +81,9 @@ def sample(index: int, seed: int = SEED) -> dict[str, Any]:
     W1, b1, W2, b2 = ff_weights(g, d, eps)
     x0 = g.uniform(-5, 5, (SWEEP_N, d))
     t1 = 60.0 if fam == "origin" else 12.0
-    return dict(family=fam, activation=act, eps=eps, Q=Q, K=K, V=V, ff=(W1, b1, W2, b2), x0=x0, t1=t1)
+    return dict(
+        family=fam, activation=act, eps=eps, Q=Q, K=K, V=V, ff=(W1, b1, W2, b2), x0=x0, t1=t1
+    )
 
 
 def run_sample(s: dict[str, Any]) -> dict[str, Any]:
@@ -224,9 +226,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
                 levels_final=np.sort(z[-1] @ left),
                 x_final=x[-1],
                 z_final=z[-1],
-                growth_rate_final=float(
-                    np.log(np.abs(x[-1]).max() / np.abs(x[-2]).max()) / DT
-                ),
+                growth_rate_final=float(np.log(np.abs(x[-1]).max() / np.abs(x[-2]).max()) / DT),
                 normalised_token_clusters=int(
                     L.cluster_counts((x[-1] / np.abs(x[-1]).max())[None])[0]
                 ),
