@@ -170,3 +170,45 @@ def test_fig_causal_quick(tmp_path):
         assert run["first_token_layers_error"] < 1e-12
         assert run["first_token_z_drift"] < 1e-12
         assert run["first_token_ode_error"] < 1e-8
+
+
+def test_fig_multihead_quick(tmp_path):
+    from attnflow.experiments import fig_multihead as F
+    from attnflow.studies.sweep import rng as sample_rng
+
+    F.make(tmp_path, quick=True)
+    side = json.loads((tmp_path / "fig_multihead.json").read_text())
+    recs = side["records"]
+    assert {r["family"] for r in recs} == {"scalar", "perron"}
+    idx = [i for i in range(2 * len(F.FAMILIES)) if F.FAMILIES[i % 4] in ("scalar", "perron")]
+    layers = int(round(F.T / F.DT))
+    for i, rec in zip(idx, recs):
+        g = sample_rng(F.SEED, F.STREAM, i)
+        Q, K, V = F.draw_heads(rec["family"], rec["heads"], g)
+        x = g.uniform(-5, 5, (F.N, F.D))
+        # all heads together, layer by layer in numpy
+        for _ in range(layers):
+            x = x + F.DT * sum(
+                softmax_rows((x @ q.T) @ (x @ k.T).T) @ x @ v.T for q, k, v in zip(Q, K, V)
+            )
+        np.testing.assert_allclose(rec["x_final"], x, rtol=1e-9, atol=1e-9)
+        # the summed V's structure from numpy's spectrum
+        w = np.linalg.eigvals(V.sum(axis=0))
+        w = w[np.argsort(-np.abs(w))]
+        if rec["family"] == "perron":  # Perron: a simple, real, positive leading eigenvalue
+            assert abs(w[0].imag) < 1e-12 and w[0].real > abs(w[1]) + 1e-6
+            assert rec["sum_structure"] == "hyperplanes"
+        else:
+            np.testing.assert_allclose(V.sum(axis=0), w[0].real * np.eye(F.D), atol=1e-12)
+            assert rec["sum_structure"] == "polytope"
+        dom = int(np.argmax([np.abs(np.linalg.eigvals(v)).max() for v in V]))
+        assert rec["dominant"] == dom
+    for row in side["rows"]:
+        sel = [r for r in recs if r["family"] == row["family"]]
+        assert row["runs"] == len(sel)
+        labels = [str(r["sum_observed"]) for r in sel]
+        assert row["sum_observed"] == {k: labels.count(k) for k in set(labels)}
+        conv = [
+            r for r in sel if "not-converged" not in (r["sum_observed"], r["dom_frame_observed"])
+        ]
+        assert row["agree_sum"] == sum(r["sum_observed"] == r["sum_structure"] for r in conv)
