@@ -13,7 +13,8 @@ quick: not run), origin (V = -I_2, original frame); each without a mask, causal,
 window 2. Measured at T: ``observe_limit`` (label, clusters), the layers to cluster
 (``attnflow.experiments._layers``), the leaders (``argmax_j P_ij(T)`` for every token, and
 how many distinct ones), the fraction of tokens in token 0's cluster (the clusters
-counted by ``_layers``), and, for the causal runs, the largest deviation of
+counted by ``_layers``; for V = -I the layers until ``max_i |x_i| <= 0.2 max_i |x_i(0)|``),
+and, for the causal runs, the largest deviation of
 ``x_0`` from ``(I + dt V)^k x_0(0)`` relative to ``|x_0|`` (and of the adaptive ODE solve's
 ``x_0`` from ``e^{tV} x_0(0)``, rtol 1e-10, to T = 4).
 
@@ -70,6 +71,15 @@ def run_case(regime: str, mask_name: str, T: float) -> tuple[dict[str, Any], np.
     last = pts[-1]
     labels, _ = clusters(last, L.TOL * max(float(np.abs(last).max()), 1e-300))
     n_cl, k = L.settle(L.cluster_counts(pts))
+    layers = int(round(float(ts[k]) / DT))
+    if frame == "original":
+        # tokens collapsing to 0: relative cluster counts mean nothing there; the layer
+        # count is the first layer with max_i |x_i| <= 0.2 max_i |x_i(0)| (observe_limit's
+        # origin_tol), None if never
+        radius = np.linalg.norm(x, axis=-1).max(axis=-1)
+        below = np.flatnonzero(radius <= 0.2 * radius[0])
+        layers = int(below[0]) if below.size else None
+        n_cl = 1 if H.observation(traj)["label"] == "origin" else n_cl
     rec: dict[str, Any] = dict(
         name=f"{regime}, {mask_name}",
         regime=regime,
@@ -89,7 +99,7 @@ def run_case(regime: str, mask_name: str, T: float) -> tuple[dict[str, Any], np.
         observed=H.observation(traj),
         clusters=n_cl,
         clustered=what,
-        layers_to_cluster=int(round(float(ts[k]) / DT)),
+        layers_to_cluster=layers,
         leaders=leaders,
         distinct_leaders=int(np.unique(leaders).size),
         in_token0_cluster=float(np.mean(labels == labels[0])),
