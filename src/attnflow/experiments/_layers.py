@@ -44,12 +44,27 @@ def settle(counts: np.ndarray) -> tuple[int, int]:
     return final, int(changed[-1] + 1) if changed.size else 0
 
 
+_LEFT: dict[bytes, Any] = {}
+
+
+def _left(W: Any) -> np.ndarray | None:
+    """W's left leading eigenvector (``spectral_structure``), remembered per matrix (a
+    384 x 384 W costs a second)."""
+    from attnflow.analysis.regimes import spectral_structure
+
+    W = np.ascontiguousarray(W, np.float64)
+    key = W.tobytes() + str(W.shape).encode()
+    if key not in _LEFT:
+        if len(_LEFT) > 64:
+            _LEFT.clear()
+        _LEFT[key] = spectral_structure(W).phi1_left
+    return _LEFT[key]
+
+
 def measured(z: np.ndarray, W: Any) -> tuple[np.ndarray, str]:
     """The points whose clusters are counted: ``z @ phi_1*`` (``(m, n, 1)``) when W's
     leading eigenvalue is simple, else ``z``; and what they are."""
-    from attnflow.analysis.regimes import spectral_structure
-
-    left = spectral_structure(np.asarray(W, np.float64)).phi1_left
+    left = _left(W)
     if left is None:
         return z, "tokens"
     return z @ np.asarray(left)[:, None], "levels phi_1*(z)"
