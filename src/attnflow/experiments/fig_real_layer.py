@@ -10,10 +10,16 @@ Tokens: the model's input embeddings of one sentence (``DEFAULT_SENTENCES[0]`` o
 ``attnflow.studies.heads``, 9 tokens with [CLS] and [SEP]).
 
 Runs, all float64 discrete transformers (``method="euler"``):
-- ``12 heads`` (``MultiHeadAttention``, rescaled frame W = sum V_h) and ``12 heads + FF``
-  (``Block``, the same W), dt = 0.1 to T = 40 (quick: 2);
-- each head alone (``Attention``, rescaled frame W = V_h), dt = 0.1 to T = 40 (quick: 2,
-  head 6 only);
+- ``12 heads`` (``MultiHeadAttention``) and ``12 heads + FF`` (``Block``), dt = 0.1 to
+  T = 20 (quick: 2), run in the original frame; the rescaled levels of W = sum V_h are
+  computed from the tokens, ``phi_1*(z_k) = phi_1*(x_k) / (1 + dt lambda_1)^k`` (exact
+  for layers). Not further: once the tokens sit on one level their logits grow like
+  ``e^{2.33 t}`` (about 1e19 apart by t = 25) and which token a head attends to is then
+  decided by differences at the rounding level of x; a run to T = 40 leaves the single
+  level near t = 27 with a growth rate jumping from 1.167 to 5-17, which is that, not
+  dynamics;
+- each head alone (``Attention``, rescaled frame W = V_h, modal coordinates), dt = 0.1 to
+  T = 40 (quick: 2, head 6 only);
 - one real layer per step (dt = 1: ``x <- x + sum_h P^h x V_h^T``, then
   ``x <- x + FF(x)``, weights shared across steps, no LayerNorm), 24 steps (quick: 4).
 Measured: ``observe_limit`` (testing W's structure: the summed V has a simple real
@@ -42,6 +48,7 @@ NAME = "fig_real_layer"
 CHECKPOINT = "minilm"
 LAYER = 0
 DT = 0.1
+T_JOINT, T_ALONE = 20.0, 40.0
 
 
 def load_layer(layer: int = LAYER) -> dict[str, Any]:
@@ -114,7 +121,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     x0 = np.asarray(sentence["x0"], np.float64)
     n, d = x0.shape
     Wsum = w["V"].sum(axis=0)
-    T = 2.0 if quick else 40.0
+    T = 2.0 if quick else T_JOINT
     ts = np.arange(int(round(T / DT)) + 1) * DT
     mha = af.MultiHeadAttention(w["Q"], w["K"], w["V"], beta=w["beta"])
     ff = af.FeedForward(
@@ -123,11 +130,37 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     blk = af.Block(mha, ff)
     runs, levels = [], {}
     left = L._left(Wsum)
+    lam1 = float(np.max(np.real(np.linalg.eigvals(Wsum))))
     for name, model in (("12 heads", mha), ("12 heads + FF", blk)):
-        traj = af.simulate(model, x0, T, ts=ts, frame="rescaled", method="euler", dt=DT)
-        runs.append(_record(name, traj, Wsum, DT, ts))
+        # the original frame: the rescaled level of a discrete transformer is exactly
+        # phi_1*(z_k) = phi_1*(x_k) / (1 + dt lambda_1)^k, without the rounding that
+        # (I + dt W)^{-k} in standard coordinates amplifies along W's negative modes
+        traj = af.simulate(model, x0, T, ts=ts, frame="original", method="euler", dt=DT)
+        rec: dict[str, Any] = dict(name=name, dt=DT, t1=T, status=traj.status)
         if traj.status == "ok" and left is not None:
-            levels[name] = np.asarray(traj.z) @ left
+            x = np.asarray(traj.x)
+            k = np.arange(ts.size)
+            lv = (x @ left) * np.exp(-k * np.log1p(DT * lam1))[:, None]
+            levels[name] = lv
+            scale = max(float(np.abs(lv[-1]).max()), 1e-300)
+            n_cl, kk = L.settle(L.cluster_counts(lv[..., None]))
+            P = np.asarray(traj.attention(-1))
+            rec.update(
+                levels_final=np.sort(lv[-1]),
+                levels_moving=float(np.abs(lv[-1] - lv[-2]).max() / scale / DT),
+                clusters=n_cl,
+                of="levels phi_1*(z) of W = sum V_h, from x",
+                layers_to_cluster=int(kk),
+                growth_rate_final=float(np.log(np.linalg.norm(x[-1]) / np.linalg.norm(x[-2])) / DT),
+                normalised_token_clusters=int(
+                    L.cluster_counts((x[-1] / np.abs(x[-1]).max())[None])[0]
+                ),
+                distinct_leaders_per_head=[int(np.unique(p.argmax(axis=1)).size) for p in P],
+                relative_residual_final=relative_residual(x[-1]),
+                max_abs_logit_final=float(np.abs(np.asarray(model.logits(x[-1]))).max()),
+                x_final=x[-1],
+            )
+        runs.append(rec)
     # one real layer per step
     steps = 4 if quick else 24
     for name, model in (("12 heads, dt = 1", mha), ("12 heads + FF, dt = 1", blk)):
@@ -151,10 +184,12 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         runs.append(rec)
     # each head alone
     which = [6] if quick else range(w["V"].shape[0])
+    Ta = 2.0 if quick else T_ALONE
+    ts = np.arange(int(round(Ta / DT)) + 1) * DT
     alone = []
     for h in which:
         model = af.Attention(w["Q"][h], w["K"][h], w["V"][h], beta=w["beta"], rectangular=True)
-        traj = af.simulate(model, x0, T, ts=ts, frame="rescaled", method="euler", dt=DT)
+        traj = af.simulate(model, x0, Ta, ts=ts, frame="rescaled", method="euler", dt=DT)
         rec = _record(f"head {h}", traj, w["V"][h], DT, ts)
         rec["predicted"] = str(af.predict_regime(model).label)
         rec.pop("x_final", None)
@@ -169,12 +204,11 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         ax = fig.add_axes((0.07 + 0.33 * j, 0.17, 0.25, 0.62))
         if name in levels:
             lv = levels[name]
-            ax.plot(ts / DT, lv, lw=0.7)
+            ax.plot(np.arange(lv.shape[0]), lv, lw=0.7)
         r = next(q for q in runs if q["name"] == name)
-        obs = r.get("observed", {"label": r["status"]})
         ax.set_title(
-            f"{name}: {obs['label']}\n{r.get('clusters')} level(s) from layer "
-            f"{r.get('layers_to_cluster')}",
+            f"{name}: {r.get('clusters')} level(s) from layer {r.get('layers_to_cluster')}"
+            f"\nlevels moving {r.get('levels_moving', float('nan')):.2g} per unit time",
             fontsize=6.5,
             pad=2,
         )
@@ -198,7 +232,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         f"all-MiniLM-L6-v2, layer {LAYER}: the 12 heads together, with the feed-forward "
         "sub-layer, and alone",
         f"'{sentence['text']}' ({n} tokens, d = {d}), biases of the attention and LayerNorm "
-        f"left out, discrete transformer dt = {DT}, T = {T:g}",
+        f"left out, discrete transformer dt = {DT}, T = {T:g} (heads alone {Ta:g})",
         sub_y=0.925,
     )
     figures = H.save(fig, out_dir, NAME, quick)
