@@ -517,14 +517,23 @@ def _rank_vs_clusters(results: list[dict]) -> dict:
         if res["case"]["d"] < 2:
             continue
         traj, rt = res["traj"], res["rt"]
-        pairs = []
+        from attnflow.experiments import _layers as L
+
+        pairs, settle_t = [], []
+        z_all = np.asarray(traj.z)
+        ts = np.asarray(traj.ts)
         for i in range(len(traj.statuses)):
             obs = af.observe_limit(traj, system=i)
             pairs.append((obs.n_clusters, int(rt.final_rank[i]), str(obs.label)))
+            pts, _ = L.measured(z_all[i], np.asarray(res["case"]["V"]))
+            settle_t.append(float(ts[L.settle(L.cluster_counts(pts))[1]]))
         agree = sum(c == r for c, r, _ in pairs)
         out[res["case"]["key"]] = dict(
             pairs=[list(p) for p in pairs],
             equal=f"{agree} of {len(pairs)}",
+            time_to_cluster=settle_t,
+            median_time_to_cluster=float(np.median(settle_t)),
+            median_layers_to_cluster_at_dt_0_1=float(np.median(settle_t)) / 0.1,
         )
     return out
 
