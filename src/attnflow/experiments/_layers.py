@@ -8,7 +8,8 @@ Definition (used in every sidecar that reports ``layers_to_cluster``): at each s
 matrix W has a simple real leading eigenvalue (the hyperplane case), else the rescaled
 tokens ``z`` themselves (or the original tokens ``x`` when the run is in the original
 frame). ``layers_to_cluster`` is the first saved layer from which that count stays at its
-final value up to the end of the run (``0``: it never changed). It is a statement about
+final value up to the end of the run (``0``: it never changed; ``None`` when the final
+count is the number of tokens: nothing clustered). It is a statement about
 the run's horizon only: a count that changes after the last save is not seen. It is the
 ``residual_layers_to_settle`` of ``fig_rank_collapse``.
 """
@@ -72,11 +73,13 @@ def measured(z: np.ndarray, W: Any) -> tuple[np.ndarray, str]:
 
 def layers_to_cluster(z: np.ndarray, W: Any, dt: float, ts: np.ndarray) -> dict[str, Any]:
     """The module's definition on saves ``z`` ``(m, n, d)`` at times ``ts`` (layers of
-    step ``dt``): ``{"clusters", "layers_to_cluster", "of"}``."""
+    step ``dt``): ``{"clusters", "layers_to_cluster", "of"}`` (``layers_to_cluster`` None
+    when every token ends in a cluster of its own)."""
     pts, what = measured(np.asarray(z, np.float64), W)
     n_cl, k = settle(cluster_counts(pts))
+    never = n_cl == pts.shape[1] and pts.shape[1] > 1  # every token its own cluster
     return {
         "clusters": n_cl,
-        "layers_to_cluster": int(round(float(ts[k]) / dt)),
+        "layers_to_cluster": None if never else int(round(float(ts[k]) / dt)),
         "of": what,
     }

@@ -150,7 +150,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
                 levels_moving=float(np.abs(lv[-1] - lv[-2]).max() / scale / DT),
                 clusters=n_cl,
                 of="levels phi_1*(z) of W = sum V_h, from x",
-                layers_to_cluster=int(kk),
+                layers_to_cluster=None if n_cl == n else int(kk),
                 growth_rate_final=float(np.log(np.linalg.norm(x[-1]) / np.linalg.norm(x[-2])) / DT),
                 normalised_token_clusters=int(
                     L.cluster_counts((x[-1] / np.abs(x[-1]).max())[None])[0]
@@ -180,7 +180,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
             xn = x / np.abs(x).max(axis=(1, 2), keepdims=True)
             n_cl, k = L.settle(L.cluster_counts(xn))
             rec["normalised_token_clusters"] = n_cl
-            rec["layers_to_cluster"] = int(k)
+            rec["layers_to_cluster"] = None if n_cl == n else int(k)
         runs.append(rec)
     # each head alone
     which = [6] if quick else range(w["V"].shape[0])
@@ -217,7 +217,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         H.panel_label(ax, "ab"[j])
     ax = fig.add_axes((0.74, 0.17, 0.24, 0.62))
     hs = [int(r["name"].split()[1]) for r in alone]
-    lay = [r.get("layers_to_cluster", np.nan) for r in alone]
+    lay = [np.nan if r.get("layers_to_cluster") is None else r["layers_to_cluster"] for r in alone]
     col = ["C2" if r.get("observed", {}).get("label") == "hyperplanes" else "0.6" for r in alone]
     ax.bar(hs, lay, color=col)
     together = next(q for q in runs if q["name"] == "12 heads").get("layers_to_cluster")
