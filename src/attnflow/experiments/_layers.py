@@ -5,8 +5,8 @@ Not a figure script (the runner only runs ``fig_*.py``).
 Definition (used in every sidecar that reports ``layers_to_cluster``): at each saved layer
 ``k`` the measured points are single-linkage clusters at ``tol * max |points_k|``
 (``tol = 1e-2``, ``observe_limit``'s default): the levels ``phi_1*(z)`` when the rescaling
-matrix W has a simple real leading eigenvalue (the hyperplane case), else the rescaled
-tokens ``z`` themselves (or the original tokens ``x`` when the run is in the original
+matrix W has a simple real leading eigenvalue (the hyperplane case), the F-parts when W is
+paranormal (the subspace case; the G-part is free), else the rescaled tokens ``z`` (or the original tokens ``x`` when the run is in the original
 frame). ``layers_to_cluster`` is the first saved layer from which that count stays at its
 final value up to the end of the run (``0``: it never changed; ``None`` when the final
 count is the number of tokens: nothing clustered). It is a statement about
@@ -45,30 +45,37 @@ def settle(counts: np.ndarray) -> tuple[int, int]:
     return final, int(changed[-1] + 1) if changed.size else 0
 
 
-_LEFT: dict[bytes, Any] = {}
+_STRUCTURE: dict[bytes, Any] = {}
 
 
-def _left(W: Any) -> np.ndarray | None:
-    """W's left leading eigenvector (``spectral_structure``), remembered per matrix (a
-    384 x 384 W costs a second)."""
+def _structure(W: Any) -> Any:
+    """``spectral_structure(W)``, remembered per matrix (a 384 x 384 W costs a second)."""
     from attnflow.analysis.regimes import spectral_structure
 
     W = np.ascontiguousarray(W, np.float64)
     key = W.tobytes() + str(W.shape).encode()
-    if key not in _LEFT:
-        if len(_LEFT) > 64:
-            _LEFT.clear()
-        _LEFT[key] = spectral_structure(W).phi1_left
-    return _LEFT[key]
+    if key not in _STRUCTURE:
+        if len(_STRUCTURE) > 64:
+            _STRUCTURE.clear()
+        _STRUCTURE[key] = spectral_structure(W)
+    return _STRUCTURE[key]
+
+
+def _left(W: Any) -> np.ndarray | None:
+    """W's left leading eigenvector when its leading eigenvalue is simple, else None."""
+    return _structure(W).phi1_left
 
 
 def measured(z: np.ndarray, W: Any) -> tuple[np.ndarray, str]:
     """The points whose clusters are counted: ``z @ phi_1*`` (``(m, n, 1)``) when W's
-    leading eigenvalue is simple, else ``z``; and what they are."""
-    left = _left(W)
-    if left is None:
-        return z, "tokens"
-    return z @ np.asarray(left)[:, None], "levels phi_1*(z)"
+    leading eigenvalue is simple, the F-parts ``z @ F_coords^T`` when W is paranormal
+    (the G-part is free, as ``observe_limit`` tests it), else ``z``; and what they are."""
+    st = _structure(W)
+    if st.phi1_left is not None:
+        return z @ np.asarray(st.phi1_left)[:, None], "levels phi_1*(z)"
+    if st.kind == "paranormal" and st.F_coords is not None:
+        return z @ np.asarray(st.F_coords).T, "F-parts of z"
+    return z, "tokens"
 
 
 def layers_to_cluster(z: np.ndarray, W: Any, dt: float, ts: np.ndarray) -> dict[str, Any]:
