@@ -6,12 +6,13 @@ Definition (used in every sidecar that reports ``layers_to_cluster``): at each s
 ``k`` the measured points are single-linkage clusters at ``tol * max |points_k|``
 (``tol = 1e-2``, ``observe_limit``'s default): the levels ``phi_1*(z)`` when the rescaling
 matrix W has a simple real leading eigenvalue (the hyperplane case), the F-parts when W is
-paranormal (the subspace case; the G-part is free), else the rescaled tokens ``z`` (or the original tokens ``x`` when the run is in the original
-frame). ``layers_to_cluster`` is the first saved layer from which that count stays at its
-final value up to the end of the run (``0``: it never changed; ``None`` when the final
-count is the number of tokens: nothing clustered). It is a statement about
-the run's horizon only: a count that changes after the last save is not seen. It is the
-``residual_layers_to_settle`` of ``fig_rank_collapse``.
+paranormal (the subspace case; the G-part is free), else the rescaled tokens ``z`` (the
+original tokens ``x`` for a run in the original frame). ``layers_to_cluster`` is the first
+saved layer from which that count stays at its final value up to the end of the run
+(``0``: it never changed; ``None`` when the final count is the number of tokens: nothing
+clustered). It is a statement about the run's horizon only: a count that changes after
+the last save is not seen. It is the ``residual_layers_to_settle`` of
+``fig_rank_collapse`` (which counts the tokens z in the non-hyperplane cases).
 """
 
 from __future__ import annotations
