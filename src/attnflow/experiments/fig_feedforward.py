@@ -194,7 +194,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     x0 = np.random.default_rng(SEED).uniform(-5, 5, (N, 2))
     W1, b1, W2, b2 = ff_weights(np.random.default_rng(FF_SEED), 2, 1.0)
     att = af.Attention(np.eye(2), np.eye(2), V)
-    models = {"attention": att}
+    models: dict[str, Any] = {"attention": att}
     for act in ACTS:
         models[f"+ {act}"] = af.Block(att, af.FeedForward(W1, b1, W2, b2, activation=act))
     ts = np.arange(int(round(T / DT)) + 1) * DT
