@@ -16,7 +16,7 @@ how many distinct ones), the fraction of tokens in token 0's cluster (the cluste
 counted by ``_layers``; for V = -I the layers until ``max_i |x_i| <= 0.2 max_i |x_i(0)|``),
 and, for the causal runs, the largest deviation of
 ``x_0`` from ``(I + dt V)^k x_0(0)`` relative to ``|x_0|`` (and of the adaptive ODE solve's
-``x_0`` from ``e^{tV} x_0(0)``, rtol 1e-10, to T = 4).
+``x_0`` from ``e^{tV} x_0(0)``, rtol 1e-10, to T = 4; not in the quick run).
 
 Run:  python -m attnflow.experiments.fig_causal [--quick] [--out figures]
 """
@@ -48,9 +48,12 @@ MASKS: dict[str, Any] = {
 }
 
 
-def run_case(regime: str, mask_name: str, T: float) -> tuple[dict[str, Any], np.ndarray]:
+def run_case(
+    regime: str, mask_name: str, T: float, ode: bool = True
+) -> tuple[dict[str, Any], np.ndarray]:
     """One regime under one mask; the sidecar record and the saved states (z, or x in
-    the original frame)."""
+    the original frame). ``ode``: also check token 0 of the adaptive ODE solve against
+    ``e^{tV} x_0(0)`` (causal mask only)."""
     import attnflow as af
     from attnflow.analysis.observe import clusters
 
@@ -113,13 +116,14 @@ def run_case(regime: str, mask_name: str, T: float) -> tuple[dict[str, Any], np.
             rec["first_token_z_drift"] = float(
                 np.abs(states[:, 0] - x0[0]).max() / np.abs(x0[0]).max()
             )
+    if mask == "causal" and ode:
         from scipy.linalg import expm
 
         tt = np.linspace(0, 4.0, 9)
-        ode = af.simulate(model, x0, 4.0, ts=tt, frame="original", rtol=1e-10, atol=1e-12)
+        sol = af.simulate(model, x0, 4.0, ts=tt, frame="original", rtol=1e-10, atol=1e-12)
         exact = np.stack([expm(t * V) @ x0[0] for t in tt])
         rec["first_token_ode_error"] = float(
-            np.abs(np.asarray(ode.x)[:, 0] - exact).max() / np.abs(exact).max()
+            np.abs(np.asarray(sol.x)[:, 0] - exact).max() / np.abs(exact).max()
         )
     return rec, states
 
@@ -135,7 +139,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     runs, states = [], {}
     for regime in regimes:
         for mask_name in MASKS:
-            rec, st = run_case(regime, mask_name, T)
+            rec, st = run_case(regime, mask_name, T, ode=not quick)
             runs.append(rec)
             states[rec["name"]] = st
 
