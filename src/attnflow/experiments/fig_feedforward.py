@@ -1,7 +1,8 @@
 """Feed-forward layers added to the attention dynamics: what the tokens cluster to.
 
-The clustering paper leaves the feed-forward transformer open (its discussion writes
-``dz_i/dt = W sigma(V sum_j P_ij (z_j - z_i))``); the authors' public repository
+The clustering paper leaves the feed-forward transformer open (the project's references
+record its form as ``dz_i/dt = W sigma(V sum_j P_ij (z_j - z_i))``; not checked against
+the paper here); the authors' public repository
 (borjanG/2023-transformers, every file of its history) has no feed-forward script, so
 this figure is built here. The model is a residual block, ``attnflow.Block(attention,
 FeedForward(W1, b1, W2, b2, activation))``, as a discrete transformer (``method="euler"``,
