@@ -425,11 +425,21 @@ def test_fig_leaders_quick(tmp_path):
 
     mod = importlib.import_module("attnflow.experiments.fig_leaders")
     res = mod.make(tmp_path, quick=True)
-    assert len(res["figures"]) == 6 and all(Path(p).stat().st_size > 0 for p in res["figures"])
+    assert len(res["figures"]) == 8 and all(Path(p).stat().st_size > 0 for p in res["figures"])
     side = json.loads(Path(res["json"]).read_text())
     assert side["x64"] and side["versions"]["jax"] and side["cases"][0]["seed"] == 0
     d1 = side["results"]["d1"]
     assert all(v.split(" of ")[0] == v.split(" of ")[1] for v in d1["checks_passed"].values())
+    # rank is not the number of clusters: one hyperplane (the level z^(1) = 1 exactly, the
+    # discrete frame keeps equal levels equal), P(T) the identity to rounding
+    two = side["rank_is_not_clusters"]
+    assert two["observed"] == "hyperplanes" and two["n_clusters"] == 1 and two["final_rank"] == 2
+    assert two["level_deviation"] < 1e-14 and two["off_diagonal_final"] < 1e-100
+    for key, v in side["clusters_against_rank"].items():
+        equal = sum(c == r for c, r, _ in v["pairs"])
+        assert v["equal"] == f"{equal} of {len(v['pairs'])}"
+        systems = side["results"][key]["systems"]
+        assert [p[1] for p in v["pairs"]] == [q["final_rank"] for q in systems]
 
 
 def test_huge_logits_give_exact_rows_not_nan():

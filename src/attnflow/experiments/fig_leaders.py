@@ -15,6 +15,11 @@ Figures (PNG and PDF) and a sidecar JSON with every parameter and number go to o
   fig_leaders_heatmaps.{png,pdf}   P(t) at several times, rank and distance in the titles
   fig_leaders_rank.{png,pdf}       rank, Boolean distance and log(-log D) against t, fits
   fig_leaders_tokens.{png,pdf}     token trajectories with the leaders highlighted
+  fig_leaders_clusters.{png,pdf}   rank is not the number of clusters: (a, b) two tokens in
+                                   d = 2 (V = diag(1, 1/2), z = (1, +-1)) on one hyperplane
+                                   while P(t) -> I (rank 2); (c) cluster count (observe_limit)
+                                   against the final rank over the random starts of the d = 2
+                                   and d = 3 cases
   fig_leaders.json
 
 Run:  python -m attnflow.experiments.fig_leaders [--quick] [--out figures]
@@ -466,6 +471,116 @@ def _summary(res: dict) -> dict:
     )
 
 
+# Rank is not the number of clusters (d = 2): both tokens keep the level z^(1) = 1 (one
+# hyperplane of the hyperplane theorem, phi_1* = e_1) while each attends more and more to
+# itself, P(t) -> I (rank 2). Constructed from the theorem (see docs/transformer.md).
+TWO_TOKENS: dict[str, Any] = {
+    "V": [[1.0, 0.0], [0.0, 0.5]],
+    "x0": [[1.0, 1.0], [1.0, -1.0]],
+    "t1": 6.0,
+}
+
+
+def _two_tokens(solver: dict) -> dict:
+    import attnflow as af
+
+    V = np.asarray(TWO_TOKENS["V"])
+    t1 = TWO_TOKENS["t1"]
+    model = af.Attention(np.eye(2), np.eye(2), V)
+    ts = np.linspace(0.0, t1, 61)
+    if solver["method"] == "euler":
+        traj = af.simulate(model, TWO_TOKENS["x0"], t1, ts=ts, method="euler", dt=solver["dt"])
+    else:
+        traj = af.simulate(model, TWO_TOKENS["x0"], t1, ts=ts, rtol=1e-12, atol=1e-14)
+    rt = af.track_rank(traj)
+    obs = af.observe_limit(traj)
+    off = np.array([float(np.asarray(traj.attention(k))[0, 1]) for k in range(ts.size)])
+    z = np.asarray(traj.z)
+    return dict(
+        ts=ts,
+        z=z,
+        off_diagonal=off,
+        rank=np.asarray(rt.rank),
+        observed=obs.label,
+        n_clusters=obs.n_clusters,
+        final_rank=int(rt.final_rank),
+        level_deviation=float(np.abs(z[:, :, 0] - 1.0).max()),
+    )
+
+
+def _rank_vs_clusters(results: list[dict]) -> dict:
+    """Per case with d >= 2: (observe_limit's cluster count, final rank) of every system."""
+    import attnflow as af
+
+    out = {}
+    for res in results:
+        if res["case"]["d"] < 2:
+            continue
+        traj, rt = res["traj"], res["rt"]
+        from attnflow.experiments import _layers as L
+
+        pairs, settle_t = [], []
+        z_all = np.asarray(traj.z)
+        ts = np.asarray(traj.ts)
+        for i in range(len(traj.statuses)):
+            obs = af.observe_limit(traj, system=i)
+            pairs.append((obs.n_clusters, int(rt.final_rank[i]), str(obs.label)))
+            pts, _ = L.measured(z_all[i], np.asarray(res["case"]["V"]))
+            settle_t.append(float(ts[L.settle(L.cluster_counts(pts))[1]]))
+        agree = sum(c == r for c, r, _ in pairs)
+        out[res["case"]["key"]] = dict(
+            pairs=[list(p) for p in pairs],
+            equal=f"{agree} of {len(pairs)}",
+            time_to_cluster=settle_t,
+            median_time_to_cluster=float(np.median(settle_t)),
+            median_layers_to_cluster_at_dt_0_1=float(np.median(settle_t)) / 0.1,
+        )
+    return out
+
+
+def _fig_clusters(two: dict, rvc: dict, out_dir: Path, plt, quick: bool) -> list[Path]:
+    fig, axes = plt.subplots(1, 3, figsize=(7.2, 2.4), constrained_layout=True)
+    ax = axes[0]
+    z = two["z"]
+    for i, c in enumerate(("C0", "C1")):
+        ax.plot(z[:, i, 0], z[:, i, 1], "-", color=c, lw=1)
+        ax.plot(z[-1, i, 0], z[-1, i, 1], "o", color=c, ms=4)
+        ax.plot(z[0, i, 0], z[0, i, 1], "o", mfc="none", mec=c, ms=4)
+    ax.axvline(1.0, color="C3", ls="--", lw=0.7)
+    ax.set_xlim(0, 2)
+    ax.set_ylim(-1.2, 1.2)
+    ax.set_xlabel("$z_1$", fontsize=7)
+    ax.set_ylabel("$z_2$", fontsize=7)
+    ax.set_title(
+        f"(a) two tokens, V = diag(1, 1/2): {two['observed']}, {two['n_clusters']} cluster",
+        fontsize=6.5,
+    )
+    ax = axes[1]
+    with np.errstate(divide="ignore"):
+        ax.semilogy(two["ts"], np.maximum(two["off_diagonal"], 1e-300), "-", lw=1)
+    ax2 = ax.twinx()
+    ax2.step(two["ts"], two["rank"], where="post", color="C2", lw=1)
+    ax2.set_ylim(0, 3)
+    ax2.set_ylabel("rank of P(t)", fontsize=7, color="C2")
+    ax.set_xlabel("$t$", fontsize=7)
+    ax.set_ylabel("$P_{12}(t)$", fontsize=7)
+    ax.set_title(f"(b) P(t) -> I: rank {two['final_rank']}, one hyperplane", fontsize=6.5)
+    ax = axes[2]
+    for j, (key, v) in enumerate(rvc.items()):
+        pr = np.array([[p[0] if p[0] is not None else -1, p[1]] for p in v["pairs"]], float)
+        jit = (j - (len(rvc) - 1) / 2) * 0.12
+        ax.plot(pr[:, 1] + jit, pr[:, 0], "o", ms=3, alpha=0.6, label=f"{key} ({v['equal']})")
+    lim = max([max(p[1] for p in v["pairs"]) for v in rvc.values()] + [2]) + 1
+    ax.plot([0, lim], [0, lim], "k:", lw=0.7)
+    ax.set_xlabel("final rank of P", fontsize=7)
+    ax.set_ylabel("clusters (observe_limit)", fontsize=7)
+    ax.set_title("(c) random starts: clusters against rank", fontsize=6.5)
+    ax.legend(fontsize=5, loc="upper left")
+    for a in axes:
+        a.tick_params(labelsize=6)
+    return H.save(fig, out_dir, f"{NAME}_clusters", quick=quick)
+
+
 @H.styled(H.small_text(7))
 def make(out_dir: Path, quick: bool = False) -> dict:
     """Run the cases, write the figures and ``fig_leaders.json`` into ``out_dir``.
@@ -491,6 +606,9 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     figures += _fig_heatmaps(results, out_dir, plt, quick)
     figures += _fig_rank(results, out_dir, plt, quick)
     figures += _fig_tokens(results, out_dir, plt, quick)
+    two = _two_tokens(solver)
+    rvc = _rank_vs_clusters(results)
+    figures += _fig_clusters(two, rvc, out_dir, plt, quick)
     summary = {r["case"]["key"]: _summary(r) for r in results}
     sidecar = dict(
         script="attnflow.experiments.fig_leaders",
@@ -511,12 +629,26 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         cases=[dict(c, x0_values=r["x0"].tolist()) for c, r in zip(cases, results)],
         versions=run_metadata(),
         results=summary,
+        rank_is_not_clusters=dict(
+            TWO_TOKENS,
+            observed=two["observed"],
+            n_clusters=two["n_clusters"],
+            final_rank=two["final_rank"],
+            level_deviation=two["level_deviation"],
+            off_diagonal_final=float(two["off_diagonal"][-1]),
+        ),
+        clusters_against_rank=rvc,
         figures=[str(p) for p in figures],
         seconds=time.perf_counter() - t_start,
     )
     jpath = H.write_json(out_dir, NAME, H.jsonable(sidecar))
     compact = {k: {kk: vv for kk, vv in v.items() if kk != "systems"} for k, v in summary.items()}
-    return {"figures": figures, "json": jpath, "summary": compact}
+    return {
+        "figures": figures,
+        "json": jpath,
+        "summary": compact,
+        "clusters_against_rank": {k: v["equal"] for k, v in rvc.items()},
+    }
 
 
 def report(res: dict) -> None:
