@@ -231,7 +231,7 @@ class Propagator(eqx.Module):
         A symmetric V (``"eigh"``, a static fact of the propagator) has no pairs: the
         rotation part, a gather over the columns, is skipped.
         """
-        lead = (1,) * (u.ndim - 1)  # explicit broadcasting over the rows
+        lead = (1,) * (u.ndim - re.ndim)  # explicit broadcasting over the rows
         re = jnp.reshape(re, lead + re.shape)
         if self.method == "eigh":
             return re * u
