@@ -150,7 +150,7 @@ class TokenSharded(AbstractAttentionSystem):
     inner: AbstractAttentionSystem
     mesh: Mesh = eqx.field(static=True)
 
-    def __init__(self, inner: AbstractAttentionSystem, devices: Sequence[Any]):
+    def __init__(self, inner: AbstractModel, devices: Sequence[Any]):
         if not isinstance(inner, AbstractAttentionSystem):
             raise ValueError(
                 f"shard='tokens' needs an attention model (queries, keys and values); "
