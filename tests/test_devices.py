@@ -209,3 +209,25 @@ def test_token_sharding_refuses_batches_and_masks():
         af.simulate(
             _model(mask="causal"), RNG.uniform(-1, 1, (4, 2)), 1.0, devices="all", shard="tokens"
         )
+
+
+# ----------------------------------------------------------- chunks and cost order
+def test_chunks_and_cost_order_give_the_same_numbers():
+    # uneven systems (V = I, tokens of different spreads): chunks of 3 sorted by a cost
+    # estimate (here the step counts of the plain run, reversed) return every system's
+    # own solve, in the given order, on one device and on two
+    m = af.Attention(np.eye(2), np.eye(2), np.eye(2))
+    x0 = RNG.uniform(-1, 1, (7, 8, 2)) * np.linspace(0.3, 1.5, 7)[:, None, None]
+    a = af.simulate(m, x0, 4.0)
+    steps = np.asarray(a.stats["num_steps"])
+    assert steps.max() > steps.min()
+    for kw in ({"chunk": 3, "cost": -steps}, {"chunk": 3, "cost": steps, "devices": "all"}):
+        b = af.simulate(m, x0, 4.0, **kw)
+        np.testing.assert_allclose(np.asarray(b.z), np.asarray(a.z), rtol=1e-12, atol=1e-13)
+        np.testing.assert_array_equal(b.stats["num_steps"], steps)
+    with pytest.raises(ValueError, match="cost must hold one number per system"):
+        af.simulate(m, x0, 4.0, cost=steps[:3])
+    with pytest.raises(ValueError, match="chunk must be"):
+        af.simulate(m, x0, 4.0, chunk=0)
+    with pytest.raises(ValueError, match="adaptive"):
+        af.simulate(m, x0, 4.0, method="euler", dt=0.1, chunk=2)

@@ -358,7 +358,34 @@ def _euler_loop(
 # Wrappers around the two solves above, which run unchanged: for stacked weights they
 # are vmapped over the frame's leaves (system i with model i); with devices, the batch
 # (and the stacked leaves) are sharded over a mesh and each device runs its own loop.
-def _adaptive_rows(frame, y0, ts, t1, rtol, atol, *, stacked, **kw) -> tuple[Any, Any]:
+def _adaptive_rows(frame, y0, ts, t1, rtol, atol, *, stacked, chunk=None, **kw) -> tuple[Any, Any]:
+    """The adaptive solve of a batch ``y0``, system i with model i when ``stacked``;
+    with ``chunk``, as consecutive chunks of ``chunk`` systems (``lax.map``), each with
+    its own loop, so that a chunk pays for its own slowest system only."""
+    b = y0.shape[0]
+    if chunk is not None and chunk < b:
+        nc = -(-b // chunk)
+
+        def cut(a):  # (b, ...) -> (nc, chunk, ...), padded with copies of the last row
+            a = jnp.concatenate([a, jnp.repeat(a[-1:], nc * chunk - b, axis=0)], axis=0)
+            return a.reshape(nc, chunk, *a.shape[1:])
+
+        def glue(a):
+            return a.reshape(nc * chunk, *a.shape[2:])[:b]
+
+        dyn, static = eqx.partition(frame, eqx.is_array)
+        if not stacked:  # one frame for every chunk
+            dyn = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (nc, *a.shape)), dyn)
+        else:
+            dyn = jax.tree_util.tree_map(cut, dyn)
+
+        def run(c):
+            fr = eqx.combine(c[0], static)
+            if stacked:
+                return _adaptive_rows(fr, c[1], ts, t1, rtol, atol, stacked=True, **kw)[0]
+            return _solve_adaptive(fr, c[1], ts, t1, rtol, atol, **kw)
+
+        return jax.tree_util.tree_map(glue, jax.lax.map(run, (dyn, cut(y0)))), ()
     if stacked:
 
         def one(fr, y):
@@ -428,15 +455,54 @@ def _solve_euler_scaled(frame, y0, dt, save_layers, *, devices, stacked, ode):
     return ys, Rks, reached, y_end, k_stop, stopped
 
 
-def _solve_adaptive_scaled(frame, y0, *args, devices, stacked, **kw) -> Any:
-    """``_solve_adaptive`` for stacked weights and/or on several devices."""
+def _balanced_order(cost, n_devices: int) -> tuple[np.ndarray, np.ndarray]:
+    """A permutation (with repeats, for padding) that sorts the systems by ``cost`` and
+    deals them round-robin to ``n_devices`` equal contiguous blocks, and the position of
+    each system in it (to put the results back in the given order)."""
+    order = np.argsort(np.asarray(cost, np.float64), kind="stable")
+    b = len(order)
+    per = -(-b // n_devices)
+    blocks = []
+    for j in range(n_devices):
+        blk = order[j::n_devices]
+        if len(blk) == 0:
+            blk = order[-1:]
+        blocks.append(np.concatenate([blk, np.repeat(blk[-1:], per - len(blk))]))
+    perm = np.concatenate(blocks)
+    where = np.empty(b, np.int64)
+    where[perm[::-1]] = np.arange(len(perm))[::-1]  # first occurrence of each system
+    return perm, where
+
+
+def _solve_adaptive_scaled(frame, y0, *args, devices, stacked, chunk=None, cost=None, **kw) -> Any:
+    """``_solve_adaptive`` for stacked weights, on several devices, in chunks, and/or
+    with the systems ordered by a cost estimate (results in the given order)."""
+    where = None
+    if cost is not None:
+        perm, where = _balanced_order(cost, 1 if devices is None else len(devices))
+        take = jnp.asarray(perm)
+        y0 = y0[take]
+        if stacked:
+            dyn, static = eqx.partition(frame, eqx.is_array)
+            frame = eqx.combine(jax.tree_util.tree_map(lambda a: a[take], dyn), static)
     rows: Any
     if devices is None:
-        rows, _ = _adaptive_stacked(frame, y0, *args, stacked=stacked, **kw)
+        rows, _ = _adaptive_stacked(frame, y0, *args, stacked=stacked, chunk=chunk, **kw)
     else:
         rows, _ = _devices.run_sharded(
-            _adaptive_rows, devices, frame, y0, *args, batched_frame=stacked, stacked=stacked, **kw
+            _adaptive_rows,
+            devices,
+            frame,
+            y0,
+            *args,
+            batched_frame=stacked,
+            stacked=stacked,
+            chunk=chunk,
+            **kw,
         )
+    if where is not None:
+        back = jnp.asarray(where)
+        rows = jax.tree_util.tree_map(lambda a: a[back], rows)
     return rows
 
 
@@ -457,6 +523,8 @@ def simulate(
     residual: bool = True,
     devices: Sequence[Any] | str | None = None,
     shard: str = "batch",
+    chunk: int | None = None,
+    cost: Float[ArrayLike, " b"] | None = None,
 ) -> Trajectory:
     """Integrate the self-attention particle system from ``x0`` to time ``t1``.
 
@@ -494,6 +562,16 @@ def simulate(
         shard: ``"batch"`` (default): shard the systems of a batch. ``"tokens"``: one
             system whose query rows are sharded over ``devices`` (keys and values
             gathered on every device): memory per device ``O(n d + block n)``.
+
+        chunk: adaptive methods, a batch: run the systems as consecutive chunks of
+            ``chunk`` systems, each chunk with its own adaptive loop (under ``vmap`` every
+            system of a loop pays for the slowest one), per device with ``devices``.
+            ``None``: one loop for the whole batch (per device).
+        cost: adaptive methods, a batch: an estimate ``(b,)`` of each system's cost
+            (for example ``traj.stats["num_steps"]`` of an earlier run, or of a run at
+            loose tolerances); the systems are sorted by it (and dealt evenly to the
+            devices) before chunking, so that each chunk holds systems of similar cost.
+            Results are returned in the given order.
 
     A stacked model (``attnflow.stack(models)``, or ``Attention`` with weights of shape
     ``(b, d, d)``) pairs system ``i`` of ``x0`` ``(b, n, d)`` with model ``i`` (an
@@ -553,6 +631,21 @@ def simulate(
     # the devices that the batch is sharded over (the tokens' devices are in the model)
     solve_devs = devs if shard == "batch" else None
     batched = x0.ndim == 3
+    if chunk is not None:
+        chunk = _checks.integer("chunk", chunk, lo=1)
+    if cost is not None:
+        cost = _checks.real_array("cost", cost, ndim=1, shape_hint="(b,)")
+        if not batched or cost.shape[0] != x0.shape[0]:
+            raise ValueError(
+                f"cost must hold one number per system of the batch, shape "
+                f"({x0.shape[0] if batched else 'b'},); got shape {cost.shape}"
+                f"{'' if batched else ' for one system'}."
+            )
+    if (chunk is not None or cost is not None) and method in _FIXED:
+        raise ValueError(
+            f"chunk and cost order the adaptive solves of a batch; method={method!r} takes "
+            f"the same layers for every system (leave them None)."
+        )
     t1f = _checks.positive("t1", t1)
     ts_np = _check_ts(ts, t1f)
     if method not in _FIXED:
@@ -625,7 +718,7 @@ def simulate(
             jnp.asarray(rtol, dtype),
             jnp.asarray(atol, dtype),
         )
-        if solve_devs is None and not stacked:
+        if solve_devs is None and not stacked and chunk is None and cost is None:
             ys, ts_out, t_stop, y_stop, codes, stats = _solve_adaptive(
                 *solve_args,
                 solver_name=method,
@@ -637,6 +730,8 @@ def simulate(
                 *solve_args,
                 devices=solve_devs,
                 stacked=stacked,
+                chunk=chunk,
+                cost=cost,
                 solver_name=method,
                 max_steps=int(max_steps),
                 progress=False,

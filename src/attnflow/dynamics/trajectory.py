@@ -448,30 +448,55 @@ class Trajectory:
 
         return eqx.filter_vmap(one)(self.model, y, self._to_x)
 
+    @cached_property
+    def _host(self) -> dict:
+        """Host copies of the batch's arrays (and of the stacked model's leaves), made
+        once, so that ``system(i)`` slices numpy arrays instead of dispatching a device
+        gather per array and system."""
+        names = ("_z", "_x") if self.has_z else ("_x",)
+        out: dict[str, Any] = {k: np.asarray(getattr(self, k)) for k in names}
+        out["_y"] = np.asarray(self._y)
+        out["ts"] = np.asarray(self.ts)
+        out["_to_x"] = None if self._to_x is None else np.asarray(self._to_x)
+        out["x0"] = None if self.x0 is None else np.asarray(self.x0)
+        if self.stacked:
+            dyn, static = eqx.partition(self.model, eqx.is_array)
+            out["model"] = (jax.tree_util.tree_map(np.asarray, dyn), static)
+        return out
+
     def system(self, i: int) -> Trajectory:
         """System ``i`` of a batch as a trajectory of its own (with its own model when
         the weights were stacked): the saves it reached, its status and statistics."""
         if not self.batched:
             raise ValueError("system(i) selects one system of a batch; this is one system.")
         i = _checks.index("i", i, len(self.statuses), what="systems")
+        host = self._host  # both frames converted once for the whole batch (vmapped)
         keep = np.flatnonzero(np.asarray(self.reached[i]))
-        to_x = self._to_x
+        to_x = host["_to_x"]
         if to_x is not None:
-            to_x = to_x[i] if self.stacked else to_x
-            to_x = to_x[keep]
-        return dataclasses.replace(
+            to_x = jnp.asarray((to_x[i] if self.stacked else to_x)[keep])
+        model = self.model
+        if self.stacked:
+            dyn, static = host["model"]
+            model = eqx.combine(jax.tree_util.tree_map(lambda a: a[i], dyn), static)
+        one = dataclasses.replace(
             self,
-            ts=self.ts[keep],
-            model=self._model_of(i),
+            ts=jnp.asarray(host["ts"][keep]),
+            model=model,
             stats={k: (np.asarray(v)[i] if np.ndim(v) else v) for k, v in self.stats.items()},
             statuses=(self.statuses[i],),
             reached=np.ones(keep.shape, bool),
             t_stop=np.asarray(self.t_stop)[i : i + 1],
             batched=False,
-            _y=self._y[i : i + 1][:, keep],
+            _y=jnp.asarray(host["_y"][i : i + 1][:, keep]),
             _to_x=to_x,
-            x0=None if self.x0 is None else self.x0[i],
+            x0=None if host["x0"] is None else jnp.asarray(host["x0"][i]),
         )
+        for name in ("_z", "_x") if self.has_z else ("_x",):
+            one.__dict__[name] = jnp.asarray(host[name][i : i + 1][:, keep])
+        for name, t in self._overflowed.items():
+            one._overflowed[name] = t
+        return one
 
     @cached_property
     def _z(self) -> Array:
