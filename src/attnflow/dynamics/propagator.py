@@ -236,7 +236,8 @@ class Propagator(eqx.Module):
         if self.method == "eigh":
             return re * u
         assert self.sign is not None and self.partner is not None
-        rot = jnp.reshape(self.sign * im, lead + im.shape)
+        rot = jnp.reshape(self.sign, (1,) * (im.ndim - 1) + self.sign.shape) * im
+        rot = jnp.reshape(rot, (1,) * (u.ndim - rot.ndim) + rot.shape)
         return re * u + rot * jnp.take(u, self.partner, axis=-1)
 
     def exp_multipliers(self, t) -> tuple[Array, Array]:
