@@ -45,6 +45,7 @@ from .dynamics import (
     simulate,
 )
 from .dynamics.kernels import KERNELS
+from .dynamics.stack import stack, unstack
 from .io import matrices
 from .studies import GinibreEstimate, HeadsAnalysis, analyze_heads, ginibre_fraction, sweep
 
@@ -66,6 +67,8 @@ __all__ = [
     "Status",
     "Trajectory",
     "simulate",
+    "stack",
+    "unstack",
     "KERNELS",
     "kernels",
     "matrices",

@@ -56,6 +56,14 @@ class AbstractModel(eqx.Module):
         """One residual layer of step ``dt``: ``x + dt F(x)`` (forward Euler)."""
         return x + dt * self.vector_field(x)
 
+    @property
+    def stack_size(self) -> int | None:
+        """How many models this one holds along a leading batch axis of its weights
+        (``attnflow.stack``), or ``None`` for one model. A family that supports stacked
+        weights overrides this from its leaves' shapes; the default is ``None`` (no
+        stacking: ``attnflow.stack`` refuses the family)."""
+        return None
+
     def pure_layer(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
         """One layer without the skip connection: ``F(x)`` (``x_i <- sum_j P_ij V x_j``
         for one head), as in Dong et al.'s pure attention; ``simulate(...,

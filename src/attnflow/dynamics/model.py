@@ -146,6 +146,20 @@ class Attention(AbstractAttentionSystem):
         kernel_params=None,
         mask=None,
     ):
+        if any(np.ndim(a) == 3 for a in (Q, K, V)):  # stacked weights: one head per row
+            self._init_stacked(
+                Q,
+                K,
+                V,
+                beta=beta,
+                kernel=kernel,
+                propagator=propagator,
+                rectangular=rectangular,
+                block=block,
+                kernel_params=kernel_params,
+                mask=mask,
+            )
+            return
         Qa = _as_matrix("Q", Q, square=not rectangular)
         Ka = _as_matrix("K", K, square=not rectangular)
         Va = _as_matrix("V", V)
@@ -201,7 +215,57 @@ class Attention(AbstractAttentionSystem):
         self.block = None if block is None else int(block)
         self.propagator = Propagator(self.V, method=propagator)
 
+    def _init_stacked(self, Q, K, V, *, beta, kernel_params, **options) -> None:
+        """``Q, K, V`` of shape ``(b, d, d)`` (or ``(b, p, d)``): ``b`` heads built one by
+        one (every check of a single head applies to each) and stacked
+        (``attnflow.stack``). ``beta`` and each kernel parameter are a scalar or ``(b,)``."""
+        from .stack import stack
+
+        shapes = {"Q": np.shape(Q), "K": np.shape(K), "V": np.shape(V)}
+        if any(len(s) != 3 for s in shapes.values()) or len({s[0] for s in shapes.values()}) != 1:
+            raise ValueError(
+                f"stacked weights: Q, K and V must all be (b, d, d) with the same number b "
+                f"of heads; got {shapes}."
+            )
+        b = shapes["V"][0]
+        if b < 1:
+            raise ValueError("stacked weights: Q, K and V hold no head (b = 0).")
+
+        def pick(name, value, i) -> Any:
+            if value is None or np.ndim(value) == 0:
+                return value
+            if np.shape(value) != (b,):
+                raise ValueError(
+                    f"{name} must be a scalar or one value per head, shape ({b},); got shape "
+                    f"{np.shape(value)}."
+                )
+            return value[i]
+
+        params = dict(kernel_params or {})
+        heads = [
+            Attention(
+                Q[i],
+                K[i],
+                V[i],
+                beta=pick("beta", beta, i),
+                kernel_params={k: pick(f"kernel_params[{k!r}]", v, i) for k, v in params.items()}
+                or None,
+                **options,
+            )
+            for i in range(b)
+        ]
+        st = stack(heads)
+        assert isinstance(st, Attention)
+        for name in ("Q", "K", "V", "beta", "propagator", "kernel_params"):
+            setattr(self, name, getattr(st, name))
+        self.kernel, self.block, self.mask = st.kernel, st.block, st.mask
+
     # ----------------------------------------------------------------- basic facts
+    @property
+    def stack_size(self) -> int | None:
+        """The number of stacked heads (weights ``(b, d, d)``), or ``None`` for one."""
+        return self.V.shape[0] if self.V.ndim == 3 else None
+
     @property
     def d(self) -> int:
         return self.V.shape[-1]

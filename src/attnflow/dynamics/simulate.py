@@ -21,7 +21,7 @@ kept too (see ``Trajectory``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import diffrax
@@ -33,6 +33,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .. import _checks
+from . import _devices
 from .base import AbstractModel
 from .frames import (
     FRAMES,
@@ -78,6 +79,24 @@ def _check_x0(model: AbstractModel, x0) -> np.ndarray | Array:
         arr = x0
         if arr.ndim not in (2, 3):
             raise ValueError(f"x0 must have shape {shape}; got shape {tuple(arr.shape)}.")
+    elif isinstance(x0, jax.Array):
+        # used where it is (sharded or not): shapes and dtype read, finiteness checked on
+        # the device; only one boolean comes back to the host
+        arr = x0
+        if arr.ndim not in (2, 3):
+            raise ValueError(
+                f"x0 must have 2 or 3 dimensions {shape}; got shape {tuple(arr.shape)}."
+            )
+        if jnp.issubdtype(arr.dtype, jnp.complexfloating):
+            raise ValueError("x0 must be real; got a complex array.")
+        if arr.dtype == jnp.bool_ or not (
+            jnp.issubdtype(arr.dtype, jnp.floating) or jnp.issubdtype(arr.dtype, jnp.integer)
+        ):
+            raise ValueError(f"x0 must hold real numbers {shape}; got dtype {arr.dtype}.")
+        if any(s < 1 for s in arr.shape):
+            raise ValueError(f"x0 must not be empty {shape}; got shape {tuple(arr.shape)}.")
+        if not bool(_all_finite(arr)):
+            raise ValueError("x0 has non-finite entries (NaN or inf); all entries must be finite.")
     else:
         arr = _checks.real_array("x0", x0, ndim=(2, 3), shape_hint=shape)
         if arr.dtype == np.bool_:
@@ -88,6 +107,11 @@ def _check_x0(model: AbstractModel, x0) -> np.ndarray | Array:
             f"x0 must be {shape}."
         )
     return arr
+
+
+@jax.jit
+def _all_finite(a):
+    return jnp.all(jnp.isfinite(a))
 
 
 def _check_ts(ts, t1: float) -> np.ndarray:
@@ -330,6 +354,158 @@ def _euler_loop(
     return jnp.swapaxes(ys, 0, 1), Rks, jnp.swapaxes(reached, 0, 1), y_end, k_stop, stopped
 
 
+# ------------------------------------------------- devices and stacked weights
+# Wrappers around the two solves above, which run unchanged: for stacked weights they
+# are vmapped over the frame's leaves (system i with model i); with devices, the batch
+# (and the stacked leaves) are sharded over a mesh and each device runs its own loop.
+def _adaptive_rows(frame, y0, ts, t1, rtol, atol, *, stacked, chunk=None, **kw) -> tuple[Any, Any]:
+    """The adaptive solve of a batch ``y0``, system i with model i when ``stacked``;
+    with ``chunk``, as consecutive chunks of ``chunk`` systems (``lax.map``), each with
+    its own loop, so that a chunk pays for its own slowest system only."""
+    b = y0.shape[0]
+    if chunk is not None and chunk < b:
+        nc = -(-b // chunk)
+
+        def cut(a):  # (b, ...) -> (nc, chunk, ...), padded with copies of the last row
+            a = jnp.concatenate([a, jnp.repeat(a[-1:], nc * chunk - b, axis=0)], axis=0)
+            return a.reshape(nc, chunk, *a.shape[1:])
+
+        def glue(a):
+            return a.reshape(nc * chunk, *a.shape[2:])[:b]
+
+        dyn, static = eqx.partition(frame, eqx.is_array)
+        if not stacked:  # one frame for every chunk
+            dyn = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (nc, *a.shape)), dyn)
+        else:
+            dyn = jax.tree_util.tree_map(cut, dyn)
+
+        def run(c):
+            fr = eqx.combine(c[0], static)
+            if stacked:
+                return _adaptive_rows(fr, c[1], ts, t1, rtol, atol, stacked=True, **kw)[0]
+            return _solve_adaptive(fr, c[1], ts, t1, rtol, atol, **kw)
+
+        return jax.tree_util.tree_map(glue, jax.lax.map(run, (dyn, cut(y0)))), ()
+    if stacked:
+
+        def one(fr, y):
+            return _solve_adaptive(fr, y[None], ts, t1, rtol, atol, **kw)
+
+        out = eqx.filter_vmap(one)(frame, y0)
+        out = jax.tree_util.tree_map(lambda a: a[:, 0], out)
+    else:
+        out = _solve_adaptive(frame, y0, ts, t1, rtol, atol, **kw)
+    return out, ()
+
+
+def _euler_rows(
+    frame_factor, y0, dt, save_layers, *, stacked: bool, ode: bool, log_limit: float
+) -> tuple[Any, Any]:
+    frame, factor = frame_factor
+    opts: dict[str, Any] = dict(log_limit=log_limit, progress_every=0, callback=None, ode=ode)
+    if stacked:
+
+        def one(fr, f, y):
+            return _euler_loop(fr, y[None], dt, save_layers, f, **opts)
+
+        ys, Rks, reached, y_end, k_stop, stopped = eqx.filter_vmap(one)(frame, factor, y0)
+        # Rks: (b, m, d, d), one flow per model
+        rows = (ys[:, 0], reached[:, 0], y_end[:, 0], k_stop[:, 0], stopped[:, 0])
+        return (*rows, Rks), ()
+    ys, Rks, reached, y_end, k_stop, stopped = _euler_loop(
+        frame, y0, dt, save_layers, factor, **opts
+    )
+    # one R^k per device: the device whose loop ran furthest carries every save's
+    return (ys, reached, y_end, k_stop, stopped), (Rks[None], jnp.max(k_stop)[None])
+
+
+_adaptive_stacked = eqx.filter_jit(_adaptive_rows)
+_euler_stacked = eqx.filter_jit(_euler_rows)
+
+
+def _euler_factor(frame, dt, dtype, ode):
+    """The value factor of the layer loop, as ``_solve_euler`` computes it."""
+    if ode:
+        return Continuous().factor(frame)
+    if frame.coords == "modal":
+        return Layers(dt).modal_factor(frame.model.propagator, dtype)
+    return None
+
+
+def _solve_euler_scaled(frame, y0, dt, save_layers, *, devices, stacked, ode):
+    """``_solve_euler`` for stacked weights and/or on several devices (no progress
+    bar). Returns the same six outputs; ``Rks`` is ``(b, m, d, d)`` when stacked."""
+    factor = _euler_factor(frame, dt, y0.dtype, ode)
+    args = (jnp.asarray(dt, y0.dtype), jnp.asarray(save_layers, jnp.int32))
+    kw: dict[str, Any] = dict(stacked=stacked, ode=ode, log_limit=_log_limit(y0.dtype))
+    rows: Any
+    per_device: Any
+    if devices is None:
+        rows, per_device = _euler_stacked((frame, factor), y0, *args, **kw)
+    else:
+        rows, per_device = _devices.run_sharded(
+            _euler_rows, devices, (frame, factor), y0, *args, batched_frame=stacked, **kw
+        )
+    if stacked:
+        ys, reached, y_end, k_stop, stopped, Rks = rows
+    else:
+        ys, reached, y_end, k_stop, stopped = rows
+        Rks_dev, k_far = per_device
+        Rks = Rks_dev[int(np.argmax(np.asarray(k_far)))]
+    return ys, Rks, reached, y_end, k_stop, stopped
+
+
+def _balanced_order(cost, n_devices: int) -> tuple[np.ndarray, np.ndarray]:
+    """A permutation (with repeats, for padding) that sorts the systems by ``cost`` and
+    deals them round-robin to ``n_devices`` equal contiguous blocks, and the position of
+    each system in it (to put the results back in the given order)."""
+    order = np.argsort(np.asarray(cost, np.float64), kind="stable")
+    b = len(order)
+    per = -(-b // n_devices)
+    blocks = []
+    for j in range(n_devices):
+        blk = order[j::n_devices]
+        if len(blk) == 0:
+            blk = order[-1:]
+        blocks.append(np.concatenate([blk, np.repeat(blk[-1:], per - len(blk))]))
+    perm = np.concatenate(blocks)
+    where = np.empty(b, np.int64)
+    where[perm[::-1]] = np.arange(len(perm))[::-1]  # first occurrence of each system
+    return perm, where
+
+
+def _solve_adaptive_scaled(frame, y0, *args, devices, stacked, chunk=None, cost=None, **kw) -> Any:
+    """``_solve_adaptive`` for stacked weights, on several devices, in chunks, and/or
+    with the systems ordered by a cost estimate (results in the given order)."""
+    where = None
+    if cost is not None:
+        perm, where = _balanced_order(cost, 1 if devices is None else len(devices))
+        take = jnp.asarray(perm)
+        y0 = y0[take]
+        if stacked:
+            dyn, static = eqx.partition(frame, eqx.is_array)
+            frame = eqx.combine(jax.tree_util.tree_map(lambda a: a[take], dyn), static)
+    rows: Any
+    if devices is None:
+        rows, _ = _adaptive_stacked(frame, y0, *args, stacked=stacked, chunk=chunk, **kw)
+    else:
+        rows, _ = _devices.run_sharded(
+            _adaptive_rows,
+            devices,
+            frame,
+            y0,
+            *args,
+            batched_frame=stacked,
+            stacked=stacked,
+            chunk=chunk,
+            **kw,
+        )
+    if where is not None:
+        back = jnp.asarray(where)
+        rows = jax.tree_util.tree_map(lambda a: a[back], rows)
+    return rows
+
+
 # ------------------------------------------------------------------------- public
 def simulate(
     model: AbstractModel,
@@ -345,6 +521,10 @@ def simulate(
     max_steps: int = 100_000,
     progress: bool = False,
     residual: bool = True,
+    devices: Sequence[Any] | str | None = None,
+    shard: str = "batch",
+    chunk: int | None = None,
+    cost: Float[ArrayLike, " b"] | None = None,
 ) -> Trajectory:
     """Integrate the self-attention particle system from ``x0`` to time ``t1``.
 
@@ -374,6 +554,29 @@ def simulate(
         residual: ``False`` drops the skip connection (``method="euler"``, original frame
             only): each of the ``t1 / dt`` layers maps ``x <- model.pure_layer(x)``,
             ``x_i <- sum_j P_ij V x_j`` for one head. ``traj.z`` is then not defined.
+        devices: ``None`` (one device, the default), ``"all"`` (``jax.local_devices()``)
+            or a list of JAX devices: the batch axis is sharded over a 1-D mesh of these
+            devices (``jax.shard_map``), padded to a multiple of their number by
+            repeating the first system; each device runs its own adaptive loop. Results
+            equal the one-device run to rounding. No progress bar on this path.
+        shard: ``"batch"`` (default): shard the systems of a batch. ``"tokens"``: one
+            system whose query rows are sharded over ``devices`` (keys and values
+            gathered on every device): memory per device ``O(n d + block n)``.
+
+        chunk: adaptive methods, a batch: run the systems as consecutive chunks of
+            ``chunk`` systems, each chunk with its own adaptive loop (under ``vmap`` every
+            system of a loop pays for the slowest one), per device with ``devices``.
+            ``None``: one loop for the whole batch (per device).
+        cost: adaptive methods, a batch: an estimate ``(b,)`` of each system's cost
+            (for example ``traj.stats["num_steps"]`` of an earlier run, or of a run at
+            loose tolerances); the systems are sorted by it (and dealt evenly to the
+            devices) before chunking, so that each chunk holds systems of similar cost.
+            Results are returned in the given order.
+
+    A stacked model (``attnflow.stack(models)``, or ``Attention`` with weights of shape
+    ``(b, d, d)``) pairs system ``i`` of ``x0`` ``(b, n, d)`` with model ``i`` (an
+    ``(n, d)`` ``x0`` is shared by all ``b``); the result is a batch, and
+    ``traj.system(i)`` is system ``i`` with its own model.
 
     Returns:
         A ``Trajectory``. The solve never raises on failure: see ``traj.status`` and
@@ -399,8 +602,50 @@ def simulate(
     else:
         fr = make_frame(frame, model)  # checks that the model supports the frame
     # every argument is checked before any work (and before the metadata is built)
+    devs = _devices.resolve_devices(devices)
+    _checks.choice("shard", shard, _devices.SHARDS)
+    size = model.stack_size
+    stacked = size is not None
+    if stacked:  # system i with model i: the frame holds one model per system
+        fr = eqx.filter_vmap(lambda m: make_frame(frame, m) if residual else Unskipped(m))(model)
     x0 = _check_x0(model, x0)
+    if stacked:
+        if x0.ndim == 2:
+            x0 = jnp.broadcast_to(jnp.asarray(x0), (size, *x0.shape))
+        elif x0.shape[0] != size:
+            raise ValueError(
+                f"x0 holds {x0.shape[0]} systems but the model stacks {size} models; give "
+                f"x0 of shape ({size}, n, d) (system i runs with model i) or (n, d) (one "
+                f"start for all)."
+            )
+    if shard == "tokens" and (devs is None or stacked or x0.ndim != 2):
+        raise ValueError(
+            "shard='tokens' shards the tokens of one system: give devices (a list or "
+            "'all'), one unstacked model and x0 of shape (n, d); for a batch use "
+            "shard='batch'."
+        )
+    if shard == "tokens":
+        assert devs is not None
+        sharded_model = _devices.TokenSharded(model, devs)
+        fr = make_frame(frame, sharded_model) if residual else Unskipped(sharded_model)
+    # the devices that the batch is sharded over (the tokens' devices are in the model)
+    solve_devs = devs if shard == "batch" else None
     batched = x0.ndim == 3
+    if chunk is not None:
+        chunk = _checks.integer("chunk", chunk, lo=1)
+    if cost is not None:
+        cost = _checks.real_array("cost", cost, ndim=1, shape_hint="(b,)")
+        if not batched or cost.shape[0] != x0.shape[0]:
+            raise ValueError(
+                f"cost must hold one number per system of the batch, shape "
+                f"({x0.shape[0] if batched else 'b'},); got shape {cost.shape}"
+                f"{'' if batched else ' for one system'}."
+            )
+    if (chunk is not None or cost is not None) and method in _FIXED:
+        raise ValueError(
+            f"chunk and cost order the adaptive solves of a batch; method={method!r} takes "
+            f"the same layers for every system (leave them None)."
+        )
     t1f = _checks.positive("t1", t1)
     ts_np = _check_ts(ts, t1f)
     if method not in _FIXED:
@@ -412,7 +657,10 @@ def simulate(
     if not batched:
         x0j = x0j[None]
     # At t = 0 both frames coincide: z(0) = x(0).
-    y0 = fr.initial_state(x0j)
+    if stacked:
+        y0 = eqx.filter_vmap(lambda f, x: f.initial_state(x))(fr, x0j)
+    else:
+        y0 = fr.initial_state(x0j)
 
     if method in _FIXED:
         if dt is None:
@@ -430,15 +678,20 @@ def simulate(
             raise ValueError(f"ts must be multiples of dt = {dtf} for method={method!r}.")
         if frame == "rescaled" and not ode:
             R = np.eye(model.d) + dtf * np.asarray(model.propagator.V, np.float64)
-            if np.linalg.cond(R) > 1.0 / np.finfo(np.dtype(dtype)).eps:
+            if np.max(np.linalg.cond(R)) > 1.0 / np.finfo(np.dtype(dtype)).eps:
                 raise ValueError(
                     f"I + dt V is singular for dt = {dtf} (V has an eigenvalue near "
                     f"{-1 / dtf:g}): the discrete rescaling does not exist. Use "
                     f"frame='original' or another dt."
                 )
-        ys, Rks, reached, y_end, k_stop, stopped = _solve_euler(
-            fr, y0, dtf, n_layers, save_layers, progress=progress, ode=ode
-        )
+        if solve_devs is None and not stacked:
+            ys, Rks, reached, y_end, k_stop, stopped = _solve_euler(
+                fr, y0, dtf, n_layers, save_layers, progress=progress, ode=ode
+            )
+        else:
+            ys, Rks, reached, y_end, k_stop, stopped = _solve_euler_scaled(
+                fr, y0, dtf, save_layers, devices=solve_devs, stacked=stacked, ode=ode
+            )
         codes = np.where(np.asarray(stopped), Status.OVERFLOW.code, Status.OK.code)
         t_stop = np.asarray(k_stop, np.float64) * dtf
         stats = {
@@ -457,17 +710,32 @@ def simulate(
     else:
         discretisation = Continuous()
         ts_j = jnp.asarray(ts_np, dtype=dtype)
-        ys, ts_out, t_stop, y_stop, codes, stats = _solve_adaptive(
+        solve_args = (
             fr,
             y0,
             ts_j,
             jnp.asarray(t1f, dtype),
             jnp.asarray(rtol, dtype),
             jnp.asarray(atol, dtype),
-            solver_name=method,
-            max_steps=int(max_steps),
-            progress=bool(progress),
         )
+        if solve_devs is None and not stacked and chunk is None and cost is None:
+            ys, ts_out, t_stop, y_stop, codes, stats = _solve_adaptive(
+                *solve_args,
+                solver_name=method,
+                max_steps=int(max_steps),
+                progress=bool(progress),
+            )
+        else:
+            ys, ts_out, t_stop, y_stop, codes, stats = _solve_adaptive_scaled(
+                *solve_args,
+                devices=solve_devs,
+                stacked=stacked,
+                chunk=chunk,
+                cost=cost,
+                solver_name=method,
+                max_steps=int(max_steps),
+                progress=False,
+            )
         codes = np.asarray(codes)
         t_stop = np.asarray(t_stop, np.float64)
         ts_out = np.asarray(ts_out)
@@ -484,6 +752,9 @@ def simulate(
             "atol": float(atol),
             "max_steps": int(max_steps),
         }
+    if devs is not None:
+        solver_info["devices"] = _devices.device_ids(devs)
+        solver_info["shard"] = shard
 
     return Trajectory._from_solve(
         model=model,

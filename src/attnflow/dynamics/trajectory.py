@@ -138,6 +138,19 @@ def _attention_rows(model, xs):
     return jax.vmap(model.attention)(xs)
 
 
+@eqx.filter_jit
+def _stacked_rows(method: str, model, xs):
+    """``model.<method>`` of each system's tokens ``xs`` ``(b, n, d)`` with its own model
+    (a stacked model: system i with model i)."""
+    return eqx.filter_vmap(lambda m, x: getattr(m, method)(x))(model, xs)
+
+
+def _unstack(model, i: int):
+    from .stack import unstack
+
+    return unstack(model, i)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Trajectory:
     """Saved states of one system or a batch, in both frames.
@@ -378,10 +391,14 @@ class Trajectory:
         out = np.array(A)
         for b, j in sorted({(int(b), int(j)) for b, j, _ in np.argwhere(bad)}):
             sl = np.asarray(self._y)[b : b + 1, j : j + 1]
+            to_x = self._to_x
+            if to_x is not None and self.stacked:
+                to_x = to_x[b]
             one = dataclasses.replace(
                 self,
+                model=self._model_of(b),
                 ts=self.ts[j : j + 1],
-                _to_x=None if self._to_x is None else self._to_x[j : j + 1],
+                _to_x=None if to_x is None else to_x[j : j + 1],
             )
             fixed = one._convert64(sl, to_original)[0, 0]
             with np.errstate(over="ignore"):
@@ -410,6 +427,77 @@ class Trajectory:
             return False
         return self.frame == "rescaled" or self.model.propagator is not None
 
+    @property
+    def stacked(self) -> bool:
+        """Whether the systems ran with stacked weights (system i with model i of
+        ``traj.model``, an ``attnflow.stack``); ``traj.system(i)`` has model i alone."""
+        return getattr(self.model, "stack_size", None) is not None
+
+    def _model_of(self, i: int):
+        """The model of system ``i`` (model ``i`` of stacked weights)."""
+        return _unstack(self.model, i) if self.stacked else self.model
+
+    def _convert_any(self, y, to_original: bool):
+        """``_convert``, per system with its own model when the weights are stacked."""
+        if not self.stacked:
+            return self._convert(y, to_original)
+
+        def one(model, yi, to_x):
+            view = dataclasses.replace(self, model=model, _to_x=to_x)
+            return view._convert(yi[None], to_original)[0]
+
+        return eqx.filter_vmap(one)(self.model, y, self._to_x)
+
+    @cached_property
+    def _host(self) -> dict:
+        """Host copies of the batch's arrays (and of the stacked model's leaves), made
+        once, so that ``system(i)`` slices numpy arrays instead of dispatching a device
+        gather per array and system."""
+        names = ("_z", "_x") if self.has_z else ("_x",)
+        out: dict[str, Any] = {k: np.asarray(getattr(self, k)) for k in names}
+        out["_y"] = np.asarray(self._y)
+        out["ts"] = np.asarray(self.ts)
+        out["_to_x"] = None if self._to_x is None else np.asarray(self._to_x)
+        out["x0"] = None if self.x0 is None else np.asarray(self.x0)
+        if self.stacked:
+            dyn, static = eqx.partition(self.model, eqx.is_array)
+            out["model"] = (jax.tree_util.tree_map(np.asarray, dyn), static)
+        return out
+
+    def system(self, i: int) -> Trajectory:
+        """System ``i`` of a batch as a trajectory of its own (with its own model when
+        the weights were stacked): the saves it reached, its status and statistics."""
+        if not self.batched:
+            raise ValueError("system(i) selects one system of a batch; this is one system.")
+        i = _checks.index("i", i, len(self.statuses), what="systems")
+        host = self._host  # both frames converted once for the whole batch (vmapped)
+        keep = np.flatnonzero(np.asarray(self.reached[i]))
+        to_x = host["_to_x"]
+        if to_x is not None:
+            to_x = jnp.asarray((to_x[i] if self.stacked else to_x)[keep])
+        model = self.model
+        if self.stacked:
+            dyn, static = host["model"]
+            model = eqx.combine(jax.tree_util.tree_map(lambda a: a[i], dyn), static)
+        one = dataclasses.replace(
+            self,
+            ts=jnp.asarray(host["ts"][keep]),
+            model=model,
+            stats={k: (np.asarray(v)[i] if np.ndim(v) else v) for k, v in self.stats.items()},
+            statuses=(self.statuses[i],),
+            reached=np.ones(keep.shape, bool),
+            t_stop=np.asarray(self.t_stop)[i : i + 1],
+            batched=False,
+            _y=jnp.asarray(host["_y"][i : i + 1][:, keep]),
+            _to_x=to_x,
+            x0=None if host["x0"] is None else jnp.asarray(host["x0"][i]),
+        )
+        for name in ("_z", "_x") if self.has_z else ("_x",):
+            one.__dict__[name] = jnp.asarray(host[name][i : i + 1][:, keep])
+        for name, t in self._overflowed.items():
+            one._overflowed[name] = t
+        return one
+
     @cached_property
     def _z(self) -> Array:
         if self.frame == "rescaled" and self.coords == "standard":
@@ -423,13 +511,13 @@ class Trajectory:
             raise ValueError(
                 f"{why}, so the rescaled frame z = e^(-tV) x is not defined; use traj.x."
             )
-        return self._checked("z", self._convert(self._y, False), False)
+        return self._checked("z", self._convert_any(self._y, False), False)
 
     @cached_property
     def _x(self) -> Array:
         if self.frame == "original":
             return self._y
-        return self._checked("x", self._convert(self._y, True), True)
+        return self._checked("x", self._convert_any(self._y, True), True)
 
     def status_of(self, name: str) -> Status:
         """Whether the array ``traj.<name>`` (``"z"``, ``"x"`` or ``"state"``) is
@@ -500,6 +588,13 @@ class Trajectory:
             )
         if system is not None:
             system = _checks.index("system", system, len(self.statuses), what="systems")
+        if self.stacked and self.coords == "modal":
+            if system is None:
+                raise ValueError(
+                    "the weights were stacked (one modal basis per system): project one "
+                    "system at a time, traj.project(P, system=i)."
+                )
+            return self.system(system).project(P)
         if self.coords != "modal":
             y = self.z if system is None else self.z[system]
         else:
@@ -522,20 +617,31 @@ class Trajectory:
         one per head for a ``MultiHeadAttention`` (or a ``Block`` of one), ``(h, n, n)``
         or ``(b, h, n, n)`` (``model.attention`` of the tokens ``traj.x[k]``)."""
         k = _checks.index("k", k, self._y.shape[1], what="saved times")
-        P = _attention_rows(self.model, self._x[:, k])
+        if self.stacked:
+            P = _stacked_rows("attention", self.model, self._x[:, k])
+        else:
+            P = _attention_rows(self.model, self._x[:, k])
         return P if self.batched else P[0]
 
     def logits(self, k: int = -1) -> Float[Array, "*b n n"]:
         """The pre-kernel logits at saved index ``k``: ``(n, n)`` or ``(b, n, n)``
         (per head, ``(h, n, n)``, for a multi-head model; never masked)."""
         k = _checks.index("k", k, self._y.shape[1], what="saved times")
-        L = _logit_rows(self.model, self._x[:, k])
+        if self.stacked:
+            L = _stacked_rows("logits", self.model, self._x[:, k])
+        else:
+            L = _logit_rows(self.model, self._x[:, k])
         return L if self.batched else L[0]
 
     # --------------------------------------------------------------- saving
     def metadata(self, **extra) -> dict:
         """Everything needed to reproduce and judge this run, JSON-serialisable."""
         m = self.model
+        if self.stacked:
+            raise ValueError(
+                "the weights were stacked (one model per system): save or describe one "
+                "system at a time, traj.system(i).save(path)."
+            )
         meta = {
             "frame": self.frame,
             "coords": self.coords,

@@ -182,6 +182,12 @@ class MultiHeadAttention(AbstractModel):
 
     # ----------------------------------------------------------------- basic facts
     @property
+    def stack_size(self) -> int | None:
+        """The number of stacked models (``attnflow.stack``: ``V`` of shape
+        ``(b, h, d, d)``), or ``None`` for one."""
+        return self.V.shape[0] if self.V.ndim == 4 else None
+
+    @property
     def d(self) -> int:
         return self.V.shape[-1]
 
