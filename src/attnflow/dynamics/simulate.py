@@ -36,6 +36,7 @@ from .. import _checks
 from .base import AbstractModel
 from .frames import (
     FRAMES,
+    LAYERNORMS,
     AbstractFrame,
     AbstractTime,
     Continuous,
@@ -269,7 +270,7 @@ def _euler_loop(
     # R^k is carried as a matrix in standard coordinates (it maps z^k to x^k, for the
     # Trajectory), whenever the model has one value matrix V.
     prop = frame.model.propagator
-    carried = frame.coords == "standard" and prop is not None and not ode
+    carried = frame.tracks_flow and frame.coords == "standard" and prop is not None and not ode
     d = y0.shape[-1]
     eye = jnp.eye(d, dtype=y0.dtype)
     R = eye
@@ -280,7 +281,7 @@ def _euler_loop(
             factor = jnp.linalg.solve(R, prop.V)  # R^{-1} V (= V R^{-1}: they commute)
 
     def scale_at(k, Rk):
-        if frame.name == "original":
+        if frame.name == "original" or not frame.tracks_flow:
             return None
         if ode:
             return Continuous().scale(frame, k * dt)
@@ -345,6 +346,7 @@ def simulate(
     max_steps: int = 100_000,
     progress: bool = False,
     residual: bool = True,
+    layernorm: str | None = None,
 ) -> Trajectory:
     """Integrate the self-attention particle system from ``x0`` to time ``t1``.
 
@@ -356,7 +358,13 @@ def simulate(
         t1: final time (> 0). For ``method="euler"`` a whole number of layers ``dt``.
         ts: sorted times in ``[0, t1]`` at which to save the state; default ``[0, t1]``.
             For ``"euler"`` they must be multiples of ``dt`` (layer indices).
-        frame: ``"rescaled"`` integrates ``z = e^{-tV} x``; ``"original"`` integrates ``x``.
+        frame: ``"rescaled"`` integrates ``z = e^{-tV} x``; ``"original"`` integrates ``x``;
+            ``"sphere"`` puts the tokens on the unit sphere (every row of ``x0`` is
+            divided by its norm; a zero row is a ``ValueError``) and integrates
+            ``dx_i/dt = Proj_{x_i}(F(x)_i)``, ``Proj_x y = y - <x, y> x``, for any model
+            and kernel, or its layer-norm layers (``layernorm``); ``traj.x`` (and
+            ``traj.z``, the same array) are the tokens on the sphere. See
+            ``attnflow.dynamics.frames.Sphere``.
         method: ``"adaptive"`` (Tsit5 with an I step-size controller, ``PCOEFF`` and
             ``ICOEFF``; also ``"tsit5"``, ``"dopri5"``, ``"dopri8"``, ``"bosh3"``,
             ``"heun"``) or ``"euler"``: the discrete-time transformer, one forward-Euler
@@ -374,6 +382,13 @@ def simulate(
         residual: ``False`` drops the skip connection (``method="euler"``, original frame
             only): each of the ``t1 / dt`` layers maps ``x <- model.pure_layer(x)``,
             ``x_i <- sum_j P_ij V x_j`` for one head. ``traj.z`` is then not defined.
+        layernorm: where the layers of ``frame="sphere"``, ``method="euler"`` normalise
+            (``N(u) = u / |u|`` per token, ``F`` the model's field; default ``"post"``):
+            ``"post"`` ``x <- N(x + dt F(x))`` (the authors' phase-diagram scheme),
+            ``"pre"`` ``y <- y + dt F(N(y))`` (the residual stream ``y`` is free, the
+            tokens are ``N(y)``), ``"peri"`` ``y <- y + dt N(F(N(y)))``, ``"ngpt"``
+            ``x <- N(x + 0.2 dt N(F(x)))``. Only with ``frame="sphere"`` and
+            ``method="euler"``.
 
     Returns:
         A ``Trajectory``. The solve never raises on failure: see ``traj.status`` and
@@ -397,9 +412,20 @@ def simulate(
             )
         fr: AbstractFrame = Unskipped(model)
     else:
-        fr = make_frame(frame, model)  # checks that the model supports the frame
+        if layernorm is not None:
+            _checks.choice("layernorm", layernorm, LAYERNORMS)
+            if frame != "sphere" or method != "euler":
+                raise ValueError(
+                    f"layernorm={layernorm!r} places the layer normalisation of the "
+                    f"discrete sphere frame: it needs frame='sphere' and method='euler'; "
+                    f"got frame={frame!r}, method={method!r}."
+                )
+        # checks that the model supports the frame
+        fr = make_frame(frame, model, layernorm="post" if layernorm is None else layernorm)
     # every argument is checked before any work (and before the metadata is built)
     x0 = _check_x0(model, x0)
+    if not isinstance(x0, jax_core.Tracer):
+        fr.check_tokens(x0)
     batched = x0.ndim == 3
     t1f = _checks.positive("t1", t1)
     ts_np = _check_ts(ts, t1f)
@@ -448,8 +474,10 @@ def simulate(
             "n_layers": n_layers,
         }
         # Standard coordinates: map to the original frame with the R^k the loop used.
-        to_x = None if fr.coords == "modal" or ode else np.asarray(Rks)
+        to_x = None if fr.coords == "modal" or ode or not fr.tracks_flow else np.asarray(Rks)
         solver_info = {"method": method, "dt": dtf, "layers": n_layers}
+        if not ode:
+            solver_info.update(fr.settings())
         if not residual:
             solver_info["residual"] = False
         y_stop = y_end
