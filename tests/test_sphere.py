@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy.integrate import solve_ivp
@@ -167,7 +168,9 @@ def test_sphere_errors():
 def test_usa_kernel_weights_frames_and_overflow():
     rng = np.random.default_rng(9)
     L = rng.normal(size=(6, 6))
-    np.testing.assert_allclose(np.asarray(af.kernels.weights("usa", L)), np.exp(L) / 6, rtol=1e-14)
+    np.testing.assert_allclose(
+        np.asarray(af.kernels.weights("usa", jnp.asarray(L))), np.exp(L) / 6, rtol=1e-14
+    )
     assert not af.kernels.row_stochastic("usa") and "usa" in af.KERNELS
     I2 = np.eye(2)
     with pytest.raises(ValueError, match="not row-stochastic"):
@@ -203,7 +206,7 @@ def test_sphere_save_load_round_trip(tmp_path, method):
     model = af.Attention(Q, K, V, beta=2.0, kernel="usa")
     x0 = np.random.default_rng(13).normal(size=(2, 5, 3))
     kw = {"method": "euler", "dt": 0.1, "layernorm": "pre"} if method == "euler" else {}
-    tr = af.simulate(model, x0, 1.0, ts=[0.0, 0.5, 1.0], frame="sphere", **kw)
+    tr = af.simulate(model, x0, 1.0, ts=np.array([0.0, 0.5, 1.0]), frame="sphere", **kw)
     back = af.Trajectory.load(tr.save(tmp_path / "s.npz"))
     for name in ("ts", "x", "z", "state", "reached", "x0"):
         a, b = np.asarray(getattr(tr, name)), np.asarray(getattr(back, name))
@@ -213,6 +216,7 @@ def test_sphere_save_load_round_trip(tmp_path, method):
     assert np.array_equal(np.asarray(tr.attention(-1)), np.asarray(back.attention(-1)))
 
 
+@pytest.mark.slow
 def test_cli_simulate_frame_sphere():
     p = subprocess.run(
         [
@@ -243,3 +247,21 @@ def test_cli_simulate_frame_sphere():
     x = np.asarray(res["x_final"])
     np.testing.assert_allclose(np.linalg.norm(x, axis=-1), 1.0, atol=1e-12)
     assert np.array_equal(x, np.asarray(res["z_final"]))
+
+
+def test_isotropic_attention_equals_attention_of_identities(tmp_path):
+    x0 = np.random.default_rng(14).normal(size=(2, 6, 4))
+    I4 = np.eye(4)
+    a = af.simulate(
+        af.Attention(I4, I4, I4, beta=3.0), x0, 1.0, frame="sphere", method="euler", dt=0.1
+    )
+    iso = af.IsotropicAttention(4, beta=3.0)
+    b = af.simulate(iso, x0, 1.0, frame="sphere", method="euler", dt=0.1)
+    # equal to rounding (XLA fuses the two programs differently)
+    np.testing.assert_allclose(np.asarray(b.x), np.asarray(a.x), rtol=0, atol=1e-14)
+    back = af.Trajectory.load(b.save(tmp_path / "iso.npz"))
+    assert type(back.model) is af.IsotropicAttention and np.array_equal(
+        np.asarray(back.x), np.asarray(b.x)
+    )
+    with pytest.raises(ValueError, match="d must be"):
+        af.IsotropicAttention(0)

@@ -85,7 +85,8 @@ def _safe_matmul(a: np.ndarray, M: np.ndarray) -> np.ndarray:
 
 def _model_family(name: str) -> type[AbstractModel]:
     """The model class called ``name`` (a final subclass of ``AbstractModel``)."""
-    from . import model as _models  # noqa: F401  (defines the built-in families)
+    from . import isotropic as _isotropic  # noqa: F401  (defines the built-in families)
+    from . import model as _models  # noqa: F401
     from . import transformer as _transformer  # noqa: F401
 
     stack, seen = [AbstractModel], {}

@@ -26,6 +26,7 @@ from jaxtyping import Float
 
 from .. import _checks
 from ..dynamics.frames import LAYERNORMS, Sphere
+from ..dynamics.isotropic import IsotropicAttention
 from ..dynamics.model import Attention
 
 __all__ = ["PhaseDiagram", "phase_diagram"]
@@ -120,7 +121,8 @@ def phase_diagram(
         threshold: the inner product above which a pair counts as clustered.
         layernorm: ``"post"`` (the authors' scheme) or another placement of
             ``attnflow.dynamics.frames.Sphere``.
-        Q, K, V: ``(d, d)`` weights (default the identity).
+        Q, K, V: ``(d, d)`` weights (default the identity, through
+            ``IsotropicAttention``, which skips the products by the identity).
         dtype: working precision (default that of ``Q, K, V``: float64 with x64 on);
             ``np.float32`` halves the time, and a threshold of 0.999 is far above its
             rounding.
@@ -149,11 +151,14 @@ def phase_diagram(
             f"t1 = {t1} must be a whole number of layers dt = {dt}, and that number a "
             f"multiple of save_every = {save_every}."
         )
-    eye = np.eye(d)
-    mats = [eye if A is None else np.asarray(A) for A in (Q, K, V)]
-    if dtype is not None:
-        mats = [np.asarray(A, dtype) for A in mats]
-    model = Attention(*mats)
+    if Q is None and K is None and V is None:  # the papers' identity weights, fast path
+        model: Attention = IsotropicAttention(d, dtype=dtype)
+    else:
+        eye = np.eye(d)
+        mats = [eye if A is None else np.asarray(A) for A in (Q, K, V)]
+        if dtype is not None:
+            mats = [np.asarray(A, dtype) for A in mats]
+        model = Attention(*mats)
     n_saves = layers // save_every + 1
     keys = jax.random.split(jax.random.PRNGKey(seed), b.size)
     frac, one = _run(
