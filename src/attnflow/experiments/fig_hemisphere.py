@@ -150,23 +150,23 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         ax.plot(ns, hemi, "x", color=c, ms=4)
     ax.set_xlabel("n")
     ax.set_ylabel("fraction of starts")
-    ax.set_title(f"one cluster at t = {t1:g} vs hemisphere (x: measured)", pad=3)
+    ax.set_title(f"one cluster at t = {t1:g}; x: in a hemisphere", pad=3, fontsize=6)
     ax.legend(fontsize=5, frameon=False)
     H.panel_label(ax, "a")
     ax = axes[1]
     ax.bar(list(moved), [max(v, 1e-17) for v in moved.values()], color="0.5")
     ax.set_yscale("log")
-    ax.set_ylim(1e-17, 1e-10)
-    ax.set_title(f"antipodal pair: max move by t = {t_anti:g}", pad=3)
+    ax.set_ylim(1e-17, 1e-8)
+    ax.set_title(f"antipodal pair: move by t = {t_anti:g}", pad=3, fontsize=6)
     H.panel_label(ax, "b")
     ax = axes[2]
     ax.plot(ts, gamma, "k-", lw=1, label="equiangular curve")
     ax.plot(ts[::4], G[::4, 0], "o", ms=2.5, color="C3", label="simulated <x_1, x_2>")
     ax.set_xlabel("t")
-    ax.set_title(f"orthogonal start, n = d = {n}: gap {gap:.1e}", pad=3)
+    ax.set_title(f"orthogonal, n = d = {n}: gap {gap:.1e}", pad=3, fontsize=6)
     ax.legend(fontsize=6, frameon=False)
     H.panel_label(ax, "c")
-    fig.subplots_adjust(top=0.85, bottom=0.18, left=0.07, right=0.98, wspace=0.35)
+    fig.subplots_adjust(top=0.85, bottom=0.18, left=0.08, right=0.98, wspace=0.4)
     figures = H.save(fig, out_dir, NAME, quick)
     out = H.finish(
         out_dir,
