@@ -50,7 +50,7 @@ def _weights_qkv(d, seed):
 def test_sphere_ode_matches_scipy(kernel):
     """dx_i/dt = Proj_{x_i}(sum_j P_ij V x_j) for random Q, K, V against solve_ivp on the
     same equation (renormalised start), with a tight tolerance on both."""
-    n, d, beta, t1 = 7, 4, 1.5, 6.0
+    n, d, beta, t1 = 7, 4, 1.5, 3.0
     Q, K, V = _weights_qkv(d, 1)
     x0 = np.random.default_rng(2).normal(size=(n, d)) * 3.0  # not on the sphere
     model = af.Attention(Q, K, V, beta=beta, kernel=kernel)
@@ -72,25 +72,19 @@ def test_sphere_ode_matches_scipy(kernel):
 
 
 def test_tokens_stay_on_sphere_over_long_runs():
-    """float64: |x_i| = 1 to 1e-12 at every save of a long run, in every mode; the
-    continuous state's own norm drifts by no more than the tolerance (the field is
-    tangent, so the ODE conserves it)."""
+    """float64: |x_i| = 1 to 1e-12 at every save of a long run (the layer modes are
+    checked over 3,000 layers in test_layernorm_maps_match_numpy); the continuous
+    state's own norm drifts by no more than the tolerance (the field is tangent, so the
+    ODE conserves it)."""
     n, d = 16, 3
     Q, K, V = _weights_qkv(d, 3)
     model = af.Attention(Q, K, V, beta=4.0)
-    x0 = np.random.default_rng(4).normal(size=(3, n, d))
+    x0 = np.random.default_rng(4).normal(size=(2, n, d))
     ts = np.linspace(0, 300.0, 31)
     traj = af.simulate(model, x0, 300.0, ts=ts, frame="sphere")
     assert traj.ok
     assert np.abs(np.linalg.norm(traj.x, axis=-1) - 1).max() < 1e-12
     assert np.abs(np.linalg.norm(traj.state, axis=-1) - 1).max() < 1e-4
-    for ln in ("post", "pre", "peri", "ngpt"):
-        tr = af.simulate(
-            model, x0, 300.0, ts=ts, frame="sphere", method="euler", dt=0.1, layernorm=ln
-        )
-        assert tr.ok and tr.solver["layernorm"] == ln
-        assert np.abs(np.linalg.norm(tr.x, axis=-1) - 1).max() < 1e-12, ln
-        assert np.all(np.isfinite(np.asarray(tr.x)))
 
 
 def _layers_numpy(x0, Q, K, V, beta, dt, k, ln):
@@ -115,9 +109,11 @@ def test_layernorm_maps_match_numpy(ln):
     V = V + np.eye(d)  # a growing residual stream for pre / peri
     x0 = np.random.default_rng(6).normal(size=(n, d))
     model = af.Attention(Q, K, V, beta=beta)
-    ts = np.array([0.0, 2.0, 4.0])
-    tr = af.simulate(model, x0, 4.0, ts=ts, frame="sphere", method="euler", dt=dt, layernorm=ln)
-    assert tr.ok
+    ts = np.array([0.0, 2.0, 4.0, 300.0])  # the last: a long run, 3,000 layers
+    tr = af.simulate(model, x0, 300.0, ts=ts, frame="sphere", method="euler", dt=dt, layernorm=ln)
+    assert tr.ok and tr.solver["layernorm"] == ln
+    assert np.abs(np.linalg.norm(tr.x, axis=-1) - 1).max() < 1e-12, ln
+    assert np.all(np.isfinite(np.asarray(tr.x)))
     for j, kk in enumerate((0, 20, 40)):
         ref = _layers_numpy(x0, Q, K, V, beta, dt, kk, ln)
         np.testing.assert_allclose(np.asarray(tr.state[j]), ref, rtol=1e-11, atol=1e-12)
@@ -161,8 +157,6 @@ def test_sphere_errors():
         af.simulate(model, x0, 1.0, frame="original", method="euler", dt=0.1, layernorm="pre")
     with pytest.raises(ValueError, match="needs frame='sphere' and method='euler'"):
         af.simulate(model, x0, 1.0, frame="sphere", layernorm="pre")
-    # a zero token is fine where nothing is normalised
-    assert af.simulate(model, bad, 1.0, frame="original").ok
 
 
 def test_usa_kernel_weights_frames_and_overflow():
