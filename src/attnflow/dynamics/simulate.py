@@ -403,6 +403,14 @@ def simulate(
     _checks.choice("method", method, (*SOLVERS, *_FIXED))
     if not isinstance(residual, (bool, np.bool_)):
         raise ValueError(f"residual must be True or False; got {residual!r}.")
+    if layernorm is not None:
+        _checks.choice("layernorm", layernorm, LAYERNORMS)
+        if frame != "sphere" or method != "euler":
+            raise ValueError(
+                f"layernorm={layernorm!r} places the layer normalisation of the "
+                f"discrete sphere frame: it needs frame='sphere' and method='euler'; "
+                f"got frame={frame!r}, method={method!r}."
+            )
     if not residual:
         if method != "euler" or frame != "original":
             raise ValueError(
@@ -412,14 +420,6 @@ def simulate(
             )
         fr: AbstractFrame = Unskipped(model)
     else:
-        if layernorm is not None:
-            _checks.choice("layernorm", layernorm, LAYERNORMS)
-            if frame != "sphere" or method != "euler":
-                raise ValueError(
-                    f"layernorm={layernorm!r} places the layer normalisation of the "
-                    f"discrete sphere frame: it needs frame='sphere' and method='euler'; "
-                    f"got frame={frame!r}, method={method!r}."
-                )
         # checks that the model supports the frame
         fr = make_frame(frame, model, layernorm="post" if layernorm is None else layernorm)
     # every argument is checked before any work (and before the metadata is built)
