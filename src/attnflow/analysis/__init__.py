@@ -1,6 +1,7 @@
 """Pure functions of models and trajectories: the regime predicted from V's spectrum
 (``regimes``) and the one observed at the end of a run (``observe``), the attention
-matrix's rank and leaders (``rank``), softmax dispersion (``dispersion``). Analyses ask a
+matrix's rank and leaders (``rank``), softmax dispersion (``dispersion``), clusters and
+energies of tokens on the sphere (``sphere``). Analyses ask a
 trajectory for its attention and logits; they never run a simulation of their own."""
 
 from .dispersion import DispersionReport, dispersion, dispersion_scan
@@ -14,6 +15,14 @@ from .regimes import (
     leading_eigenvalue,
     predict_regime,
     spectral_structure,
+)
+from .sphere import (
+    clustered_fraction,
+    count_clusters,
+    equiangular_curve,
+    equiangular_time,
+    interaction_energy,
+    wendel_probability,
 )
 
 __all__ = [
@@ -33,4 +42,10 @@ __all__ = [
     "observe_limit",
     "predict_regime",
     "spectral_structure",
+    "clustered_fraction",
+    "count_clusters",
+    "interaction_energy",
+    "equiangular_curve",
+    "equiangular_time",
+    "wendel_probability",
 ]

@@ -4,6 +4,7 @@ This layer imports nothing from the layers above it (``analysis``, ``studies``, 
 ``plotting``, ``cli``); ``tests/test_layers.py`` checks it.
 """
 
+from .isotropic import IsotropicAttention
 from .model import Attention
 from .propagator import Propagator
 from .simulate import SOLVERS, simulate
@@ -14,6 +15,7 @@ __all__ = [
     "Attention",
     "Block",
     "FeedForward",
+    "IsotropicAttention",
     "MultiHeadAttention",
     "Propagator",
     "SOLVERS",

@@ -7,6 +7,10 @@ A **frame** says what state the solver holds and how attention acts on it:
                theory's frame, which replaces layer normalisation). In V's real modal
                basis (``coords="modal"``, a diagonalisable V) the state is
                ``w = T^{-1} z`` and every power of V acts mode by mode, exactly.
+``Sphere``     tokens on the unit sphere (real layer normalisation):
+               ``dx_i/dt = Proj_{x_i}(F(x)_i)``, ``Proj_x y = y - <x, y> x``; as layers,
+               the layer-norm placements ``"post"``, ``"pre"``, ``"peri"``, ``"ngpt"``
+               (see ``Sphere``).
 
 A **time discretisation** says how tokens are propagated between the frames and what
 multiplies the averaged values:
@@ -46,14 +50,22 @@ __all__ = [
     "Original",
     "Rescaled",
     "Unskipped",
+    "Sphere",
+    "normalize_rows",
     "make_frame",
     "FRAMES",
+    "LAYERNORMS",
+    "NGPT_ALPHA",
     "AbstractTime",
     "Continuous",
     "Layers",
 ]
 
-FRAMES = ("rescaled", "original")
+FRAMES = ("rescaled", "original", "sphere")
+# Layer-norm placements of the discrete sphere frame (``simulate(..., layernorm=...)``).
+LAYERNORMS = ("post", "pre", "peri", "ngpt")
+# The step multiplier of the nGPT-style update (Karagodin et al.'s simuformer: 0.2).
+NGPT_ALPHA = 0.2
 
 
 # ------------------------------------------------------------------------- frames
@@ -66,6 +78,18 @@ class AbstractFrame(eqx.Module):
 
     model: eqx.AbstractVar[AbstractModel]
     name: ClassVar[str]
+    # Whether the layer loop carries the flow R^k = (I + dt V)^k for the Trajectory (the
+    # map between the original and the rescaled frames); the sphere frame has none.
+    tracks_flow: ClassVar[bool] = True
+
+    def check_tokens(self, x0: Any) -> None:
+        """Raise ``ValueError`` naming ``x0`` if the frame cannot start from these tokens
+        (concrete arrays only); every token is admissible by default."""
+        del x0
+
+    def settings(self) -> dict:
+        """The frame's own settings, recorded in ``traj.solver`` (none by default)."""
+        return {}
 
     @property
     @abc.abstractmethod
@@ -251,12 +275,119 @@ class Unskipped(Original):
         return self.model.pure_layer(y)
 
 
-def make_frame(name: str, model: AbstractModel, coords: str | None = None) -> AbstractFrame:
-    """The frame called ``name`` (``"rescaled"`` or ``"original"``) for ``model``."""
+def normalize_rows(u: Array) -> Array:
+    """``u_i / |u_i|`` for every row (the projection ``N`` to the unit sphere); zero rows
+    stay 0. Each row is first divided by its largest ``|entry|``, so the norm neither
+    underflows nor overflows; a NaN or infinite row gives NaN. The result has norm 1 to
+    rounding (a few ulps)."""
+    a = jnp.max(jnp.abs(u), axis=-1, keepdims=True)
+    zero = a == 0
+    v = u / jnp.where(zero, 1.0, a)
+    r = jnp.sqrt(jnp.sum(v * v, axis=-1, keepdims=True))
+    return jnp.where(zero, 0.0, v / jnp.where(zero, 1.0, r)).astype(u.dtype)
+
+
+class Sphere(AbstractFrame):
+    """Tokens on the unit sphere ``S^{d-1}``: layer normalisation, for any model.
+
+    With ``F`` the model's field (``F(x)_i = sum_j P_ij V x_j`` for one head, any kernel)
+    and ``N(u) = u / |u|`` row-wise (``normalize_rows``):
+
+    Continuous time (adaptive solvers, ``euler-ode``):
+        ``dx_i/dt = Proj_{x_i}(F(x)_i)``, ``Proj_x y = y - <x, y> x``. The solver holds
+        ``y`` with ``x = N(y)`` and integrates ``dy_i/dt = |y_i| Proj_{x_i}(F(x)_i)``.
+        This field is orthogonal to ``y_i``, so ``|y_i| = 1`` is conserved exactly by
+        the ODE, and whatever the norm, ``N(y)`` solves the sphere ODE exactly (the
+        factor ``|y_i|`` undoes the ``1/|y_i|`` of ``d N(y)/dt``). The solver's local
+        errors only move ``|y_i|`` off 1 (by about its tolerance), which changes
+        nothing: the tokens ``x = N(y)`` are on the sphere to rounding at every step.
+
+    Layers (``method="euler"``), one per step ``dt``, by ``layernorm``:
+        ``"post"``  ``x <- N(x + dt F(x))``: normalise after the residual update (the
+                    authors' phase-diagram scheme); the state is on the sphere.
+        ``"pre"``   ``y <- y + dt F(N(y))``: the attention reads the normalised stream,
+                    the residual stream ``y`` is free; the tokens are ``x = N(y)``.
+        ``"peri"``  ``y <- y + dt N(F(N(y)))``: input and output of the attention
+                    normalised; the tokens are ``x = N(y)``.
+        ``"ngpt"``  ``x <- N(x + alpha dt N(F(x)))`` with ``alpha = NGPT_ALPHA = 0.2``
+                    (the nGPT-style update of Karagodin et al.'s simuformer); the
+                    state is on the sphere.
+
+    A zero attention output has ``N(0) = 0``. The tokens of every mode are ``N(state)``
+    (``Trajectory.x``); the sphere frame is its own rescaled frame (``traj.z = traj.x``).
+    """
+
+    model: AbstractModel
+    layernorm: str = eqx.field(static=True)
+    name: ClassVar[str] = "sphere"
+    tracks_flow: ClassVar[bool] = False
+
+    def __init__(self, model: AbstractModel, layernorm: str = "post"):
+        if layernorm not in LAYERNORMS:
+            raise ValueError(f"layernorm must be one of {LAYERNORMS}; got {layernorm!r}.")
+        self.model = model
+        self.layernorm = layernorm
+
+    @property
+    def coords(self) -> str:
+        return "standard"
+
+    def check_tokens(self, x0: Any) -> None:
+        # on the device for a jax.Array (one boolean comes back), else in numpy
+        xp = jnp if isinstance(x0, jax.Array) else np
+        zero = xp.max(xp.abs(x0), axis=-1) == 0
+        if bool(xp.any(zero)):
+            where = np.argwhere(np.asarray(zero))[0].tolist()
+            raise ValueError(
+                f"x0 has a zero token (row {tuple(where)}): the sphere frame puts every "
+                f"token on the unit sphere, x_i / |x_i|, which a zero row does not have; "
+                f"give nonzero tokens."
+            )
+
+    def settings(self) -> dict:
+        return {"layernorm": self.layernorm}
+
+    def initial_state(self, x0: Array) -> Array:
+        return normalize_rows(x0)
+
+    def tokens(self, y: Array) -> Array:
+        """The tokens on the sphere that the state ``y`` stands for: ``N(y)``."""
+        return normalize_rows(y)
+
+    def field(self, y: Array, scale: Any, factor: Any) -> Array:
+        del scale, factor
+        x = normalize_rows(y)
+        g = self.model.vector_field(x)
+        tangent = g - jnp.sum(x * g, axis=-1, keepdims=True) * x
+        return jnp.linalg.norm(y, axis=-1, keepdims=True) * tangent
+
+    def step(self, y: Array, scale: Any, dt: Any, factor: Any) -> Array:
+        del scale, factor
+        if self.layernorm == "post":
+            return normalize_rows(self.model.layer(y, dt))
+        if self.layernorm == "pre":
+            return y + dt * self.model.vector_field(normalize_rows(y))
+        if self.layernorm == "peri":
+            return y + dt * normalize_rows(self.model.vector_field(normalize_rows(y)))
+        # ngpt
+        return normalize_rows(y + (NGPT_ALPHA * dt) * normalize_rows(self.model.vector_field(y)))
+
+    def log_bound(self, y: Array, scale: Any) -> Array:
+        del scale
+        return self.model.log_logit_bound(normalize_rows(y))
+
+
+def make_frame(
+    name: str, model: AbstractModel, coords: str | None = None, layernorm: str = "post"
+) -> AbstractFrame:
+    """The frame called ``name`` (``"rescaled"``, ``"original"`` or ``"sphere"``, with its
+    ``layernorm`` placement for layers) for ``model``."""
     if name == "original":
         return Original(model)
     if name == "rescaled":
         return Rescaled(model, coords)
+    if name == "sphere":
+        return Sphere(model, layernorm)
     raise ValueError(f"frame must be one of {FRAMES}; got {name!r}.")
 
 
@@ -287,13 +418,13 @@ class Continuous(AbstractTime):
     name: ClassVar[str] = "continuous"
 
     def scale(self, frame: AbstractFrame, t: Any) -> Any:
-        if frame.name == "original":
+        if frame.name == "original" or not frame.tracks_flow:
             return None
         prop = frame.model.propagator
         return prop.exp_multipliers(t) if frame.coords == "modal" else prop(t)
 
     def factor(self, frame: AbstractFrame) -> Any:
-        if frame.name == "original":
+        if frame.name == "original" or not frame.tracks_flow:
             return None
         prop = frame.model.propagator
         if frame.coords == "modal":

@@ -312,6 +312,27 @@ _REGISTRY: dict[str, Kernel] = {
     ),
 }
 
+
+# --- unnormalised self-attention (issue 16) ---------------------------------------------
+def usa(L: Array) -> Array:
+    """Unnormalised self-attention of Geshkovski et al.: ``e^{L} / n`` of logits ``L``
+    ``(..., n)``. Rows need not sum to 1, so only the original and sphere frames apply
+    (not the rescaled one). With Q = K = V = I on the sphere its field is the gradient
+    ascent of ``E_beta = (1/(2 beta n^2)) sum_{i,j} e^{beta <x_i, x_j>}``."""
+    return jnp.exp(L) / L.shape[-1]
+
+
+def _usa_gain(log_b, n, params):
+    # The largest weight is e^{max L} / n <= e^{e^{log_b}} / n: the guard's exponent is
+    # e^{log_b} - log n, so it stops once a logit passes log(finfo.max) - 4 + log n
+    # (about 705.8 + log n in float64, 84.7 + log n in float32).
+    return jnp.exp(log_b) - math.log(n)
+
+
+_REGISTRY["usa"] = Kernel(
+    usa, False, None, {}, (), _usa_gain, "e^L / n, unnormalised (original and sphere frames)"
+)
+
 KERNELS = tuple(_REGISTRY)
 
 

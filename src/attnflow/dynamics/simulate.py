@@ -37,6 +37,7 @@ from . import _devices
 from .base import AbstractModel
 from .frames import (
     FRAMES,
+    LAYERNORMS,
     AbstractFrame,
     AbstractTime,
     Continuous,
@@ -293,7 +294,7 @@ def _euler_loop(
     # R^k is carried as a matrix in standard coordinates (it maps z^k to x^k, for the
     # Trajectory), whenever the model has one value matrix V.
     prop = frame.model.propagator
-    carried = frame.coords == "standard" and prop is not None and not ode
+    carried = frame.tracks_flow and frame.coords == "standard" and prop is not None and not ode
     d = y0.shape[-1]
     eye = jnp.eye(d, dtype=y0.dtype)
     R = eye
@@ -304,7 +305,7 @@ def _euler_loop(
             factor = jnp.linalg.solve(R, prop.V)  # R^{-1} V (= V R^{-1}: they commute)
 
     def scale_at(k, Rk):
-        if frame.name == "original":
+        if frame.name == "original" or not frame.tracks_flow:
             return None
         if ode:
             return Continuous().scale(frame, jnp.asarray(k, y0.dtype) * dt)
@@ -525,6 +526,7 @@ def simulate(
     shard: str = "batch",
     chunk: int | None = None,
     cost: Float[ArrayLike, " b"] | None = None,
+    layernorm: str | None = None,
 ) -> Trajectory:
     """Integrate the self-attention particle system from ``x0`` to time ``t1``.
 
@@ -536,7 +538,13 @@ def simulate(
         t1: final time (> 0). For ``method="euler"`` a whole number of layers ``dt``.
         ts: sorted times in ``[0, t1]`` at which to save the state; default ``[0, t1]``.
             For ``"euler"`` they must be multiples of ``dt`` (layer indices).
-        frame: ``"rescaled"`` integrates ``z = e^{-tV} x``; ``"original"`` integrates ``x``.
+        frame: ``"rescaled"`` integrates ``z = e^{-tV} x``; ``"original"`` integrates ``x``;
+            ``"sphere"`` puts the tokens on the unit sphere (every row of ``x0`` is
+            divided by its norm; a zero row is a ``ValueError``) and integrates
+            ``dx_i/dt = Proj_{x_i}(F(x)_i)``, ``Proj_x y = y - <x, y> x``, for any model
+            and kernel, or its layer-norm layers (``layernorm``); ``traj.x`` (and
+            ``traj.z``, the same array) are the tokens on the sphere. See
+            ``attnflow.dynamics.frames.Sphere``.
         method: ``"adaptive"`` (Tsit5 with an I step-size controller, ``PCOEFF`` and
             ``ICOEFF``; also ``"tsit5"``, ``"dopri5"``, ``"dopri8"``, ``"bosh3"``,
             ``"heun"``) or ``"euler"``: the discrete-time transformer, one forward-Euler
@@ -562,7 +570,6 @@ def simulate(
         shard: ``"batch"`` (default): shard the systems of a batch. ``"tokens"``: one
             system whose query rows are sharded over ``devices`` (keys and values
             gathered on every device): memory per device ``O(n d + block n)``.
-
         chunk: adaptive methods, a batch: run the systems as consecutive chunks of
             ``chunk`` systems, each chunk with its own adaptive loop (under ``vmap`` every
             system of a loop pays for the slowest one), per device with ``devices``.
@@ -572,6 +579,13 @@ def simulate(
             loose tolerances); the systems are sorted by it (and dealt evenly to the
             devices) before chunking, so that each chunk holds systems of similar cost.
             Results are returned in the given order.
+        layernorm: where the layers of ``frame="sphere"``, ``method="euler"`` normalise
+            (``N(u) = u / |u|`` per token, ``F`` the model's field; default ``"post"``):
+            ``"post"`` ``x <- N(x + dt F(x))`` (the authors' phase-diagram scheme),
+            ``"pre"`` ``y <- y + dt F(N(y))`` (the residual stream ``y`` is free, the
+            tokens are ``N(y)``), ``"peri"`` ``y <- y + dt N(F(N(y)))``, ``"ngpt"``
+            ``x <- N(x + 0.2 dt N(F(x)))``. Only with ``frame="sphere"`` and
+            ``method="euler"``.
 
     A stacked model (``attnflow.stack(models)``, or ``Attention`` with weights of shape
     ``(b, d, d)``) pairs system ``i`` of ``x0`` ``(b, n, d)`` with model ``i`` (an
@@ -591,6 +605,15 @@ def simulate(
     _checks.choice("method", method, (*SOLVERS, *_FIXED))
     if not isinstance(residual, (bool, np.bool_)):
         raise ValueError(f"residual must be True or False; got {residual!r}.")
+    if layernorm is not None:
+        _checks.choice("layernorm", layernorm, LAYERNORMS)
+        if frame != "sphere" or method != "euler":
+            raise ValueError(
+                f"layernorm={layernorm!r} places the layer normalisation of the "
+                f"discrete sphere frame: it needs frame='sphere' and method='euler'; "
+                f"got frame={frame!r}, method={method!r}."
+            )
+    ln = "post" if layernorm is None else layernorm
     if not residual:
         if method != "euler" or frame != "original":
             raise ValueError(
@@ -600,14 +623,17 @@ def simulate(
             )
         fr: AbstractFrame = Unskipped(model)
     else:
-        fr = make_frame(frame, model)  # checks that the model supports the frame
+        # checks that the model supports the frame
+        fr = make_frame(frame, model, layernorm=ln)
     # every argument is checked before any work (and before the metadata is built)
     devs = _devices.resolve_devices(devices)
     _checks.choice("shard", shard, _devices.SHARDS)
     size = model.stack_size
     stacked = size is not None
     if stacked:  # system i with model i: the frame holds one model per system
-        fr = eqx.filter_vmap(lambda m: make_frame(frame, m) if residual else Unskipped(m))(model)
+        fr = eqx.filter_vmap(
+            lambda m: make_frame(frame, m, layernorm=ln) if residual else Unskipped(m)
+        )(model)
     x0 = _check_x0(model, x0)
     if stacked:
         if x0.ndim == 2:
@@ -627,9 +653,13 @@ def simulate(
     if shard == "tokens":
         assert devs is not None
         sharded_model = _devices.TokenSharded(model, devs)
-        fr = make_frame(frame, sharded_model) if residual else Unskipped(sharded_model)
+        fr = (
+            make_frame(frame, sharded_model, layernorm=ln) if residual else Unskipped(sharded_model)
+        )
     # the devices that the batch is sharded over (the tokens' devices are in the model)
     solve_devs = devs if shard == "batch" else None
+    if not isinstance(x0, jax_core.Tracer):
+        fr.check_tokens(x0)
     batched = x0.ndim == 3
     if chunk is not None:
         chunk = _checks.integer("chunk", chunk, lo=1)
@@ -701,8 +731,10 @@ def simulate(
             "n_layers": n_layers,
         }
         # Standard coordinates: map to the original frame with the R^k the loop used.
-        to_x = None if fr.coords == "modal" or ode else np.asarray(Rks)
+        to_x = None if fr.coords == "modal" or ode or not fr.tracks_flow else np.asarray(Rks)
         solver_info = {"method": method, "dt": dtf, "layers": n_layers}
+        if not ode:
+            solver_info.update(fr.settings())
         if not residual:
             solver_info["residual"] = False
         y_stop = y_end

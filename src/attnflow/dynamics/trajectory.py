@@ -21,7 +21,7 @@ from jaxtyping import Array, ArrayLike, Float
 from .. import _checks
 from .._meta import run_metadata
 from .base import AbstractModel
-from .frames import AbstractTime, Continuous, Layers
+from .frames import AbstractTime, Continuous, Layers, normalize_rows
 
 __all__ = ["Trajectory", "SimulationError", "Status", "STATUS_CODES", "FORMAT_VERSION"]
 
@@ -85,7 +85,8 @@ def _safe_matmul(a: np.ndarray, M: np.ndarray) -> np.ndarray:
 
 def _model_family(name: str) -> type[AbstractModel]:
     """The model class called ``name`` (a final subclass of ``AbstractModel``)."""
-    from . import model as _models  # noqa: F401  (defines the built-in families)
+    from . import isotropic as _isotropic  # noqa: F401  (defines the built-in families)
+    from . import model as _models  # noqa: F401
     from . import transformer as _transformer  # noqa: F401
 
     stack, seen = [AbstractModel], {}
@@ -158,7 +159,8 @@ class Trajectory:
     Attributes:
         ts: ``(m,)`` saved times. For one system that stopped early, only the times
             reached, followed by the time where it stopped.
-        frame: the frame that was integrated, ``"rescaled"`` or ``"original"``.
+        frame: the frame that was integrated, ``"rescaled"``, ``"original"`` or
+            ``"sphere"``.
         model: the ``Attention`` it came from.
         stats: ``num_steps``, ``num_accepted_steps``, ``num_rejected_steps`` (per system).
         solver: the method and its settings.
@@ -177,6 +179,10 @@ class Trajectory:
     ``z`` and ``x`` are the states in the rescaled and original frames, ``(m, n, d)`` or
     ``(b, m, n, d)``; the frame that was not integrated is computed on first access
     (``x = e^{tV} z``, or ``x^k = (I + dt V)^k z^k`` for the discrete transformer).
+    For ``frame == "sphere"`` both are the tokens on the unit sphere, ``N(state)``
+    (``N(u) = u / |u|`` per token, exact to rounding): layer normalisation takes the
+    place of the rescaling, so ``z = x``; ``state`` is what the solver holds (the free
+    residual stream for the ``"pre"`` and ``"peri"`` layer norms).
     """
 
     ts: Array
@@ -425,7 +431,7 @@ class Trajectory:
         and the skip connection: not after ``residual=False``)."""
         if self.solver.get("residual", True) is False:
             return False
-        return self.frame == "rescaled" or self.model.propagator is not None
+        return self.frame in ("rescaled", "sphere") or self.model.propagator is not None
 
     @property
     def stacked(self) -> bool:
@@ -502,6 +508,8 @@ class Trajectory:
     def _z(self) -> Array:
         if self.frame == "rescaled" and self.coords == "standard":
             return self._y
+        if self.frame == "sphere":  # layer normalisation in place of e^{-tV}: z = x
+            return self._x
         if not self.has_z:
             why = (
                 "the layers had no skip connection (residual=False)"
@@ -517,6 +525,8 @@ class Trajectory:
     def _x(self) -> Array:
         if self.frame == "original":
             return self._y
+        if self.frame == "sphere":
+            return normalize_rows(self._y)
         return self._checked("x", self._convert_any(self._y, True), True)
 
     def status_of(self, name: str) -> Status:

@@ -1,0 +1,243 @@
+"""Observables of tokens on the sphere: clustered pairs, clusters, the interaction energy,
+the equiangular curve and Wendel's hemisphere probability.
+
+Every observable takes a ``Trajectory`` (any frame: its tokens ``traj.x`` are normalised
+here, ``x_i / |x_i|``) or an array of tokens ``(m, n, d)`` or ``(b, m, n, d)``, and
+returns one value per saved time, ``(m,)`` or ``(b, m)``. Inner products are the plain
+``<x_i, x_j>`` of the normalised tokens (the geometry of [P]; Q and K do not enter).
+
+The equiangular curve. Let ``n <= d`` tokens start pairwise orthogonal, with
+``Q = K = V = I``. Every permutation of the tokens is realised by an orthogonal map of
+``R^d`` that fixes the configuration, and the dynamics commute with orthogonal maps, so
+the tokens stay equiangular: ``<x_i, x_j> = gamma(t)`` for all ``i != j``. With
+``a = e^{beta}`` (self weight) and ``b = e^{beta gamma}`` (weight on another token),
+``Z = a + (n - 1) b`` for SA (``Z = n`` for USA), ``v_i = (a x_i + b sum_{j != i} x_j) / Z``:
+
+    ``<x_i, v_i> = (a + (n - 1) gamma b) / Z``,
+    ``<x_k, v_i> = (a gamma + b (1 + (n - 2) gamma)) / Z``  (``k != i``),
+    ``d gamma/dt = 2 <x_k, v_i - <x_i, v_i> x_i>``
+    ``           = 2 b (1 - gamma)(1 + (n - 1) gamma) / Z``,  ``gamma(0) = 0``.
+
+So ``gamma`` increases from 0 to 1 (one cluster) and never reaches it in finite time;
+``equiangular_curve`` integrates this ODE for ``u = log(1 - gamma)`` (full relative
+accuracy as gamma nears 1) with scipy's DOP853 at ``rtol = 1e-12``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from jaxtyping import Float, Int
+from scipy.integrate import solve_ivp
+
+from .. import _checks
+
+if TYPE_CHECKING:
+    pass
+
+__all__ = [
+    "clustered_fraction",
+    "count_clusters",
+    "interaction_energy",
+    "equiangular_curve",
+    "equiangular_rate",
+    "equiangular_time",
+    "wendel_probability",
+    "gram",
+]
+
+
+def _tokens(traj: Any) -> np.ndarray:
+    """Normalised tokens ``(..., m, n, d)`` in float64 of a Trajectory or an array."""
+    x = getattr(traj, "x", traj)
+    x = np.asarray(x, np.float64)
+    if x.ndim not in (3, 4):
+        raise ValueError(
+            f"traj must be a Trajectory or tokens of shape (m, n, d) or (b, m, n, d); got "
+            f"shape {x.shape}."
+        )
+    if x.shape[-2] < 2:
+        raise ValueError(f"traj has n = {x.shape[-2]} token(s); pairs need n >= 2.")
+    r = np.linalg.norm(x, axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return x / r
+
+
+def gram(traj: Any) -> Float[np.ndarray, "*b m n n"]:
+    """The inner products ``<x_i, x_j>`` of the normalised tokens, ``(..., m, n, n)``."""
+    u = _tokens(traj)
+    return np.einsum("...id,...jd->...ij", u, u)
+
+
+def _threshold(threshold) -> float:
+    return _checks.number("threshold", threshold, lo=-1.0, hi=1.0, hi_open=True)
+
+
+def clustered_fraction(traj: Any, threshold: float = 0.999) -> Float[np.ndarray, "*b m"]:
+    """The fraction of ordered pairs ``i != j`` with ``<x_i, x_j> > threshold``.
+
+    Args:
+        traj: a ``Trajectory`` or tokens ``(m, n, d)`` / ``(b, m, n, d)``; tokens are
+            normalised first.
+        threshold: in ``[-1, 1)``; 0.999 (the authors' phase diagram) by default.
+
+    Returns:
+        ``(m,)`` or ``(b, m)``: 1 when all tokens are within ``arccos(threshold)`` of each
+        other, 0 when no pair is; NaN at saves a failed system never reached.
+    """
+    thr = _threshold(threshold)
+    G = gram(traj)
+    n = G.shape[-1]
+    off = ~np.eye(n, dtype=bool)
+    close = (G > thr) & off
+    out = close.sum(axis=(-2, -1)) / (n * (n - 1))
+    return np.where(np.isnan(G).any(axis=(-2, -1)), np.nan, out)
+
+
+def count_clusters(traj: Any, threshold: float = 0.999) -> Int[np.ndarray, "*b m"]:
+    """The number of clusters: connected components of the graph ``<x_i, x_j> > threshold``.
+
+    Vectorised over every system and save: the reflexive adjacency ``A`` is closed under
+    paths by repeated squaring (``ceil(log2 n)`` boolean products), after which token
+    ``i``'s component has ``s_i = sum_j A_ij`` members and the count is ``sum_i 1/s_i``
+    (exact: each component contributes ``s * (1/s)``). The same components as
+    ``scipy.sparse.csgraph.connected_components`` (tested).
+
+    Args:
+        traj: a ``Trajectory`` or tokens ``(m, n, d)`` / ``(b, m, n, d)``.
+        threshold: in ``[-1, 1)``; 0.999 by default.
+
+    Returns:
+        ``(m,)`` or ``(b, m)`` integers; -1 at saves a failed system never reached.
+    """
+    thr = _threshold(threshold)
+    G = gram(traj)
+    n = G.shape[-1]
+    missing = np.isnan(G).any(axis=(-2, -1))
+    A = ((G > thr) | np.eye(n, dtype=bool)).astype(np.float32)
+    for _ in range(max(1, math.ceil(math.log2(n)))):
+        A = (np.matmul(A, A) > 0).astype(np.float32)
+    count = np.rint((1.0 / A.sum(axis=-1)).sum(axis=-1)).astype(np.int64)
+    return np.where(missing, -1, count)
+
+
+def interaction_energy(traj: Any, beta: float) -> Float[np.ndarray, "*b m"]:
+    """``E_beta = (1/(2 beta n^2)) sum_{i,j} e^{beta <x_i, x_j>}`` of the normalised tokens.
+
+    With ``Q = K = V = I`` the USA dynamics is a gradient ascent of ``E_beta`` on the
+    sphere (``dx_i/dt = n grad_{x_i} E_beta``), so it never decreases along them.
+    ``2 beta E_beta`` is the mean of ``e^{beta <x_i, x_j>}`` over all ordered pairs, in
+    ``[1, e^beta]`` (Jensen, with ``sum_{i,j} <x_i, x_j> = |sum_i x_i|^2 >= 0``):
+    ``e^beta`` for one cluster, about ``e^beta / k`` at large beta for ``k`` equal,
+    well-separated clusters (the staircase of the metastability paper).
+
+    Args:
+        traj: a ``Trajectory`` or tokens ``(m, n, d)`` / ``(b, m, n, d)``.
+        beta: the inverse temperature, > 0.
+
+    Returns:
+        ``(m,)`` or ``(b, m)``.
+    """
+    b = _checks.positive("beta", beta)
+    G = gram(traj)
+    n = G.shape[-1]
+    return np.exp(b * G).sum(axis=(-2, -1)) / (2.0 * b * n * n)
+
+
+def equiangular_rate(gamma, n: int, beta: float, kernel: str = "softmax"):
+    """``d gamma/dt`` of the equiangular configuration (module docstring):
+    ``2 e^{beta gamma} (1 - gamma)(1 + (n - 1) gamma) / Z``, ``Z = e^beta + (n - 1)
+    e^{beta gamma}`` (SA, ``kernel="softmax"``) or ``Z = n`` (``kernel="usa"``)."""
+    g = np.asarray(gamma, np.float64)
+    return (1.0 - g) * _rate_over_gap(g, n, beta, kernel)
+
+
+def _rate_over_gap(g, n: int, beta: float, kernel: str):
+    """``rate / (1 - gamma) = 2 e^{beta gamma} (1 + (n - 1) gamma) / Z``: smooth up to
+    ``gamma = 1`` (no cancellation)."""
+    if kernel == "softmax":
+        # divided through by e^{beta gamma}: Z / b = e^{beta (1 - gamma)} + n - 1
+        return 2.0 * (1.0 + (n - 1) * g) / (np.exp(beta * (1.0 - g)) + (n - 1))
+    return 2.0 * np.exp(beta * g) * (1.0 + (n - 1) * g) / n
+
+
+def _check_curve_args(n, beta, kernel):
+    n = _checks.integer("n", n, lo=2)
+    b = _checks.positive("beta", beta)
+    _checks.choice("kernel", kernel, ("softmax", "usa"))
+    return n, b
+
+
+def equiangular_curve(
+    n: int, beta: float, ts: Float[Any, " m"], *, kernel: str = "softmax"
+) -> Float[np.ndarray, " m"]:
+    """The common inner product ``gamma(t)`` of ``n`` tokens that start pairwise orthogonal
+    (``n <= d``), ``Q = K = V = I``, on the sphere.
+
+    ``d gamma/dt = 2 e^{beta gamma} (1 - gamma)(1 + (n - 1) gamma) / Z``,
+    ``gamma(0) = 0``, with ``Z = e^beta + (n - 1) e^{beta gamma}`` for SA (softmax) and
+    ``Z = n`` for USA (derivation in the module docstring), integrated for
+    ``u = log(1 - gamma)`` by ``scipy.integrate.solve_ivp`` (DOP853, ``rtol = 1e-12``,
+    ``atol = 1e-14``).
+
+    Args:
+        n: number of tokens, >= 2.
+        beta: inverse temperature, > 0.
+        ts: sorted times >= 0.
+        kernel: ``"softmax"`` (SA) or ``"usa"``.
+
+    Returns:
+        ``(len(ts),)``: ``gamma`` at the times ``ts``.
+    """
+    n, b = _check_curve_args(n, beta, kernel)
+    t = _checks.real_array("ts", ts, ndim=1, shape_hint="(a 1-d array of times)")
+    t = np.asarray(t, np.float64)
+    if t.size == 0:
+        return t
+    if np.any(np.diff(t) < 0) or t[0] < 0:
+        raise ValueError("ts must be sorted and >= 0.")
+    if t[-1] == 0:
+        return np.zeros_like(t)
+
+    # In u = log(1 - gamma) the approach to 1 keeps full relative accuracy:
+    # du/dt = -rate(gamma) / (1 - gamma), gamma = -expm1(u).
+    def rhs(_t, u):
+        return -_rate_over_gap(-np.expm1(u), n, b, kernel)
+
+    sol = solve_ivp(
+        rhs, (0.0, float(t[-1])), [0.0], t_eval=t, method="DOP853", rtol=1e-12, atol=1e-14
+    )
+    if not sol.success:  # pragma: no cover - the ODE is smooth and bounded
+        raise RuntimeError(f"equiangular_curve: the solve failed: {sol.message}")
+    return 0.0 - np.expm1(sol.y[0])
+
+
+def equiangular_time(
+    n: int, beta: float, level: float = 0.999, *, kernel: str = "softmax"
+) -> float:
+    """The time at which the equiangular curve reaches ``gamma = level`` (in ``(0, 1)``):
+    ``int_0^level dg / rate(g)``, by ``scipy.integrate.quad``. The boundary that the phase
+    diagram of the clustered-pair fraction is compared with."""
+    from scipy.integrate import quad
+
+    n, b = _check_curve_args(n, beta, kernel)
+    lv = _checks.number("level", level, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    val, _ = quad(
+        lambda g: 1.0 / equiangular_rate(g, n, b, kernel),
+        0.0,
+        lv,
+        limit=200,
+        epsabs=0,
+        epsrel=1e-11,
+    )
+    return float(val)
+
+
+def wendel_probability(n: int, d: int) -> float:
+    """Wendel (1962): the probability that ``n`` i.i.d. uniform points on ``S^{d-1}`` lie in
+    some open hemisphere, ``2^{-(n-1)} sum_{k=0}^{d-1} C(n-1, k)`` (1 when ``n <= d``)."""
+    n = _checks.integer("n", n, lo=1)
+    d = _checks.integer("d", d, lo=1)
+    return float(sum(math.comb(n - 1, k) for k in range(min(d, n))) / 2 ** (n - 1))

@@ -1,0 +1,154 @@
+"""The beta-t phase diagram of tokens on the sphere (the authors' figure, post-LN).
+
+Set-up (borjanG/2023-transformers-rotf, phase-diagrams.py): n = 32 tokens uniform on
+S^{d-1}, Q = K = V = I, post-LN layers x <- N(x + dt sum_j P_ij x_j) with dt = 0.1, t up
+to 30, many independent systems per beta, beta = linspace(0.1, 9, 90); the colour is
+the fraction of ordered pairs i != j with <x_i, x_j> > 0.999 (over all systems of a
+beta), every 5 layers. d = 2 and d = 128. All betas and systems of one dimension run in
+one compiled call (``attnflow.studies.sphere.phase_diagram``; beta is a traced leaf).
+float32 (the threshold 0.999 is far above its rounding).
+
+Overlay (d = 128): the equiangular boundary t*(beta), the time at which n pairwise
+orthogonal tokens (possible for n <= d) reach <x_i, x_j> = 0.999
+(``attnflow.equiangular_time``). Measured: for each beta the first saved time at which
+half the pairs are clustered, and, at t = 30, the beta at which the fraction drops
+through 1/2, against log n.
+
+Run:  python -m attnflow.experiments.fig_sphere_phase [--quick] [--out figures]
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from attnflow.experiments import _plotting as H
+
+NAME = "fig_sphere_phase"
+SEED, N, DT, EVERY, THRESHOLD = 0, 32, 0.1, 5, 0.999
+
+
+def crossing(x: np.ndarray, y: np.ndarray, level: float = 0.5) -> float | None:
+    """The first ``x`` where ``y`` (sampled at ``x``) crosses ``level`` from above
+    (linear interpolation); None if it never does."""
+    above = y >= level
+    for i in range(len(y) - 1):
+        if above[i] and not above[i + 1]:
+            return float(x[i] + (level - y[i]) * (x[i + 1] - x[i]) / (y[i + 1] - y[i]))
+    return None
+
+
+def first_time(ts: np.ndarray, frac: np.ndarray, level: float = 0.5) -> list[float | None]:
+    """Per beta (rows of ``frac``), the first saved time with ``frac >= level``."""
+    out: list[float | None] = []
+    for row in frac:
+        hit = np.flatnonzero(row >= level)
+        out.append(float(ts[hit[0]]) if hit.size else None)
+    return out
+
+
+@H.styled(H.small_text(7))
+def make(out_dir: Path, quick: bool = False) -> dict:
+    """Draw the phase diagrams and write the sidecar."""
+    plt = H.setup()
+    import attnflow as af
+    from attnflow.studies.sphere import phase_diagram
+
+    t_start = time.perf_counter()
+    if quick:
+        betas, t1, dims, systems = np.linspace(0.1, 9, 6), 6.0, (2, 16), {2: 16, 16: 16}
+    else:
+        betas, t1, dims, systems = np.linspace(0.1, 9, 90), 30.0, (2, 128), {2: 1024, 128: 256}
+    runs, panels = [], {}
+    for d in dims:
+        t0 = time.perf_counter()
+        pdg = phase_diagram(
+            betas,
+            n=N,
+            d=d,
+            systems=systems[d],
+            t1=t1,
+            dt=DT,
+            save_every=EVERY,
+            threshold=THRESHOLD,
+            dtype=np.float32,
+            seed=SEED,
+        )
+        seconds = time.perf_counter() - t0
+        boundary = [af.equiangular_time(N, float(b), THRESHOLD) for b in betas] if N <= d else None
+        beta_half = crossing(betas, pdg.fraction[:, -1])
+        runs.append(
+            dict(
+                name=f"d={d}",
+                seed=SEED,
+                n=N,
+                d=d,
+                t1=t1,
+                Q="identity",
+                K="identity",
+                V="identity",
+                solver={"method": "euler", "frame": "sphere", "layernorm": "post", "dt": DT},
+                tolerances=None,
+                systems_per_beta=systems[d],
+                threshold=THRESHOLD,
+                dtype=pdg.dtype,
+                seconds=round(seconds, 1),
+                betas=betas,
+                ts=pdg.ts,
+                fraction=pdg.fraction.round(4),
+                one_cluster_fraction=pdg.one_cluster.round(4),
+                time_to_half=first_time(pdg.ts, pdg.fraction),
+                beta_half_at_t1=beta_half,
+                log_n=math.log(N),
+                equiangular_boundary=boundary,
+                equiangular_time_at_log_n=af.equiangular_time(N, math.log(N), THRESHOLD),
+            )
+        )
+        panels[d] = (pdg, boundary, beta_half)
+
+    fig, axes = plt.subplots(1, len(dims), figsize=(6.5, 2.6), squeeze=False)
+    for ax, (d, (pdg, boundary, beta_half)) in zip(axes[0], panels.items(), strict=True):
+        mesh = ax.pcolormesh(
+            pdg.ts, betas, pdg.fraction, cmap="RdBu_r", vmin=0, vmax=1, shading="nearest"
+        )
+        if boundary is not None:
+            tb = np.asarray(boundary)
+            keep = tb <= pdg.ts[-1]
+            ax.plot(tb[keep], betas[keep], "k-", lw=1, label="equiangular $\\gamma=0.999$")
+            ax.legend(loc="upper left", fontsize=6, frameon=False)
+        ax.axhline(math.log(N), color="k", ls=":", lw=0.8)
+        ax.text(0.3, math.log(N) + 0.15, r"$\log n$", va="bottom", fontsize=6)
+        ax.set_xlabel("$t$")
+        ax.set_ylabel(r"$\beta$")
+        half = "none" if beta_half is None else f"{beta_half:.2f}"
+        ax.set_title(f"d = {d}: fraction at t1 falls through 1/2 at beta = {half}", pad=3)
+        fig.colorbar(mesh, ax=ax, fraction=0.05, pad=0.02)
+    H.headline(
+        fig,
+        "Tokens on the sphere (post-LN): fraction of pairs with <x_i, x_j> > 0.999",
+        f"n = {N}, Q = K = V = I, dt = {DT}, "
+        + ", ".join(f"d = {r['d']}: {r['systems_per_beta']} systems per beta" for r in runs),
+        y=0.995,
+        sub_y=0.93,
+    )
+    fig.subplots_adjust(top=0.8, bottom=0.16, left=0.07, right=0.97, wspace=0.3)
+    figures = H.save(fig, out_dir, NAME, quick)
+    out = H.finish(
+        out_dir,
+        NAME,
+        script="attnflow.experiments.fig_sphere_phase",
+        quick=quick,
+        runs=runs,
+        figures=figures,
+        t_start=t_start,
+        theorem="[P]: one cluster for almost every start when d >= 3; metastable "
+        "clusters at large beta; the equiangular curve is the orthogonal start's.",
+    )
+    return {**out, "beta_half_at_t1": {r["name"]: r["beta_half_at_t1"] for r in runs}}
+
+
+if __name__ == "__main__":
+    H.main(make, __doc__)

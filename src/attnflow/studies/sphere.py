@@ -1,0 +1,189 @@
+"""The beta-t phase diagram of tokens on the sphere, batched over betas and systems.
+
+``phase_diagram`` runs the authors' scheme (borjanG/2023-transformers-rotf,
+phase-diagrams.py): ``n`` tokens uniform on ``S^{d-1}``, post-LN layers
+``x <- N(x + dt sum_j P_ij V x_j)`` of step ``dt`` (``attnflow.dynamics.frames.Sphere``,
+the same step ``simulate(..., frame="sphere", method="euler")`` takes), and records the
+fraction of ordered pairs ``i != j`` with ``<x_i, x_j> > threshold`` over all systems of
+each beta, at every saved time.
+
+All betas and systems run in one compiled call: beta is an array leaf of the model
+(``eqx.tree_at``), mapped with ``jax.lax.map`` in blocks of ``beta_batch`` betas (each
+block vmapped), so no beta value recompiles and the memory is that of one block. The
+fraction is computed inside the loop: the tokens are never stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Float
+
+from .. import _checks
+from ..dynamics.frames import LAYERNORMS, Sphere
+from ..dynamics.isotropic import IsotropicAttention
+from ..dynamics.model import Attention
+
+__all__ = ["PhaseDiagram", "phase_diagram"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseDiagram:
+    """The clustered-pair fraction over ``(beta, t)``.
+
+    Attributes:
+        betas: ``(B,)`` inverse temperatures.
+        ts: ``(m,)`` saved times (multiples of ``dt``, 0 included).
+        fraction: ``(B, m)`` fraction of ordered pairs ``i != j`` of all systems of a beta
+            with ``<x_i, x_j> > threshold``.
+        one_cluster: ``(B, m)`` fraction of systems whose every pair is above the
+            threshold.
+        n, d, systems, dt, threshold, layernorm, seed, dtype: the set-up.
+    """
+
+    betas: np.ndarray
+    ts: np.ndarray
+    fraction: np.ndarray
+    one_cluster: np.ndarray
+    n: int
+    d: int
+    systems: int
+    dt: float
+    threshold: float
+    layernorm: str
+    seed: int
+    dtype: str
+
+
+@eqx.filter_jit
+def _run(model, betas, keys, dt, every, n_saves, threshold, *, shape, beta_batch, layernorm):
+    systems, n, d = shape
+    off = ~jnp.eye(n, dtype=bool)
+
+    def observe(y):  # (s, n, d) -> (pair fraction, one-cluster fraction)
+        G = jnp.einsum("sid,sjd->sij", y, y)
+        close = (G > threshold) & off[None]
+        frac = jnp.sum(close, axis=(1, 2)) / (n * (n - 1))
+        return jnp.mean(frac), jnp.mean(frac == 1)
+
+    def one_beta(args):
+        beta, key = args
+        m = eqx.tree_at(lambda a: a.beta, model, beta)
+        frame = Sphere(m, layernorm)
+        step = jax.vmap(lambda y: frame.step(y, None, dt, None))
+        x0 = jax.random.normal(key, (systems, n, d), dtype=model.dtype)
+        y = jax.vmap(frame.initial_state)(x0)
+
+        def save(y, _):
+            y = jax.lax.fori_loop(0, every, lambda _, u: step(u), y)
+            return y, observe(frame.tokens(y))
+
+        first = observe(frame.tokens(y))
+        _, rest = jax.lax.scan(save, y, None, length=n_saves - 1)
+        return tuple(jnp.concatenate([f[None], r]) for f, r in zip(first, rest, strict=True))
+
+    return jax.lax.map(one_beta, (betas, keys), batch_size=beta_batch)
+
+
+def phase_diagram(
+    betas: Float[Any, " B"],
+    *,
+    n: int = 32,
+    d: int = 2,
+    systems: int = 1024,
+    t1: float = 30.0,
+    dt: float = 0.1,
+    save_every: int = 5,
+    threshold: float = 0.999,
+    layernorm: str = "post",
+    Q: Any = None,
+    K: Any = None,
+    V: Any = None,
+    dtype: Any = None,
+    seed: int = 0,
+    beta_batch: int = 4,
+) -> PhaseDiagram:
+    """The clustered-pair fraction of ``systems`` random starts per beta, over time.
+
+    Args:
+        betas: the inverse temperatures, ``(B,)``, each > 0.
+        n, d: tokens and dimension.
+        systems: independent starts per beta (uniform on the sphere: normalised
+            Gaussians, a fresh draw per beta from ``seed``).
+        t1: final time, a whole number of layers ``dt``.
+        dt: the layer step.
+        save_every: layers between saved times.
+        threshold: the inner product above which a pair counts as clustered.
+        layernorm: ``"post"`` (the authors' scheme) or another placement of
+            ``attnflow.dynamics.frames.Sphere``.
+        Q, K, V: ``(d, d)`` weights (default the identity, through
+            ``IsotropicAttention``, which skips the products by the identity).
+        dtype: working precision (default that of ``Q, K, V``: float64 with x64 on);
+            ``np.float32`` halves the time, and a threshold of 0.999 is far above its
+            rounding.
+        seed: the random starts.
+        beta_batch: betas per vmapped block (the memory of one block is about
+            ``beta_batch * systems * n * (d + n)`` numbers).
+
+    Returns:
+        A ``PhaseDiagram``.
+    """
+    b = np.asarray(_checks.real_array("betas", betas, ndim=1, shape_hint="(B,)"), np.float64)
+    if b.size == 0 or np.any(b <= 0):
+        raise ValueError("betas must be a non-empty 1-d array of numbers > 0.")
+    n = _checks.integer("n", n, lo=2)
+    d = _checks.integer("d", d, lo=1)
+    systems = _checks.integer("systems", systems, lo=1)
+    t1 = _checks.positive("t1", t1)
+    dt = _checks.positive("dt", dt)
+    save_every = _checks.integer("save_every", save_every, lo=1)
+    threshold = _checks.number("threshold", threshold, lo=-1.0, hi=1.0, hi_open=True)
+    _checks.choice("layernorm", layernorm, LAYERNORMS)
+    beta_batch = _checks.integer("beta_batch", beta_batch, lo=1)
+    layers = int(round(t1 / dt))
+    if abs(layers * dt - t1) > 1e-9 * max(1.0, t1) or layers % save_every:
+        raise ValueError(
+            f"t1 = {t1} must be a whole number of layers dt = {dt}, and that number a "
+            f"multiple of save_every = {save_every}."
+        )
+    if Q is None and K is None and V is None:  # the papers' identity weights, fast path
+        model: Attention = IsotropicAttention(d, dtype=dtype)
+    else:
+        eye = np.eye(d)
+        mats = [eye if A is None else np.asarray(A) for A in (Q, K, V)]
+        if dtype is not None:
+            mats = [np.asarray(A, dtype) for A in mats]
+        model = Attention(*mats)
+    n_saves = layers // save_every + 1
+    keys = jax.random.split(jax.random.PRNGKey(seed), b.size)
+    frac, one = _run(
+        model,
+        jnp.asarray(b, model.dtype),
+        keys,
+        jnp.asarray(dt, model.dtype),
+        save_every,
+        n_saves,
+        jnp.asarray(threshold, model.dtype),
+        shape=(systems, n, d),
+        beta_batch=min(beta_batch, b.size),
+        layernorm=layernorm,
+    )
+    return PhaseDiagram(
+        betas=b,
+        ts=np.arange(n_saves) * save_every * dt,
+        fraction=np.asarray(frac, np.float64),
+        one_cluster=np.asarray(one, np.float64),
+        n=n,
+        d=d,
+        systems=systems,
+        dt=dt,
+        threshold=threshold,
+        layernorm=layernorm,
+        seed=seed,
+        dtype=np.dtype(model.dtype).name,
+    )

@@ -1,0 +1,88 @@
+"""The sphere figure scripts, quick: sidecars checked against independent numbers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import attnflow as af
+
+
+def _side(tmp_path, name):
+    return json.loads((tmp_path / f"{name}.json").read_text())
+
+
+def test_fig_sphere_phase_quick(tmp_path):
+    from attnflow.experiments import fig_sphere_phase as F
+
+    F.make(tmp_path, quick=True)
+    side = _side(tmp_path, F.NAME)
+    assert (tmp_path / "fig_sphere_phase.png").exists()
+    for r in side["runs"]:
+        frac = np.asarray(r["fraction"])
+        assert frac.shape == (len(r["betas"]), len(r["ts"]))
+        assert np.all((frac >= 0) & (frac <= 1))
+        # at t = 0: uniform points, P(<x_i, x_j> > 0.999) = P(angle < 0.0447) is small
+        assert frac[:, 0].max() < 0.05
+        if r["equiangular_boundary"] is not None:
+            b = r["equiangular_boundary"]
+            assert b[0] == pytest.approx(af.equiangular_time(32, r["betas"][0], 0.999))
+    assert F.crossing(np.array([0.0, 1.0, 2.0]), np.array([1.0, 0.6, 0.2])) == pytest.approx(1.25)
+
+
+def test_fig_metastability_quick(tmp_path):
+    from attnflow.experiments import fig_metastability as F
+
+    F.make(tmp_path, quick=True)
+    side = _side(tmp_path, F.NAME)
+    for r in side["runs"]:
+        assert r["status"] == "ok"
+        c = np.asarray(r["clusters"])
+        assert c[:, 0].max() <= 32 and c[:, -1].min() >= 1
+        # the rescaled energy lies in [e^-beta, 1] and ends near 1/k for k clusters
+        e = np.asarray(r["energy_2beta_over_ebeta"])
+        assert np.all(e <= 1 + 1e-6) and np.all(e > 0)
+    assert F.plateaus(np.arange(5.0), np.array([3, 3, 2, 2, 2])) == [
+        {"clusters": 3, "t_start": 0.0, "t_end": 1.0},
+        {"clusters": 2, "t_start": 2.0, "t_end": 4.0},
+    ]
+
+
+@pytest.mark.slow
+def test_fig_sphere_regimes_quick(tmp_path):
+    from attnflow.experiments import fig_sphere_regimes as F
+
+    F.make(tmp_path, quick=True)
+    side = _side(tmp_path, F.NAME)
+    md = (tmp_path / "fig_sphere_regimes.md").read_text()
+    for row in side["table"]:
+        assert row["V"] in md
+        assert row["predicted"] == str(
+            af.predict_regime(
+                np.eye(row["d"]), np.eye(row["d"]), af.matrices.named(row["V"], row["d"])
+            ).label
+        )
+        for mode in ("sphere", "post", "pre", "peri"):
+            assert 1 <= row[mode]["clusters_median"] <= 20 and row[mode]["status"] == "ok"
+
+
+@pytest.mark.slow
+def test_fig_hemisphere_quick(tmp_path):
+    from attnflow.experiments import fig_hemisphere as F
+
+    out = F.make(tmp_path, quick=True)
+    side = _side(tmp_path, F.NAME)
+    for r in side["runs"][:2]:
+        for n, w in zip(r["n"], r["wendel_probability"], strict=True):
+            assert w == pytest.approx(af.wendel_probability(n, r["d"]))
+        # every start that lies in an open hemisphere ends in one cluster (the theorem)
+        assert all(r["hemisphere_starts_all_end_in_one_cluster"])
+    assert out["orthogonal_gap"] < 1e-8
+    assert max(out["antipodal_moved"].values()) < 1e-10
+    # the hemisphere tests themselves
+    assert F.in_open_half_circle(np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.1]]))
+    assert not F.in_open_half_circle(np.array([[1.0, 0.0], [-0.5, 0.8], [-0.5, -0.8]]))
+    assert F.in_open_hemisphere(np.eye(3))
+    assert not F.in_open_hemisphere(np.vstack([np.eye(3), -np.ones((1, 3)) / np.sqrt(3)]))

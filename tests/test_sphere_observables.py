@@ -1,0 +1,162 @@
+"""Observables on the sphere against plain numpy, scipy and closed forms; the equiangular
+curve against simulations of orthogonal starts; special starts."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.sparse.csgraph import connected_components
+from scipy.stats import ortho_group
+
+import attnflow as af
+
+
+def _clumpy_tokens(rng, b, m, n, d):
+    """Tokens in a few tight clumps (so thresholds near 1 matter), not normalised."""
+    centres = rng.normal(size=(b, m, 3, d))
+    pick = rng.integers(0, 3, size=(b, m, n))
+    x = np.take_along_axis(centres, pick[..., None], axis=2)
+    return (x + 0.01 * rng.normal(size=x.shape)) * rng.uniform(0.5, 2.0, size=(b, m, n, 1))
+
+
+def test_clustered_fraction_and_count_against_loops():
+    rng = np.random.default_rng(0)
+    x = _clumpy_tokens(rng, 3, 4, 12, 3)
+    thr = 0.99
+    frac = af.clustered_fraction(x, threshold=thr)
+    cnt = af.count_clusters(x, threshold=thr)
+    assert frac.shape == (3, 4) and cnt.shape == (3, 4)
+    for b in range(3):
+        for m in range(4):
+            u = x[b, m] / np.linalg.norm(x[b, m], axis=-1, keepdims=True)
+            pairs = [(i, j) for i in range(12) for j in range(12) if i != j]
+            want = sum(float(u[i] @ u[j]) > thr for i, j in pairs) / len(pairs)
+            assert frac[b, m] == pytest.approx(want, abs=1e-15)
+            c, _ = connected_components(u @ u.T > thr, directed=False)
+            assert cnt[b, m] == c
+    # one system: (m,)
+    assert np.array_equal(af.count_clusters(x[1]), af.count_clusters(x)[1])
+    # a path graph (chain of close neighbours) is one component: closure, not adjacency
+    ang = np.arange(10) * 0.03
+    chain = np.stack([np.cos(ang), np.sin(ang)], -1)[None]
+    assert af.count_clusters(chain, threshold=math.cos(0.031))[0] == 1
+    assert af.clustered_fraction(chain, threshold=math.cos(0.031))[0] == pytest.approx(18 / 90)
+    with pytest.raises(ValueError, match="threshold"):
+        af.clustered_fraction(x, threshold=1.0)
+    with pytest.raises(ValueError, match="n >= 2"):
+        af.count_clusters(x[:, :, :1])
+
+
+def test_interaction_energy_against_sum_and_monotone_under_usa():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(2, 5, 7, 3))
+    beta = 3.0
+    E = af.interaction_energy(x, beta)
+    u = x / np.linalg.norm(x, axis=-1, keepdims=True)
+    for b in range(2):
+        for m in range(5):
+            s = sum(
+                math.exp(beta * float(u[b, m, i] @ u[b, m, j])) for i in range(7) for j in range(7)
+            )
+            assert E[b, m] == pytest.approx(s / (2 * beta * 49), rel=1e-13)
+    # Q = K = V = I, USA: a gradient ascent of E_beta, so E never decreases; bounds [1, e^beta]
+    I3 = np.eye(3)
+    model = af.Attention(I3, I3, I3, beta=beta, kernel="usa")
+    ts = np.linspace(0, 10, 41)
+    traj = af.simulate(
+        model, rng.normal(size=(7, 3)), 10.0, ts=ts, frame="sphere", rtol=1e-10, atol=1e-12
+    )
+    e = af.interaction_energy(traj, beta)
+    assert np.all(np.diff(e) >= -1e-12) and e[-1] > e[0]
+    assert np.all(2 * beta * e >= 1 - 1e-12) and np.all(
+        2 * beta * e <= math.exp(beta) * (1 + 1e-12)
+    )
+
+
+@pytest.mark.parametrize(("kernel", "n", "d", "beta"), [("usa", 4, 6, 1.0), ("softmax", 5, 7, 3.0)])
+def test_equiangular_curve_matches_orthogonal_start(kernel, n, d, beta):
+    ts = np.linspace(0.0, 12.0, 13)
+    x0 = ortho_group.rvs(d, random_state=3)[:n]  # n orthonormal rows, not the basis
+    I = np.eye(d)
+    model = af.Attention(I, I, I, beta=beta, kernel=kernel)
+    traj = af.simulate(model, x0, 12.0, ts=ts, frame="sphere", rtol=1e-12, atol=1e-14)
+    assert traj.ok
+    G = np.einsum("mid,mjd->mij", traj.x, traj.x)
+    off = ~np.eye(n, dtype=bool)
+    gamma = af.equiangular_curve(n, beta, ts, kernel=kernel)
+    assert gamma[0] == 0 and np.all(np.diff(gamma) >= 0) and gamma.max() <= 1
+    # every pair follows the same curve
+    assert np.abs(G[:, off] - gamma[:, None]).max() < 1e-8
+
+
+def test_equiangular_rate_closed_form_and_time():
+    # at gamma = 0: rate = 2 / (e^beta + n - 1) (SA), 2 / n (USA)
+    n, beta = 7, 1.7
+    g = af.equiangular_curve(n, beta, [0.0, 1e-6])
+    assert g[1] / 1e-6 == pytest.approx(2 / (math.exp(beta) + n - 1), rel=1e-5)
+    g = af.equiangular_curve(n, beta, [0.0, 1e-6], kernel="usa")
+    assert g[1] / 1e-6 == pytest.approx(2 / n, rel=1e-5)
+    t = af.equiangular_time(n, beta, 0.999)
+    assert af.equiangular_curve(n, beta, [0.0, t])[1] == pytest.approx(0.999, abs=1e-9)
+    with pytest.raises(ValueError, match="beta"):
+        af.equiangular_curve(n, 0.0, [0.0, 1.0])
+
+
+def test_wendel_closed_forms_and_monte_carlo():
+    assert af.wendel_probability(3, 3) == 1.0 and af.wendel_probability(5, 9) == 1.0
+    for n in range(1, 9):  # d = 2: n / 2^(n-1)
+        assert af.wendel_probability(n, 2) == pytest.approx(n / 2 ** (n - 1), rel=1e-15)
+    # Monte Carlo on the circle: in an open half-plane iff the largest angular gap > pi
+    rng = np.random.default_rng(4)
+    ang = np.sort(rng.uniform(0, 2 * np.pi, size=(40_000, 5)), axis=1)
+    gaps = np.diff(np.concatenate([ang, ang[:, :1] + 2 * np.pi], axis=1), axis=1)
+    mc = float(np.mean(gaps.max(axis=1) > np.pi))
+    assert mc == pytest.approx(af.wendel_probability(5, 2), abs=0.01)
+
+
+def test_antipodal_pair_is_stationary():
+    """x_2 = -x_1: each sees the other at <x_1, x_2> = -1, the field is parallel to x_i,
+    its tangent part is 0, so the pair never moves (for every beta and kernel)."""
+    I = np.eye(3)
+    x0 = np.array([[0.6, 0.0, 0.8], [-0.6, 0.0, -0.8]])
+    model = af.Attention(I, I, I, beta=4.0)
+    tr = af.simulate(model, x0, 50.0, frame="sphere")
+    assert tr.ok and np.abs(np.asarray(tr.x[-1]) - x0).max() < 1e-14
+    usa = af.Attention(I, I, I, beta=4.0, kernel="usa")
+    post = af.simulate(usa, x0, 50.0, frame="sphere", method="euler", dt=0.1)
+    assert post.ok and np.abs(np.asarray(post.x[-1]) - x0).max() < 1e-14
+
+
+def test_phase_diagram_matches_a_numpy_loop():
+    """studies.sphere.phase_diagram (all betas in one compiled call) against the authors'
+    post-LN scheme in plain numpy on the same starts."""
+    import jax
+
+    from attnflow.studies.sphere import phase_diagram
+
+    betas, s, n, d, dt = np.array([0.5, 2.0, 6.0]), 8, 6, 3, 0.1
+    V = np.eye(d) + 0.3 * np.random.default_rng(5).normal(size=(d, d))
+    pdg = phase_diagram(
+        betas, n=n, d=d, systems=s, t1=2.0, dt=dt, save_every=5, V=V, threshold=0.99, beta_batch=2
+    )
+    assert pdg.fraction.shape == (3, 5) and np.allclose(pdg.ts, [0, 0.5, 1.0, 1.5, 2.0])
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    off = ~np.eye(n, dtype=bool)
+    for i, beta in enumerate(betas):
+        x = np.asarray(jax.random.normal(keys[i], (s, n, d), dtype=np.float64))
+        x = x / np.linalg.norm(x, axis=-1, keepdims=True)
+        fr = []
+        for k in range(21):
+            if k % 5 == 0:
+                G = np.einsum("sid,sjd->sij", x, x)
+                fr.append(np.mean(G[:, off] > 0.99))
+            if k < 20:
+                L = beta * np.einsum("sid,sjd->sij", x, x)
+                P = np.exp(L - L.max(-1, keepdims=True))
+                P /= P.sum(-1, keepdims=True)
+                x = x + dt * (P @ x) @ V.T
+                x = x / np.linalg.norm(x, axis=-1, keepdims=True)
+        np.testing.assert_allclose(pdg.fraction[i], fr, atol=1e-15)
+    assert pdg.fraction[-1, -1] >= pdg.fraction[-1, 0]
