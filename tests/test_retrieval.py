@@ -9,7 +9,6 @@ import math
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy.stats import binomtest
@@ -55,6 +54,7 @@ def test_head_matches_numpy(kernel):
     np.testing.assert_allclose(np.asarray(out), want_out, rtol=2e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_training_resumes_bit_for_bit_and_reuses(tmp_path):
     full = R.train(TINY, tmp_path / "a", progress=False)
     part = R.train(TINY, tmp_path / "b", progress=False, stop_after=15)

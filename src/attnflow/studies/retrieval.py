@@ -194,7 +194,7 @@ class RetrievalModel(eqx.Module):
 
 
 def head_weights(
-    model: RetrievalModel, items: Float[Array, "n 11"], query: Float[Array, "1"], kernel: str
+    model: RetrievalModel, items: Float[Array, "n 11"], query: Float[Array, " 1"], kernel: str
 ) -> tuple[Array, Array, Array]:
     """The head on one set: ``(weights over the items (n,), pre-kernel logits, values)``.
 
@@ -306,7 +306,7 @@ def train(
     (directory / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
     model, opt_state = _template(config)
     best_model = model
-    state = dict(step=0, best=-1.0, bad=0, history=[], seconds=0.0)
+    state: dict[str, Any] = dict(step=0, best=-1.0, bad=0, history=[], seconds=0.0)
     ckpt = directory / "checkpoint.eqx"
     resumed = ckpt.exists()
     if resumed:
@@ -551,9 +551,7 @@ def run_study(
             base.to_dict(),
             kernel=None,
             trained_with={k: EVAL_ONLY.get(k, k) for k in kernels},
-            evaluation=dict(
-                dict(half_width=0.02, min_sets=512, max_sets=4096), **eval_kwargs
-            ),
+            evaluation=dict(dict(half_width=0.02, min_sets=512, max_sets=4096), **eval_kwargs),
             selective_max_n=SELECTIVE_MAX_N,
         ),
         paper=dict(softmax=PAPER_ACCURACY, adaptive=PAPER_ACCURACY_ADAPTIVE),
