@@ -421,6 +421,14 @@ def test_fig_dispersion_quick(tmp_path):
     for kern in ("softmax", "qknorm"):
         r = side["results"]["max"]["kernels"][kern]
         assert all(m <= b * (1 + 1e-12) for m, b in zip(r["max"], r["bound_tight"]))
+    from attnflow.analysis.dispersion import bound_tight
+
+    # the kernels of issue 17: prenorm is a softmax, so under the bound of its spread
+    extra = side["results"]["max"]["kernels_extra"]
+    assert set(extra) == {"linearnorm", "stickbreaking", "offbyone", "prenorm", "differential"}
+    ns = side["results"]["max"]["ns"]
+    for m, dl, n in zip(extra["prenorm"]["max"], extra["prenorm"]["delta"], ns, strict=True):
+        assert m <= bound_tight(dl, n) * (1 + 1e-12)
 
 
 # ------------------------------------------------------------- non-finite input
