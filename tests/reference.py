@@ -83,3 +83,67 @@ def euler_original(x0, Q, K, V, dt, layers, beta=1.0):
         x = xs[-1]
         xs.append(x + dt * field_original(0.0, x, Q, K, V, beta))
     return np.array(xs)
+
+
+# ---------------------------------------------------- kernels beyond softmax ([K])
+# Loops and explicit products, deliberately unlike attnflow's vectorised log-space code.
+def elu1(u):
+    u = np.asarray(u, np.float64)
+    return np.where(u > 0, u + 1.0, np.exp(np.minimum(u, 0.0)))
+
+
+def _sig(u):
+    return 1.0 / (1.0 + np.exp(-u))
+
+
+def kernel_weights(name, x, Q, K, beta=1.0, lam=0.2, mask=None):
+    """Attention matrix of tokens ``x`` (rows) under the kernels of REFERENCES.md [K].
+
+    ``mask``: None or "causal" (j <= i kept)."""
+    x = np.asarray(x, np.float64)
+    n = x.shape[0]
+    if name == "prenorm":
+        x = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True))
+    q, k = x @ np.asarray(Q).T, x @ np.asarray(K).T
+    keep = np.ones((n, n), bool) if mask is None else np.tril(np.ones((n, n), bool))
+    P = np.zeros((n, n))
+    for i in range(n):
+        js = [j for j in range(n) if keep[i, j]]
+        if name in ("linear", "linearnorm"):
+            row = np.array([beta * elu1(q[i]) @ elu1(k[j]) for j in js])
+            if name == "linearnorm":
+                row = row / row.sum()
+        elif name == "stickbreaking":
+            s = _sig(np.array([beta * q[i] @ k[j] for j in js]))
+            row = np.array([s[a] * np.prod(1.0 - s[a + 1 :]) for a in range(len(js))])
+        elif name == "offbyone":
+            e = np.exp(np.array([beta * q[i] @ k[j] for j in js]))
+            row = e / (1.0 + e.sum())
+        elif name == "prenorm":
+            row = softmax_rows(np.array([[beta * q[i] @ k[j] for j in js]]))[0]
+        elif name == "differential":
+            h = q.shape[1] // 2
+            l1 = np.array([[beta * q[i, :h] @ k[j, :h] for j in js]])
+            l2 = np.array([[beta * q[i, h:] @ k[j, h:] for j in js]])
+            row = softmax_rows(l1)[0] - lam * softmax_rows(l2)[0]
+        elif name == "selective":
+            L = beta * q @ k.T
+            # S_kj = relu(L_kj) for 0 < j < k; F_ij = sum_{k < i} S_kj
+            F = np.zeros(n)
+            for kk in range(i):
+                for j in range(1, kk):
+                    F[j] += max(L[kk, j], 0.0)
+            js = [j for j in range(i + 1)]
+            row = softmax_rows(np.array([[L[i, j] - F[j] for j in js]]))[0]
+        else:
+            raise ValueError(name)
+        P[i, js] = row
+    return P
+
+
+def euler_kernel(name, x0, Q, K, V, dt, layers, beta=1.0, **kw):
+    """Forward Euler in the original frame under ``kernel_weights``."""
+    x = np.array(x0, np.float64)
+    for _ in range(layers):
+        x = x + dt * kernel_weights(name, x, Q, K, beta, **kw) @ x @ np.asarray(V).T
+    return x

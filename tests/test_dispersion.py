@@ -253,10 +253,14 @@ def test_report_fields_on_simple_matrices():
     } <= set(d)
 
 
+# the kernels of this file (the others: tests/test_kernels_escape.py)
+CLASSIC = ("softmax", "qknorm", "ssmax", "sigmoid", "adaptive")
+
+
 def test_dispersion_of_a_trajectory_and_of_a_model():
     rng = np.random.default_rng(5)
     x0 = rng.uniform(-1, 1, (30, 2))
-    for kern in af.KERNELS:
+    for kern in CLASSIC:  # the other kernels: test_kernels_escape.py
         m = af.Attention(
             np.eye(2), np.array([[1.0, 0.4], [0.0, 1.0]]), 0.5 * np.eye(2), beta=1.5, kernel=kern
         )
@@ -319,8 +323,9 @@ def test_dispersion_scan_table():
         beta=2.0,
         queries=32,
         kernel_params={"ssmax": {"s": 0.5}},
+        kernels=CLASSIC,
     )
-    assert res["kernels"] == list(af.KERNELS) and len(res["rows"]) == 15
+    assert res["kernels"] == list(CLASSIC) and len(res["rows"]) == 15
     for kern in ("softmax", "qknorm"):
         r = res["results"][kern]
         assert np.all(np.array(r["max"]) <= np.array(r["bound_tight"]) * (1 + 1e-12))
@@ -416,6 +421,14 @@ def test_fig_dispersion_quick(tmp_path):
     for kern in ("softmax", "qknorm"):
         r = side["results"]["max"]["kernels"][kern]
         assert all(m <= b * (1 + 1e-12) for m, b in zip(r["max"], r["bound_tight"]))
+    from attnflow.analysis.dispersion import bound_tight
+
+    # the kernels of issue 17: prenorm is a softmax, so under the bound of its spread
+    extra = side["results"]["max"]["kernels_extra"]
+    assert set(extra) == {"linearnorm", "stickbreaking", "offbyone", "prenorm", "differential"}
+    ns = side["results"]["max"]["ns"]
+    for m, dl, n in zip(extra["prenorm"]["max"], extra["prenorm"]["delta"], ns, strict=True):
+        assert m <= bound_tight(dl, n) * (1 + 1e-12)
 
 
 # ------------------------------------------------------------- non-finite input

@@ -11,6 +11,8 @@ import attnflow as af
 from attnflow.dynamics import kernels as K
 
 STOCHASTIC = ("softmax", "qknorm", "ssmax", "adaptive")
+# the kernels of this file; the others are tested in test_kernels_escape.py
+CLASSIC = ("softmax", "qknorm", "ssmax", "sigmoid", "adaptive")
 
 
 # ------------------------------------------------------- numpy references (independent)
@@ -79,15 +81,35 @@ def _params(name, s=1.7):
 
 # --------------------------------------------------------------------------- tests
 def test_registry_lists_the_kernels():
-    assert K.KERNELS == ("softmax", "qknorm", "ssmax", "sigmoid", "adaptive", "usa")
-    assert [K.row_stochastic(k) for k in K.KERNELS] == [True, True, True, False, True, False]
+    assert K.KERNELS[:5] == CLASSIC
+    assert [K.row_stochastic(k) for k in CLASSIC] == [True, True, True, False, True]
+    assert K.KERNELS[5:] == (
+        "usa",
+        "linear",
+        "linearnorm",
+        "stickbreaking",
+        "selective",
+        "differential",
+        "offbyone",
+        "prenorm",
+    )
+    assert [K.row_stochastic(k) for k in K.KERNELS[5:]] == [
+        False,
+        False,
+        True,
+        False,
+        True,
+        False,
+        False,
+        True,
+    ]
     assert af.KERNELS == K.KERNELS
     # the old (fn, row_stochastic) tuple form still indexes
     assert K._REGISTRY["softmax"][0] is K.softmax and K._REGISTRY["sigmoid"][1] is False
     assert math.isclose(K.ADAPTIVE_MAX_INVERSE_TEMPERATURE, 2.4213877, rel_tol=1e-6)
 
 
-@pytest.mark.parametrize("name", K.KERNELS)
+@pytest.mark.parametrize("name", CLASSIC)
 def test_weights_match_numpy(name):
     rng = np.random.default_rng(1)
     q, k = rng.normal(size=(23, 3)), rng.normal(size=(31, 3))
@@ -100,7 +122,7 @@ def test_weights_match_numpy(name):
         np.testing.assert_allclose(np.asarray(got).sum(-1), 1.0, rtol=1e-13)
 
 
-@pytest.mark.parametrize("name", K.KERNELS)
+@pytest.mark.parametrize("name", CLASSIC)
 def test_attend_tiled_equals_dense_and_numpy(name):
     rng = np.random.default_rng(2)
     q, k, v = (rng.normal(size=(157, 4)) for _ in range(3))
@@ -141,7 +163,7 @@ def test_rms_normalize_is_scale_invariant_and_safe():
     assert np.all(np.isnan(np.asarray(K.rms_normalize(jnp.array([[np.inf, 1.0]])))))
 
 
-@pytest.mark.parametrize("name", K.KERNELS)
+@pytest.mark.parametrize("name", CLASSIC)
 def test_simulate_euler_original_frame_matches_numpy(name):
     rng = np.random.default_rng(4)
     d, n = 2, 9
@@ -164,7 +186,7 @@ def test_simulate_euler_original_frame_matches_numpy(name):
     )
 
 
-@pytest.mark.parametrize("name", K.KERNELS)
+@pytest.mark.parametrize("name", CLASSIC)
 def test_simulate_adaptive_original_frame_matches_numpy_rk4(name):
     rng = np.random.default_rng(5)
     d, n = 2, 7
@@ -238,7 +260,7 @@ def test_kernel_parameter_is_a_leaf_no_recompile():
     assert float(m.kernel_params["s"]) == 1.0 and m.kernel_params["s"].dtype == m.dtype
 
 
-@pytest.mark.parametrize("name", K.KERNELS)
+@pytest.mark.parametrize("name", CLASSIC)
 def test_log_logit_bound_bounds_what_the_kernel_exponentiates(name):
     rng = np.random.default_rng(8)
     for scale in (0.1, 1.0, 30.0):

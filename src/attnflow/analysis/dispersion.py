@@ -47,6 +47,7 @@ __all__ = [
     "bound_tight",
     "bound_loose",
     "qknorm_delta_bound",
+    "prenorm_logit_bound",
 ]
 
 
@@ -68,6 +69,24 @@ def bound_loose(delta: Float[npt.ArrayLike, "*b"], n: Any) -> Float[np.ndarray, 
 def qknorm_delta_bound(beta: float, p: int) -> float:
     """``2 beta p``: the largest logit spread of ``qknorm`` (``|q^| = |k^| = sqrt(p)``)."""
     return 2.0 * float(beta) * int(p)
+
+
+def prenorm_logit_bound(
+    Q: Float[npt.ArrayLike, "p d"], K: Float[npt.ArrayLike, "p d"], *, beta: float = 1.0
+) -> float:
+    """``beta d ||Q^T K||_2``: the largest ``|logit|`` of ``kernel="prenorm"``, whose
+    tokens are normalised to ``|x^| = sqrt(d)`` before Q and K (so the spread ``delta``
+    is at most twice this). Attained by a top singular pair of ``Q^T K``.
+
+    Args:
+        Q, K: query and key maps ``(p, d)``.
+        beta: inverse temperature.
+
+    Returns:
+        The bound, a float.
+    """
+    Qa, Ka = np.asarray(Q, np.float64), np.asarray(K, np.float64)
+    return float(beta) * Qa.shape[-1] * float(np.linalg.norm(Qa.T @ Ka, 2))
 
 
 # -------------------------------------------------------------------------- report
@@ -165,6 +184,10 @@ def _qk_stats(kernel: str, q, k, beta, params, rows, sink: int, block: int, mask
     """Statistics of query rows ``rows`` (indices) against all keys, in tiles of ``block``
     (``mask``: ``attnflow.kernels.check_mask``'s form; dropped logits weigh 0)."""
     q, k = _kernels.prepare(kernel, q, k)
+    if not _kernels.get(kernel).rowwise:  # selective: every row reads the rows before it
+        L = _kernels.apply_mask(_kernels.logits(q, k, beta), mask)
+        st = _row_stats(_kernels.weights(kernel, L, params)[rows], L[rows], sink)
+        return st
     q = q[rows]
 
     def tile(qi, ri):

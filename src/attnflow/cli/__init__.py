@@ -1,7 +1,7 @@
 """The ``attnflow`` command line.
 
 One module per subcommand (``simulate``, ``rank``, ``ginibre``, ``classify``,
-``animate``, ``heads``, ``dispersion``, ``figures``); the options they share are
+``animate``, ``heads``, ``dispersion``, ``retrieval``, ``figures``); the options they share are
 declared once in ``_options``; errors, JSON output and reading weights and tokens are in
 ``_common``. This module holds the app, its root options (``--version``,
 ``--traceback``) and ``main``.
@@ -48,6 +48,7 @@ from . import figures as _figures
 from . import ginibre as _ginibre
 from . import heads as _heads
 from . import rank as _rank
+from . import retrieval as _retrieval
 from . import simulate as _simulate
 from ._common import CLIError, CLIFailure
 from ._options import Backend, Case, Choice, Frame, Interval, Method, Norm
@@ -131,6 +132,7 @@ for _module, _name in (
     (_animate, "animate"),
     (_heads, "heads"),
     (_dispersion, "dispersion"),
+    (_retrieval, "retrieval"),
     (_figures, "figures"),
 ):
     app.command(name=_name, short_help=_module.SHORT_HELP)(getattr(_module, _name))

@@ -26,6 +26,8 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from . import kernels as _kernels
+
 __all__ = ["AbstractModel", "AbstractAttentionSystem"]
 
 
@@ -131,8 +133,10 @@ class AbstractAttentionSystem(AbstractModel):
 
     # ------------------------------------------------------------- derived, final
     def queries_keys(self, x: Float[Array, "n d"]) -> tuple[Array, Array]:
-        """Queries and keys of tokens ``x`` (original frame)."""
+        """Queries and keys of tokens ``x`` (original frame); for a kernel with a token
+        normalisation (``prenorm``) of the normalised tokens."""
         Q, K = self.query_key_maps()
+        x = _kernels.prepare_tokens(self.kernel, x)
         return x @ Q.T, x @ K.T
 
     def logits(self, x: Float[Array, "n d"]) -> Float[Array, "n n"]:

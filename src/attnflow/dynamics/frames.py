@@ -183,8 +183,14 @@ class Rescaled(AbstractFrame):
                 f"1), and the rescaled frame dz_i/dt = sum_j P_ij V (z_j - z_i) assumes "
                 f"they do; use frame='original' with kernel {model.kernel!r}."
             )
+        token_prep = _kernels.get(model.kernel).token_prep is not None
         if coords is None:
-            coords = "modal" if prop.has_modal else "standard"
+            coords = "modal" if prop.has_modal and not token_prep else "standard"
+        if coords == "modal" and token_prep:
+            raise ValueError(
+                f"kernel {model.kernel!r} normalises the tokens x before Q and K, which "
+                f"modal coordinates do not hold: use coords='standard'."
+            )
         if coords == "modal" and not prop.has_modal:
             raise ValueError("modal coordinates need a diagonalisable V (propagator eig/eigh).")
         self.model = model  # pyright: ignore[reportIncompatibleVariableOverride]

@@ -22,6 +22,35 @@ coefficient tends to 0 as ``n`` grows with the logits bounded):
                 ``softmax(L / theta)``. The factor is 1 unless ``0.84858 < H < 5.94452``
                 and at most 2.4214 (at ``H = 4.412``).
 
+Kernels that escape or alter dispersion in other ways (REFERENCES.md [K]; ``phi = elu + 1``):
+
+``"linear"``        ``P_ij = beta phi(q_i) . phi(k_j)``, unnormalised (rows need not sum
+                    to 1: original frame only). Nothing is exponentiated; the guard's bound
+                    is that of ``|P|`` itself. ``"linearnorm"``: the same divided by its row
+                    sum (rows sum to 1, every frame; beta cancels).
+``"stickbreaking"`` (Tan et al. 2024) ``P_j = sigmoid(L_j) prod_{k > j} (1 - sigmoid(L_k))``
+                    over the key order (the last key first), in log space. With
+                    ``mask="causal"``: ``prod_{j < k <= i}``, ``j <= i`` (the query itself
+                    counts, since attnflow's masks keep the diagonal; Tan et al.'s default
+                    is ``j < i``). Rows sum to ``1 - prod (1 - sigmoid) < 1``: original
+                    frame only.
+``"selective"``     (Leviathan et al. 2024) causal always: ``S = relu(L)`` below the
+                    diagonal, ``S[:, 0] = 0``, ``S_ii = 0``, ``F_ij = sum_{k<i} S_kj``,
+                    ``P = softmax(L - F)`` over ``j <= i``. Rows sum to 1. Not row-wise
+                    (row ``i`` reads rows ``k < i``): dense only, the tiled path refuses.
+``"differential"``  (Ye et al. 2024) the head is split in halves, ``Q = [Q1; Q2]``,
+                    ``K = [K1; K2]`` (head size ``p`` even): ``P = softmax(beta q1 k1^T) -
+                    lam softmax(beta q2 k2^T)``, parameter ``lam`` (default 0.2, Ye et al.'s
+                    ``lambda_init`` of the first layer). Rows sum to ``1 - lam`` and entries
+                    may be negative; original frame only (see docs/dispersion.md). Its
+                    logits are the two maps side by side, ``(n, 2n)``; no mask.
+``"offbyone"``      ``e^{L_j} / (1 + sum_k e^{L_k})``, an implicit sink of logit 0; rows
+                    sum to less than 1: original frame only.
+``"prenorm"``       softmax of ``beta <Q x^_i, K x^_j>`` with ``x^ = x / rms(x)`` per token
+                    (``|x^| = sqrt(d)``) before the query and key maps (dispersion paper,
+                    Prop. 3.1): ``|L_ij| <= beta d ||Q^T K||_2``. Rows sum to 1; the
+                    rescaled frame runs in standard coordinates (the norm is of ``x``).
+
 Each kernel is a ``Kernel`` entry of the registry: an optional per-token ``prep(q, k)``
 of queries and keys, the row-wise ``fn(L, **params)``, whether rows sum to one, the
 numeric parameters with their defaults, and how much the kernel can enlarge a logit
@@ -75,6 +104,14 @@ __all__ = [
     "check_mask",
     "mask_keep",
     "apply_mask",
+    "check_kernel_mask",
+    "linear_attention",
+    "linear_normalized",
+    "stickbreaking",
+    "selective_attention",
+    "differential_attention",
+    "offbyone",
+    "prepare_tokens",
 ]
 
 # Above this many tokens ``attend`` never forms the (n, n) matrix: it processes blocks of
@@ -267,6 +304,10 @@ class Kernel(NamedTuple):
             ``log max |L|`` to a bound of the log of the largest number the kernel
             exponentiates (the overflow guard).
         summary: one line for help texts.
+        token_prep: ``token_prep(x) -> x`` applied to the tokens before the query and
+            key maps (``prenorm``), or None.
+        rowwise: whether each row of ``P`` depends on its own row of logits only (every
+            kernel but ``selective``): only then may ``attend`` tile the query rows.
     """
 
     fn: Callable
@@ -276,6 +317,8 @@ class Kernel(NamedTuple):
     positive: tuple
     log_gain: Callable
     summary: str
+    token_prep: Callable | None = None
+    rowwise: bool = True
 
 
 _REGISTRY: dict[str, Kernel] = {
@@ -331,6 +374,165 @@ def _usa_gain(log_b, n, params):
 
 _REGISTRY["usa"] = Kernel(
     usa, False, None, {}, (), _usa_gain, "e^L / n, unnormalised (original and sphere frames)"
+)
+
+
+# ----------------------------------------------- kernels that escape dispersion ([K])
+def _elu1(u: Array) -> Array:
+    """``phi(u) = elu(u) + 1 > 0`` (Katharopoulos et al. 2020), entry-wise."""
+    return jax.nn.elu(u) + 1.0
+
+
+def _linear_prep(q: Array, k: Array) -> tuple[Array, Array]:
+    return _elu1(q), _elu1(k)
+
+
+def linear_attention(L: Array) -> Array:
+    """Unnormalised linear attention: the logits ``L = beta phi(q) . phi(k)`` themselves
+    (``-inf``, a masked key, gives 0). Rows need not sum to 1."""
+    return jnp.where(L == -jnp.inf, 0.0, L)
+
+
+def linear_normalized(L: Array) -> Array:
+    """Normalised linear attention ``L_ij / sum_k L_ik`` (``L > 0``; masked keys 0)."""
+    P = linear_attention(L)
+    return P / jnp.sum(P, axis=-1, keepdims=True)
+
+
+def stickbreaking(L: Array) -> Array:
+    """Stick-breaking weights over the key order, in log space:
+    ``log P_j = log sigmoid(L_j) + sum_{k > j} log(1 - sigmoid(L_k))``, i.e.
+    ``P_j = sigmoid(L_j) prod_{k > j} (1 - sigmoid(L_k))``: the last key breaks the stick
+    first. Masked keys (``-inf``) weigh 0 and break nothing, so with ``mask="causal"``
+    row ``i`` is ``sigmoid(L_ij) prod_{j < k <= i} (1 - sigmoid(L_ik))`` for ``j <= i``.
+    Rows sum to ``1 - prod_k (1 - sigmoid(L_k)) < 1``."""
+    log_keep = jax.nn.log_sigmoid(-L)  # log(1 - sigmoid(L)); 0 at a masked key
+    after = jnp.flip(jnp.cumsum(jnp.flip(log_keep, -1), axis=-1), -1) - log_keep
+    return jnp.exp(jax.nn.log_sigmoid(L) + after)
+
+
+def selective_attention(L: Array) -> Array:
+    """Selective attention (Leviathan et al. 2024) of the full square logits ``(..., n, n)``
+    of one head, in causal order: ``S = relu(L)`` on ``j <= k`` (0 above the diagonal),
+    ``S[:, 0] = 0`` and ``S_kk = 0``; ``F_ij = sum_{k < i} S_kj``;
+    ``P = softmax(L - F)`` over ``j <= i``. The head's own logits are its selection logits
+    (the paper takes those of head 0). Not row-wise: row ``i`` reads the rows ``k < i``."""
+    n = L.shape[-1]
+    if L.ndim < 2 or L.shape[-2] != n:
+        raise ValueError(
+            f"kernel 'selective' needs the full square (n, n) logits of a sequence (row i "
+            f"reads the selection scores of the rows before it); got shape {L.shape}. "
+            f"Pass every query row (dense path, block=0)."
+        )
+    i = jnp.arange(n)
+    causal = i[None, :] <= i[:, None]
+    S = jnp.where(causal & (i[None, :] > 0) & (i[None, :] != i[:, None]), L, 0.0)
+    S = jnp.maximum(jnp.where(jnp.isfinite(S), S, 0.0), 0.0)
+    F = jnp.cumsum(S, axis=-2) - S
+    return softmax(jnp.where(causal, L - F, -jnp.inf))
+
+
+def _differential_prep(q: Array, k: Array) -> tuple[Array, Array]:
+    """Split the head in halves ``q = [q1 | q2]``, ``k = [k1 | k2]`` (Ye et al.) and stack
+    the keys block-diagonally, ``[[k1, 0], [0, k2]]`` ``(2m, p)``, so that
+    ``beta q @ k.T = [beta q1 k1^T | beta q2 k2^T]`` ``(n, 2m)``."""
+    p = q.shape[-1]
+    if p % 2:
+        raise ValueError(
+            f"kernel 'differential' splits the head into two halves (Q = [Q1; Q2], "
+            f"K = [K1; K2]); the head size p must be even, got p = {p}."
+        )
+    h = p // 2
+    z = jnp.zeros_like(k[..., :h])
+    k2 = jnp.concatenate(
+        [jnp.concatenate([k[..., :h], z], -1), jnp.concatenate([z, k[..., h:]], -1)], -2
+    )
+    return q, k2
+
+
+def differential_attention(L: Array, lam=0.2) -> Array:
+    """``softmax(L1) - lam softmax(L2)`` of the stacked logits ``[L1 | L2]`` ``(..., 2m)``
+    (``differential``'s ``prep``); rows sum to ``1 - lam``, entries may be negative."""
+    m = L.shape[-1] // 2
+    return softmax(L[..., :m]) - jnp.asarray(lam, L.dtype) * softmax(L[..., m:])
+
+
+def offbyone(L: Array) -> Array:
+    """``e^{L_j} / (1 + sum_k e^{L_k})``: softmax with an implicit sink of logit 0."""
+    m = jnp.maximum(jnp.max(L, axis=-1, keepdims=True), 0.0)
+    e = jnp.exp(L - m)
+    return e / (jnp.exp(-m) + jnp.sum(e, axis=-1, keepdims=True))
+
+
+def prepare_tokens(kernel: str, x: Array) -> Array:
+    """The tokens as the kernel's query and key maps see them (``prenorm``:
+    ``x / rms(x)`` per token, ``|x^| = sqrt(d)``); the tokens themselves otherwise."""
+    tp = get(kernel).token_prep
+    return x if tp is None else tp(x)
+
+
+_REGISTRY.update(
+    {
+        "linear": Kernel(
+            linear_attention,
+            False,
+            _linear_prep,
+            {},
+            (),
+            _no_gain,
+            "beta phi(q) . phi(k), phi = elu + 1, unnormalised (original frame only)",
+        ),
+        "linearnorm": Kernel(
+            linear_normalized,
+            True,
+            _linear_prep,
+            {},
+            (),
+            _no_gain,
+            "phi(q) . phi(k) / sum_k phi(q) . phi(k_k), phi = elu + 1",
+        ),
+        "stickbreaking": Kernel(
+            stickbreaking,
+            False,
+            None,
+            {},
+            (),
+            _no_gain,
+            "sigmoid(L_j) prod_{k > j} (1 - sigmoid(L_k)), log space (original frame only)",
+        ),
+        "selective": Kernel(
+            selective_attention,
+            True,
+            None,
+            {},
+            (),
+            _no_gain,
+            "softmax(L - F), F_ij = sum_{k<i} relu(L_kj) (causal; dense only)",
+            rowwise=False,
+        ),
+        "differential": Kernel(
+            differential_attention,
+            False,
+            _differential_prep,
+            {"lam": 0.2},
+            (),
+            _no_gain,
+            "softmax(beta q1 k1) - lam softmax(beta q2 k2), rows sum to 1 - lam",
+        ),
+        "offbyone": Kernel(
+            offbyone, False, None, {}, (), _no_gain, "e^L / (1 + sum e^L), an implicit sink"
+        ),
+        "prenorm": Kernel(
+            softmax,
+            True,
+            None,
+            {},
+            (),
+            _no_gain,
+            "softmax of beta <Q x^_i, K x^_j>, x^ = x / rms(x) per token",
+            token_prep=rms_normalize,
+        ),
+    }
 )
 
 KERNELS = tuple(_REGISTRY)
@@ -489,6 +691,16 @@ def apply_mask(L: Array, mask: tuple | None, row0: Any = 0) -> Array:
     return jnp.where(keep, L, -jnp.inf)
 
 
+def check_kernel_mask(kernel: str, mask: tuple | None) -> None:
+    """``ValueError`` for a mask the kernel cannot take: ``differential`` stacks two logit
+    maps side by side (``(n, 2m)``), which the masks' column indices do not describe."""
+    if mask is not None and kernel == "differential":
+        raise ValueError(
+            "kernel 'differential' takes no mask (its logits are two maps side by side); "
+            "use mask=None."
+        )
+
+
 # ------------------------------------------------------------------------ tiling
 def auto_block(n: int) -> int:
     """Query rows per tile for ``n`` tokens: 0 (dense) up to ``DENSE_MAX_N``, else about
@@ -527,10 +739,17 @@ def attend(
     see the full ``n = m`` keys in every tile): the results agree to rounding (the same
     operations per row). Memory ``O(block * m)``.
     """
+    check_kernel_mask(kernel, mask)
     q, k = prepare(kernel, q, k)
     n = q.shape[0]
     if block is None:
         block = auto_block(k.shape[0])
+    if not get(kernel).rowwise and 0 < block < n:
+        raise ValueError(
+            f"kernel {kernel!r} couples the query rows (row i reads the selection scores "
+            f"of the rows before it), so query tiles cannot compute it exactly; use "
+            f"block=0 (dense, O(n^2) memory) for n = {n}."
+        )
     if block <= 0 or block >= n:
         return weights(kernel, apply_mask(logits(q, k, beta), mask), params) @ values
     nb = -(-n // block)

@@ -179,6 +179,7 @@ class Attention(AbstractAttentionSystem):
             )
         kparams = _kernels.kernel_params(kernel, kernel_params)
         self.mask = _kernels.check_mask(mask)
+        _kernels.check_kernel_mask(kernel, self.mask)
         if _is_concrete(beta):
             try:
                 b = float(np.asarray(beta))

@@ -162,6 +162,7 @@ class MultiHeadAttention(AbstractModel):
         kparams = _kernels.kernel_params(kernel, kernel_params)
         b = _beta(beta)
         self.mask = _kernels.check_mask(mask)
+        _kernels.check_kernel_mask(kernel, self.mask)
         self.block = _block(block)
         Wa = None if W is None else _weights("W", W, 2, "(d, d)")
         if Wa is not None and Wa.shape != (d, d):
@@ -223,7 +224,8 @@ class MultiHeadAttention(AbstractModel):
     # --------------------------------------------------------------- the field
     def _queries_keys(self, x: Array) -> tuple[Array, Array]:
         """Per-head queries and keys ``(h, n, p)`` of tokens ``x`` (the kernel's prep
-        is applied by ``attend`` and ``logits``)."""
+        is applied by ``attend`` and ``logits``; ``prenorm``'s token norm here)."""
+        x = _kernels.prepare_tokens(self.kernel, x)
         return jnp.einsum("nd,hpd->hnp", x, self.Q), jnp.einsum("nd,hpd->hnp", x, self.K)
 
     def averaged(self, x: Float[Array, "n d"]) -> Float[Array, "h n d"]:

@@ -8,7 +8,10 @@ delta by the weights alone and weakens attention sinks. Three figures:
                                    R^8, n = 16 ... 16,384: the largest coefficient of 16
                                    fixed query rows against n, per kernel, with both
                                    bounds (from the measured spread of each row) and the
-                                   bound of the logits the kernel actually exponentiates
+                                   bound of the logits the kernel actually exponentiates;
+                                   its "all kernels" panel adds linearnorm, stickbreaking,
+                                   offbyone, prenorm and differential (dashed, same
+                                   weights and beta as softmax)
   fig_dispersion_leaders.{png,pdf} the particle system (original frame, V = Q = K = I,
                                    d = 2, discrete transformer with dt = 0.05): the first
                                    time some token holds more than half of a row's
@@ -46,6 +49,9 @@ COLORS = {
     "sigmoid": "#ff7f0e",
 }
 N_TRAIN = 16
+# The kernels of issue 17, drawn in figure 1's "all kernels" panel only (dashed).
+EXTRA_KERNELS = ("linearnorm", "stickbreaking", "offbyone", "prenorm", "differential")
+EXTRA_COLORS = dict(zip(EXTRA_KERNELS, ("#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")))
 
 
 def _config(quick: bool) -> dict:
@@ -194,8 +200,17 @@ def _max_vs_n(cfg: dict) -> dict:
             effective_bound_label=eff_label,
             entropy_normalized=r["entropy_normalized"],
         )
+    extra = {}
+    for kern in EXTRA_KERNELS:
+        m = af.Attention(Q, Kw, np.eye(d), beta=beta, kernel=kern)
+        reps = [af.dispersion(m, x=x[:n], rows=slice(0, cfg["queries"])) for n in cfg["ns"]]
+        extra[kern] = dict(
+            max=[float(np.max(rep.max)) for rep in reps],
+            delta=[float(np.max(rep.delta)) for rep in reps],
+        )
     sv = lambda A: float(np.linalg.svd(A, compute_uv=False)[0])  # noqa: E731
     return dict(
+        kernels_extra=extra,
         ns=cfg["ns"],
         beta=beta,
         beta_qknorm=beta_qk,
@@ -331,6 +346,8 @@ def _plot_max(data: dict, out_dir: Path, plt, quick: bool = False) -> list[Path]
         ax.plot(
             ns, data["kernels"][kern]["max"], "o-", color=COLORS[kern], ms=2.5, lw=1, label=kern
         )
+    for kern, r in data.get("kernels_extra", {}).items():
+        ax.plot(ns, r["max"], "s--", color=EXTRA_COLORS[kern], ms=2, lw=0.8, label=kern)
     ax.plot(ns, 1 / ns, color="0.6", lw=0.8, label="$1/n$")
     ax.set_title("all kernels")
     ax.legend(fontsize=5, loc="lower left")

@@ -1,0 +1,157 @@
+"""Max retrieval (Velickovic et al. 2024): accuracy and attention on the maximum item
+against the set size, for one head trained at n = 16 with each attention kernel.
+
+  fig_max_retrieval.{png,pdf}  (a) accuracy with 95% Wilson intervals against n (log
+                               axis), the paper's softmax and adaptive numbers as
+                               crosses; (b) the mean attention weight on the true maximum
+                               item against n, with the mean softmax bound
+                               1/(1 + (n-1) e^{-delta}) of the softmax head (dashed)
+  max_retrieval.json           sizes, accuracy, interval, attention_on_max, delta per
+                               kernel, config (the study's dictionary)
+  fig_max_retrieval.json       the sidecar (versions, runtime)
+
+The trained models are kept in ``<out>/max_retrieval_models/`` (reused when their
+configuration matches; see ``attnflow.studies.retrieval``). The full run trains 11
+models at width 128 and evaluates 12 rows at n = 16 ... 16,384; see docs/retrieval.md
+for its cost. ``--quick``: width 16, 40 steps, n = 16 and 64, softmax and adaptive only.
+
+Run:  python -m attnflow.experiments.fig_max_retrieval [--quick] [--out figures]
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from attnflow.experiments import _plotting as H
+
+NAME = "fig_max_retrieval"
+KERNELS = (
+    "softmax",
+    "adaptive",
+    "qknorm",
+    "ssmax",
+    "sigmoid",
+    "linear",
+    "linearnorm",
+    "stickbreaking",
+    "selective",
+    "differential",
+    "offbyone",
+    "prenorm",
+)
+QUICK_KERNELS = ("softmax", "adaptive")
+
+
+def quick_setup() -> dict:
+    """The ``--quick`` configuration: tiny widths, steps and sizes (seconds)."""
+    return dict(
+        base=dict(
+            width=16,
+            depth=1,
+            max_steps=40,
+            eval_every=20,
+            val_sets=256,
+            batch=32,
+            checkpoint_every=20,
+        ),
+        sizes=[16, 64],
+        eval_kwargs=dict(min_sets=64, max_sets=128, half_width=0.5),
+    )
+
+
+def run(
+    out_dir: Path,
+    *,
+    quick: bool = False,
+    kernels: tuple[str, ...] | None = None,
+    progress: bool = True,
+    max_steps: int | None = None,
+) -> dict:
+    """Train or reuse, evaluate, write ``max_retrieval.json``; returns the dictionary."""
+    import dataclasses
+
+    from attnflow.studies import retrieval as R
+
+    out_dir = Path(out_dir)
+    kernels = tuple(kernels or (QUICK_KERNELS if quick else KERNELS))
+    if quick:
+        q = quick_setup()
+        base = R.RetrievalConfig(**q["base"])
+        sizes, ev = q["sizes"], q["eval_kwargs"]
+    else:
+        base, sizes, ev = R.RetrievalConfig(), list(R.SIZES), {}
+    if max_steps is not None:
+        base = dataclasses.replace(base, max_steps=int(max_steps))
+    res = R.run_study(
+        kernels,
+        out_dir / "max_retrieval_models",
+        base=base,
+        sizes=sizes,
+        eval_kwargs=ev,
+        progress=progress,
+    )
+    res["quick"] = bool(quick)
+    H.write_json(out_dir, "max_retrieval", H.jsonable(res), compact=True)
+    return res
+
+
+@H.styled()
+def make(out_dir: Path, quick: bool = False) -> dict:
+    t_start = time.perf_counter()
+    plt = H.setup()
+    res = run(out_dir, quick=quick, progress=not quick)
+    sizes = np.asarray(res["sizes"])
+    fig, axes = plt.subplots(1, 2, figsize=(7.2, 3.2))
+    fig.subplots_adjust(left=0.08, right=0.8, bottom=0.15, top=0.8, wspace=0.3)
+    cmap = plt.get_cmap("tab20")
+    for i, kern in enumerate(res["accuracy"]):
+        c = cmap(i % 20)
+        acc = np.asarray(res["accuracy"][kern], float)
+        iv = np.asarray(res["interval"][kern], float)
+        axes[0].plot(sizes, 100 * acc, "-o", ms=2.5, lw=1, color=c, label=kern)
+        axes[0].fill_between(sizes, 100 * iv[:, 0], 100 * iv[:, 1], color=c, alpha=0.2, lw=0)
+        axes[1].plot(sizes, res["attention_on_max"][kern], "-o", ms=2.5, lw=1, color=c)
+    for name, mk in (("softmax", "x"), ("adaptive", "+")):
+        pts = res["paper"][name]
+        axes[0].plot(
+            [int(k) for k in pts], list(pts.values()), mk, color="k", ms=5, label=f"paper {name}"
+        )
+    if "softmax" in res["bound"]:
+        axes[1].plot(sizes, res["bound"]["softmax"], "--", color="0.4", lw=1, label="bound")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("items n")
+    axes[0].set_ylabel("accuracy (%)")
+    axes[1].set_ylabel("attention on the max item")
+    axes[1].set_yscale("log")
+    axes[0].legend(fontsize=5.5, loc="center left", bbox_to_anchor=(2.55, 0.5), frameon=False)
+    H.panel_label(axes[0], "a")
+    H.panel_label(axes[1], "b")
+    first = next(iter(res["accuracy"]))
+    H.headline(
+        fig,
+        "One head trained at n = 16 to retrieve the max: accuracy falls with n",
+        f"{first}: {100 * res['accuracy'][first][0]:.1f}% at n = {sizes[0]}, "
+        f"{100 * res['accuracy'][first][-1]:.1f}% at n = {sizes[-1]}; "
+        f"width {res['config']['width']}, {'quick run' if quick else 'full run'}",
+        sub_y=0.925,
+    )
+    figures = H.save(fig, out_dir, NAME, quick)
+    out = H.finish(
+        out_dir,
+        NAME,
+        script="attnflow.experiments.fig_max_retrieval",
+        quick=quick,
+        runs=[],
+        figures=figures,
+        t_start=t_start,
+        study=str(Path(out_dir) / "max_retrieval.json"),
+    )
+    return {**out, "accuracy": res["accuracy"]}
+
+
+if __name__ == "__main__":
+    H.main(make, __doc__)

@@ -1,0 +1,558 @@
+"""Max retrieval: one trained attention head read at sizes it never saw (Velickovic et al.).
+
+The task of "softmax is not enough" (arXiv 2410.01104): a set of ``n`` items, item ``j``
+the 11-vector ``[p_j, onehot(c_j)]`` with priority ``p_j ~ U(0, 1)`` and class
+``c_j ~ U{0..9}``; the target is the class of the item of largest priority. A query token
+made from a random scalar (no task information) attends over the items with one head:
+
+    e_j = MLP_item(item_j),  u = MLP_query(s),  q = W_q u,  k_j = W_k e_j,  v_j = W_v e_j,
+    P = kernel(beta <q, k_j>)  (attnflow's registry: the same code as ``simulate``),
+    logits = MLP_out(sum_j P_j v_j)  (10 classes).
+
+Trained at ``n = 16`` with optax Adam and cross-entropy until the in-distribution
+accuracy stops improving (early stopping with a patience), then evaluated at
+``n = 16 ... 16384`` with no parameter changed; ``kernel="adaptive"`` at evaluation reads
+the softmax-trained model with the adaptive temperature, as the paper does.
+
+Choices where the paper is silent (or where REFERENCES.md records nothing): every MLP
+has ``depth`` hidden layers of ``width`` units with GELU (default 2 and 128); the head
+size is ``width``; ``beta = 1/sqrt(head size)``; ``prenorm`` and ``qknorm`` normalise the
+item and query embeddings (resp. queries and keys) as the kernels define; the set size in
+training is fixed at 16; batch 128, Adam at ``lr = 1e-3``; early stopping on a fixed
+validation set of 2048 sets at ``n = 16``, evaluated every ``eval_every`` steps, with a
+patience of ``patience`` evaluations. For ``selective`` (a causal kernel) the items come
+first and the query token last, and every item is also a query (its selection scores feed
+the query's row); for ``stickbreaking`` the order is the item order, the query after all
+items. ``differential`` splits the head into two halves of ``width / 2`` with a fixed
+``lam = 0.2`` (Ye et al.'s ``lambda_init`` of the first layer; no learned lambda, no
+GroupNorm).
+
+Arithmetic is float32 whatever JAX's x64 mode (the model's arrays and the data are
+created float32).
+
+Saved models: ``cache/<kernel>-<hash>/`` holds ``config.json``, ``model.eqx``
+(``eqx.tree_serialise_leaves`` of the best model), ``train.json`` (history, timings) and,
+while training, ``checkpoint.eqx`` (model, optimizer state, best model, step counter) every
+``checkpoint_every`` steps, from which an interrupted run resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from ..analysis.dispersion import bound_tight, dispersion
+from ..dynamics import kernels as _kernels
+from .ginibre import binomial_interval
+
+__all__ = [
+    "RetrievalConfig",
+    "RetrievalModel",
+    "sample_sets",
+    "head_weights",
+    "train",
+    "load_or_train",
+    "evaluate",
+    "SIZES",
+    "PAPER_ACCURACY",
+    "PAPER_ACCURACY_ADAPTIVE",
+]
+
+CLASSES = 10
+SIZES = tuple(16 * 2**k for k in range(11))  # 16, 32, ..., 16384
+# REFERENCES.md [D]: accuracy (%) of the paper's softmax head, and with adaptive temperature
+PAPER_ACCURACY = {16: 98.6, 64: 94.3, 256: 81.3, 1024: 53.8, 4096: 22.6, 16384: 12.4}
+PAPER_ACCURACY_ADAPTIVE = {16: 98.6, 64: 94.5, 256: 82.1, 1024: 57.7, 4096: 24.9, 16384: 14.0}
+# kernels that are evaluated on a model trained with another kernel
+EVAL_ONLY = {"adaptive": "softmax"}
+# selective forms the (n+1) x (n+1) matrix of the items: evaluated up to this size only
+SELECTIVE_MAX_N = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class RetrievalConfig:
+    """Everything that determines a trained model (its hash names the saved files).
+
+    Attributes:
+        kernel: the attention kernel it is trained with (``attnflow.KERNELS``).
+        width: MLP width and head size.
+        depth: hidden layers per MLP.
+        n_train: set size in training.
+        batch: sets per step.
+        lr: Adam learning rate.
+        max_steps: at most this many steps.
+        eval_every: steps between validation accuracies.
+        patience: validations without improvement before stopping.
+        min_delta: an improvement must exceed this (accuracy, a fraction).
+        val_sets: validation sets (n = n_train, fixed seed).
+        checkpoint_every: steps between checkpoints.
+        seed: model initialisation and data seed.
+        kernel_params: the kernel's parameters (``{"lam": 0.2}`` for differential).
+    """
+
+    kernel: str = "softmax"
+    width: int = 128
+    depth: int = 2
+    n_train: int = 16
+    batch: int = 128
+    lr: float = 1e-3
+    max_steps: int = 20000
+    eval_every: int = 250
+    patience: int = 8
+    min_delta: float = 1e-3
+    val_sets: int = 2048
+    checkpoint_every: int = 500
+    seed: int = 0
+    kernel_params: tuple = ()
+
+    def __post_init__(self):
+        _kernels.get(self.kernel)
+        if self.kernel in EVAL_ONLY:
+            raise ValueError(
+                f"kernel {self.kernel!r} is applied at evaluation to the "
+                f"{EVAL_ONLY[self.kernel]!r}-trained model, not trained."
+            )
+        for name in ("width", "depth", "n_train", "batch", "max_steps", "eval_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a whole number >= 1; got {v!r}.")
+        if self.kernel == "differential" and self.width % 2:
+            raise ValueError(f"width must be even for 'differential'; got {self.width}.")
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["kernel_params"] = dict(self.kernel_params)
+        return d
+
+    def key(self) -> str:
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return f"{self.kernel}-{hashlib.sha256(blob).hexdigest()[:12]}"
+
+
+# -------------------------------------------------------------------------- data
+def sample_sets(
+    key: Array, sets: int, n: int
+) -> tuple[Float[Array, "b n 11"], Float[Array, "b 1"], Int[Array, " b"], Int[Array, " b"]]:
+    """``sets`` random sets of ``n`` items: ``(items, query scalars, targets, argmax)``.
+
+    Items ``[p_j, onehot(c_j)]`` with ``p ~ U(0, 1)``, ``c ~ U{0..9}``; the query scalar is
+    ``U(0, 1)``; the target is the class of the item of largest priority (``argmax``)."""
+    kp, kc, ks = jax.random.split(key, 3)
+    p = jax.random.uniform(kp, (sets, n), jnp.float32)
+    c = jax.random.randint(kc, (sets, n), 0, CLASSES)
+    items = jnp.concatenate([p[..., None], jax.nn.one_hot(c, CLASSES, dtype=jnp.float32)], axis=-1)
+    top = jnp.argmax(p, axis=-1)
+    target = jnp.take_along_axis(c, top[:, None], axis=-1)[:, 0]
+    return items, jax.random.uniform(ks, (sets, 1), jnp.float32), target, top
+
+
+# ------------------------------------------------------------------------- model
+class RetrievalModel(eqx.Module):
+    """Item and query MLPs, one attention head from attnflow's kernel registry, an output
+    MLP to 10 class logits (see the module docstring)."""
+
+    item_mlp: eqx.nn.MLP
+    query_mlp: eqx.nn.MLP
+    out_mlp: eqx.nn.MLP
+    Wq: Array
+    Wk: Array
+    Wv: Array
+    kernel_params: dict
+    kernel: str = eqx.field(static=True)
+
+    def __init__(self, config: RetrievalConfig, key: Array):
+        w, dp = config.width, config.depth
+        k1, k2, k3, k4, k5, k6 = jax.random.split(key, 6)
+        act = jax.nn.gelu
+        self.item_mlp = eqx.nn.MLP(1 + CLASSES, w, w, dp, activation=act, key=k1, dtype=jnp.float32)
+        self.query_mlp = eqx.nn.MLP(1, w, w, dp, activation=act, key=k2, dtype=jnp.float32)
+        self.out_mlp = eqx.nn.MLP(w, CLASSES, w, dp, activation=act, key=k3, dtype=jnp.float32)
+        s = 1.0 / math.sqrt(w)
+        self.Wq = s * jax.random.normal(k4, (w, w), jnp.float32)
+        self.Wk = s * jax.random.normal(k5, (w, w), jnp.float32)
+        self.Wv = s * jax.random.normal(k6, (w, w), jnp.float32)
+        self.kernel = config.kernel
+        params = _kernels.kernel_params(config.kernel, dict(config.kernel_params))
+        self.kernel_params = {k: jnp.asarray(v, jnp.float32) for k, v in params.items()}
+
+    def embed(self, items: Array, query: Array) -> tuple[Array, Array]:
+        """Item embeddings ``(n, w)`` and the query token's embedding ``(w,)``."""
+        return jax.vmap(self.item_mlp)(items), self.query_mlp(query)
+
+
+def head_weights(
+    model: RetrievalModel, items: Float[Array, "n 11"], query: Float[Array, " 1"], kernel: str
+) -> tuple[Array, Array, Array]:
+    """The head on one set: ``(weights over the items (n,), pre-kernel logits, values)``.
+
+    The weights are ``attnflow.kernels.weights(kernel, L)`` of the logits
+    ``L = beta <q, k_j>`` of the kernel's prepared queries and keys (``prepare_tokens``,
+    ``prepare``), exactly as in ``Attention``; ``beta = 1/sqrt(head size)``."""
+    e, u = model.embed(items, query)
+    p = model.Wq.shape[0]
+    beta = jnp.asarray(1.0 / math.sqrt(p), e.dtype)
+    et = _kernels.prepare_tokens(kernel, e)
+    ut = _kernels.prepare_tokens(kernel, u[None, :])
+    v = e @ model.Wv.T
+    k = et @ model.Wk.T
+    q = ut @ model.Wq.T
+    if kernel == "selective":
+        # causal sequence [items..., query]: every item is a query too; read the last row
+        qs = jnp.concatenate([et @ model.Wq.T, q], axis=0)
+        ks = jnp.concatenate([k, ut @ model.Wk.T], axis=0)
+        L = _kernels.logits(qs, ks, beta)
+        P = _kernels.weights(kernel, L, model.kernel_params)[-1]
+        vq = u[None, :] @ model.Wv.T
+        return P[:-1], L[-1, :-1], jnp.concatenate([v, vq], axis=0).T @ P
+    qq, kk = _kernels.prepare(kernel, q, k)
+    L = _kernels.logits(qq, kk, beta)
+    P = _kernels.weights(kernel, L, model.kernel_params)[0]
+    return P, L[0], P @ v
+
+
+def _class_logits(model: RetrievalModel, items, query, kernel: str):
+    _, _, out = head_weights(model, items, query, kernel)
+    return model.out_mlp(out)
+
+
+def _loss(model, items, query, target):
+    logits = jax.vmap(lambda a, b: _class_logits(model, a, b, model.kernel))(items, query)
+    lp = jax.nn.log_softmax(logits)
+    return -jnp.mean(jnp.take_along_axis(lp, target[:, None], axis=-1))
+
+
+@eqx.filter_jit
+def _accuracy(model, items, query, target, kernel: str):
+    logits = jax.vmap(lambda a, b: _class_logits(model, a, b, kernel))(items, query)
+    return jnp.sum(jnp.argmax(logits, -1) == target)
+
+
+# ---------------------------------------------------------------------- training
+def _optimizer(config: RetrievalConfig):
+    import optax
+
+    return optax.adam(config.lr)
+
+
+def _template(config: RetrievalConfig):
+    model = RetrievalModel(config, jax.random.key(config.seed))
+    opt_state = _optimizer(config).init(eqx.filter(model, eqx.is_array))
+    return model, opt_state
+
+
+def _validation_accuracy(model, config: RetrievalConfig, chunk: int = 512) -> float:
+    key = jax.random.key(config.seed + 1_000_003)
+    items, query, target, _ = sample_sets(key, config.val_sets, config.n_train)
+    right = 0
+    for a in range(0, config.val_sets, chunk):
+        s = slice(a, a + chunk)
+        right += int(_accuracy(model, items[s], query[s], target[s], config.kernel))
+    return right / config.val_sets
+
+
+@functools.lru_cache(maxsize=32)
+def _step_fn(config: RetrievalConfig) -> Callable:
+    """One jitted Adam step on a fresh batch (cached per configuration)."""
+    opt = _optimizer(config)
+
+    @eqx.filter_jit
+    def step_fn(model, opt_state, key):
+        items, query, target, _ = sample_sets(key, config.batch, config.n_train)
+        loss, grads = eqx.filter_value_and_grad(_loss)(model, items, query, target)
+        updates, opt_state = opt.update(grads, opt_state, eqx.filter(model, eqx.is_array))
+        return eqx.apply_updates(model, updates), opt_state, loss
+
+    return step_fn
+
+
+def train(
+    config: RetrievalConfig,
+    directory: Path,
+    *,
+    progress: bool = True,
+    stop_after: int | None = None,
+) -> dict:
+    """Train (or resume training of) the model of ``config`` into ``directory``.
+
+    Args:
+        config: the configuration.
+        directory: where ``config.json``, ``checkpoint.eqx``, ``model.eqx`` and
+            ``train.json`` go (created).
+        progress: a tqdm progress bar.
+        stop_after: stop (as a crash would) after this many steps of this call, leaving
+            the checkpoint (for tests of resuming).
+
+    Returns:
+        The training record (also ``train.json``): steps, best validation accuracy,
+        history, seconds, whether it resumed.
+    """
+    from tqdm.auto import tqdm
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
+    model, opt_state = _template(config)
+    best_model = model
+    state: dict[str, Any] = dict(step=0, best=-1.0, bad=0, history=[], seconds=0.0)
+    ckpt = directory / "checkpoint.eqx"
+    resumed = ckpt.exists()
+    if resumed:
+        model, opt_state, best_model = eqx.tree_deserialise_leaves(
+            ckpt, (model, opt_state, best_model)
+        )
+        state = json.loads((directory / "checkpoint.json").read_text())
+
+    step_fn = _step_fn(config)
+
+    def save_checkpoint():
+        eqx.tree_serialise_leaves(ckpt, (model, opt_state, best_model))
+        (directory / "checkpoint.json").write_text(json.dumps(state))
+
+    base = jax.random.key(config.seed + 17)
+    bar = tqdm(
+        total=config.max_steps,
+        initial=state["step"],
+        disable=not progress,
+        desc=f"train {config.kernel}",
+    )
+    t0 = time.perf_counter()
+    done_here = 0
+    loss = jnp.nan
+    while state["step"] < config.max_steps and state["bad"] < config.patience:
+        model, opt_state, loss = step_fn(model, opt_state, jax.random.fold_in(base, state["step"]))
+        state["step"] += 1
+        done_here += 1
+        bar.update(1)
+        if state["step"] % config.eval_every == 0:
+            acc = _validation_accuracy(model, config)
+            state["history"].append([state["step"], float(loss), acc])
+            if acc > state["best"] + config.min_delta:
+                state["best"], state["bad"], best_model = acc, 0, model
+            else:
+                state["bad"] += 1
+            bar.set_postfix(loss=f"{float(loss):.3f}", val=f"{acc:.3f}")
+        if state["step"] % config.checkpoint_every == 0:
+            state["seconds"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            save_checkpoint()
+        if stop_after is not None and done_here >= stop_after:
+            bar.close()
+            state["seconds"] += time.perf_counter() - t0
+            save_checkpoint()
+            return dict(state, finished=False, resumed=resumed)
+    bar.close()
+    if state["best"] < 0:  # fewer steps than one validation
+        state["best"], best_model = _validation_accuracy(model, config), model
+    state["seconds"] += time.perf_counter() - t0
+    eqx.tree_serialise_leaves(directory / "model.eqx", best_model)
+    record = dict(state, finished=True, resumed=resumed, config=config.to_dict())
+    (directory / "train.json").write_text(json.dumps(record, indent=1))
+    ckpt.unlink(missing_ok=True)
+    (directory / "checkpoint.json").unlink(missing_ok=True)
+    return record
+
+
+def load_or_train(
+    config: RetrievalConfig, cache: Path, *, progress: bool = True, retrain: bool = False
+) -> tuple[RetrievalModel, dict, bool]:
+    """The trained model of ``config``: loaded from ``cache/<config.key()>`` when a
+    finished model with an identical ``config.json`` is there, else trained (resuming a
+    checkpoint if one is there). Returns ``(model, training record, reused)``."""
+    directory = Path(cache) / config.key()
+    done = directory / "train.json"
+    if done.exists() and not retrain:
+        saved = json.loads((directory / "config.json").read_text())
+        if saved != config.to_dict():
+            raise ValueError(
+                f"{directory} holds a model of another configuration ({saved}); remove it "
+                f"or pass retrain=True."
+            )
+        model = eqx.tree_deserialise_leaves(directory / "model.eqx", _template(config)[0])
+        return model, json.loads(done.read_text()), True
+    record = train(config, directory, progress=progress)
+    model = eqx.tree_deserialise_leaves(directory / "model.eqx", _template(config)[0])
+    return model, record, False
+
+
+# -------------------------------------------------------------------- evaluation
+@functools.lru_cache(maxsize=64)
+def _eval_fn(kernel: str) -> Callable:
+    @eqx.filter_jit
+    def run(model, items, query, target, top):
+        def one(a, b):
+            P, L, out = head_weights(model, a, b, kernel)
+            return P, L, model.out_mlp(out)
+
+        P, L, logits = jax.vmap(one)(items, query)
+        right = jnp.argmax(logits, -1) == target
+        on_max = jnp.take_along_axis(P, top[:, None], axis=-1)[:, 0]
+        return right, on_max, P, L
+
+    return run
+
+
+def evaluate(
+    model: RetrievalModel,
+    kernel: str,
+    sizes: Sequence[int] = SIZES,
+    *,
+    seed: int = 12345,
+    half_width: float = 0.02,
+    min_sets: int = 512,
+    max_sets: int = 4096,
+    items_per_batch: int = 1 << 16,
+    progress: bool = True,
+) -> dict:
+    """Accuracy and head diagnostics at each set size, with no parameter changed.
+
+    For each ``n``, sets are drawn in batches of ``items_per_batch / n`` sets (memory
+    bounded: ``O(items_per_batch * width)``), until the 95% Wilson interval
+    (``binomial_interval``) is within ``+-half_width`` (at least ``min_sets``, at most
+    ``max_sets`` sets). Diagnostics from ``attnflow.dispersion`` of the head's weights
+    over the items with their logits: mean attention on the true maximum item, mean
+    largest coefficient, mean logit spread ``delta`` and the mean softmax bound
+    ``1/(1 + (n-1) e^{-delta})``.
+
+    Returns:
+        ``{"sizes", "accuracy", "interval", "sets", "attention_on_max", "max_coefficient",
+        "delta", "bound", "seconds"}``, lists over sizes (NaN where not evaluated:
+        ``selective`` past ``SELECTIVE_MAX_N``).
+    """
+    from tqdm.auto import tqdm
+
+    run = _eval_fn(kernel)
+    out: dict[str, list] = {
+        k: []
+        for k in (
+            "accuracy",
+            "interval",
+            "sets",
+            "attention_on_max",
+            "max_coefficient",
+            "delta",
+            "bound",
+            "seconds",
+        )
+    }
+    for n in tqdm(list(sizes), desc=f"eval {kernel}", disable=not progress):
+        t0 = time.perf_counter()
+        if kernel == "selective" and n > SELECTIVE_MAX_N:
+            for k, v in out.items():
+                v.append([math.nan, math.nan] if k == "interval" else math.nan)
+            out["sets"][-1] = 0
+            continue
+        per = max(1, min(max_sets, items_per_batch // n))
+        right = total = 0
+        sums = dict(on_max=0.0, mx=0.0, delta=0.0, bound=0.0)
+        b = 0
+        while total < max_sets:
+            key = jax.random.fold_in(jax.random.key(seed + n), b)
+            b += 1
+            items, query, target, top = sample_sets(key, per, n)
+            r, on_max, P, L = run(model, items, query, target, top)
+            Pn, Ln = np.asarray(P, np.float64), np.asarray(L, np.float64)
+            if kernel == "differential":  # signed weights: the first map's spread
+                Ln = Ln[:, :n]
+                mx = Pn.max(-1)
+                delta = Ln.max(-1) - Ln.min(-1)
+            else:
+                rep = dispersion(Pn, logits=Ln)
+                mx, delta = rep.max, rep.delta
+            right += int(np.sum(np.asarray(r)))
+            total += per
+            sums["on_max"] += float(np.sum(np.asarray(on_max)))
+            sums["mx"] += float(np.sum(mx))
+            sums["delta"] += float(np.sum(delta))
+            sums["bound"] += float(np.sum(bound_tight(delta, n)))
+            if total >= min_sets:
+                lo, hi = binomial_interval(right, total)
+                if max(hi - right / total, right / total - lo) <= half_width:
+                    break
+        lo, hi = binomial_interval(right, total)
+        out["accuracy"].append(right / total)
+        out["interval"].append([lo, hi])
+        out["sets"].append(total)
+        out["attention_on_max"].append(sums["on_max"] / total)
+        out["max_coefficient"].append(sums["mx"] / total)
+        out["delta"].append(sums["delta"] / total)
+        out["bound"].append(sums["bound"] / total)
+        out["seconds"].append(time.perf_counter() - t0)
+    return dict(sizes=list(sizes), **out)
+
+
+def run_study(
+    kernels: Sequence[str],
+    cache: Path,
+    *,
+    base: RetrievalConfig | None = None,
+    sizes: Sequence[int] = SIZES,
+    eval_kwargs: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> dict:
+    """Train (or reuse) and evaluate every kernel; ``adaptive`` reads the softmax model.
+
+    Returns the ``figures/max_retrieval.json`` dictionary: ``sizes``, per kernel
+    ``accuracy``, ``interval``, ``attention_on_max``, ``delta``, ``max_coefficient``,
+    ``bound``, ``sets``, and ``training`` records, ``config``, ``paper``."""
+    base = RetrievalConfig() if base is None else base
+    eval_kwargs = dict(eval_kwargs or {})
+    res: dict[str, Any] = {
+        k: {}
+        for k in (
+            "accuracy",
+            "interval",
+            "attention_on_max",
+            "delta",
+            "max_coefficient",
+            "bound",
+            "sets",
+            "eval_seconds",
+            "training",
+        )
+    }
+    models: dict[str, RetrievalModel] = {}
+    for kern in kernels:
+        train_kernel = EVAL_ONLY.get(kern, kern)
+        if train_kernel not in models:
+            params = (("lam", 0.2),) if train_kernel == "differential" else ()
+            cfg = dataclasses.replace(base, kernel=train_kernel, kernel_params=params)
+            model, record, reused = load_or_train(cfg, cache, progress=progress)
+            models[train_kernel] = model
+            res["training"][train_kernel] = dict(
+                key=cfg.key(),
+                reused=reused,
+                steps=record["step"],
+                best_validation=record["best"],
+                seconds=record["seconds"],
+            )
+        ev = evaluate(models[train_kernel], kern, sizes, progress=progress, **eval_kwargs)
+        for k in ("accuracy", "interval", "attention_on_max", "delta", "max_coefficient"):
+            res[k][kern] = ev[k]
+        res["bound"][kern] = ev["bound"]
+        res["sets"][kern] = ev["sets"]
+        res["eval_seconds"][kern] = ev["seconds"]
+    return dict(
+        sizes=list(sizes),
+        **res,
+        config=dict(
+            base.to_dict(),
+            kernel=None,
+            trained_with={k: EVAL_ONLY.get(k, k) for k in kernels},
+            evaluation=dict(dict(half_width=0.02, min_sets=512, max_sets=4096), **eval_kwargs),
+            selective_max_n=SELECTIVE_MAX_N,
+        ),
+        paper=dict(softmax=PAPER_ACCURACY, adaptive=PAPER_ACCURACY_ADAPTIVE),
+    )

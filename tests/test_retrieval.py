@@ -1,0 +1,125 @@
+"""The max-retrieval study: data, the head against numpy, training resume, reuse, and the
+quick pipeline (figure script and CLI)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import equinox as eqx
+import jax
+import numpy as np
+import pytest
+from scipy.stats import binomtest
+
+from attnflow.studies import retrieval as R
+
+
+@pytest.fixture(autouse=True)
+def _standard_dtype_promotion():
+    """optax's Adam raises a Python float to its int32 step count (bias correction), which
+    the suite's strict dtype promotion refuses: training runs under JAX's standard rule."""
+    with jax.numpy_dtype_promotion("standard"):
+        yield
+
+
+TINY = R.RetrievalConfig(
+    width=8, depth=1, max_steps=30, eval_every=10, val_sets=64, batch=16, checkpoint_every=10
+)
+
+
+def test_sample_sets_target_is_the_class_of_the_max():
+    items, query, target, top = (np.asarray(a) for a in R.sample_sets(jax.random.key(0), 50, 7))
+    assert items.shape == (50, 7, 11) and query.shape == (50, 1) and items.dtype == np.float32
+    np.testing.assert_array_equal(top, items[:, :, 0].argmax(1))
+    np.testing.assert_array_equal(target, items[np.arange(50), top, 1:].argmax(1))
+    assert np.all(items[:, :, 1:].sum(-1) == 1)
+
+
+def _np_head(model, items, query, kernel):
+    e = np.asarray(jax.vmap(model.item_mlp)(items), np.float64)
+    u = np.asarray(model.query_mlp(query), np.float64)
+    Wq, Wk, Wv = (np.asarray(w, np.float64) for w in (model.Wq, model.Wk, model.Wv))
+    L = (Wq @ u) @ (e @ Wk.T).T / math.sqrt(Wq.shape[0])
+    if kernel == "softmax":
+        P = np.exp(L - L.max()) / np.exp(L - L.max()).sum()
+    elif kernel == "stickbreaking":  # the query after every item: the last item first
+        s = 1 / (1 + np.exp(-L))
+        P = np.array([s[j] * np.prod(1 - s[j + 1 :]) for j in range(len(s))])
+    else:
+        raise ValueError(kernel)
+    return P, P @ (e @ Wv.T)
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "stickbreaking"])
+def test_head_matches_numpy(kernel):
+    cfg = dataclasses.replace(TINY, kernel=kernel, width=16)
+    model = R.RetrievalModel(cfg, jax.random.key(3))
+    items, query, _, _ = R.sample_sets(jax.random.key(4), 1, 12)
+    P, L, out = R.head_weights(model, items[0], query[0], kernel)
+    want_P, want_out = _np_head(model, items[0], query[0], kernel)
+    np.testing.assert_allclose(np.asarray(P), want_P, rtol=2e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(out), want_out, rtol=2e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_training_resumes_bit_for_bit_and_reuses(tmp_path):
+    full = R.train(TINY, tmp_path / "a", progress=False)
+    part = R.train(TINY, tmp_path / "b", progress=False, stop_after=15)
+    assert not part["finished"] and (tmp_path / "b" / "checkpoint.eqx").exists()
+    rest = R.train(TINY, tmp_path / "b", progress=False)
+    assert rest["resumed"] and rest["finished"] and rest["step"] == full["step"] == 30
+    assert rest["history"] == full["history"]
+    like = R.RetrievalModel(TINY, jax.random.key(0))
+    a = eqx.tree_deserialise_leaves(tmp_path / "a" / "model.eqx", like)
+    b = eqx.tree_deserialise_leaves(tmp_path / "b" / "model.eqx", like)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    # reuse: a matching config loads, a different one in the same folder is refused
+    (tmp_path / "c").mkdir()
+    d = tmp_path / "c" / TINY.key()
+    d.symlink_to(tmp_path / "a")
+    _, rec, reused = R.load_or_train(TINY, tmp_path / "c", progress=False)
+    assert reused and rec["step"] == 30
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(dict(cfg, lr=0.5)))
+    with pytest.raises(ValueError, match="another configuration"):
+        R.load_or_train(TINY, tmp_path / "c", progress=False)
+
+
+def test_config_checks():
+    with pytest.raises(ValueError, match="evaluation"):
+        R.RetrievalConfig(kernel="adaptive")
+    with pytest.raises(ValueError, match="kernel"):
+        R.RetrievalConfig(kernel="nope")
+    with pytest.raises(ValueError, match="width"):
+        R.RetrievalConfig(kernel="differential", width=7)
+    assert TINY.key() != dataclasses.replace(TINY, seed=1).key()
+
+
+def test_quick_cli_writes_the_study_and_reuses_models(tmp_path):
+    from typer.testing import CliRunner
+
+    from attnflow.cli import app
+
+    runner = CliRunner()
+    args = ["retrieval", "--quick", "--json", "--out", str(tmp_path)]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    disk = json.loads((tmp_path / "max_retrieval.json").read_text())
+    assert {"sizes", "accuracy", "interval", "attention_on_max", "delta", "config"} <= set(disk)
+    assert disk["sizes"] == [16, 64] and set(disk["accuracy"]) == {"softmax", "adaptive"}
+    for kern in ("softmax", "adaptive"):
+        for acc, (lo, hi), sets in zip(
+            disk["accuracy"][kern], disk["interval"][kern], disk["sets"][kern], strict=True
+        ):
+            ci = binomtest(round(acc * sets), sets).proportion_ci(method="wilson")
+            assert math.isclose(lo, ci.low, abs_tol=1e-12) and math.isclose(hi, ci.high)
+        assert all(0 < a <= 1 for a in disk["attention_on_max"][kern])
+    assert disk["training"]["softmax"]["reused"] is False and "adaptive" not in disk["training"]
+    r2 = runner.invoke(app, args)
+    res2 = json.loads(r2.stdout)
+    assert res2["training"]["softmax"]["reused"] is True
+    assert res2["accuracy"] == res["accuracy"]
