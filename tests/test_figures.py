@@ -325,6 +325,35 @@ def test_find_experiments_installed_and_external(tmp_path):
         find_experiments(tmp_path / "empty")
 
 
+def test_long_studies_are_left_out_of_a_full_run_unless_named(tmp_path):
+    """A script that declares LONG (the max-retrieval training) is listed as skipped by a
+    full run, and runs when named with only= (or in a quick run)."""
+    import attnflow.experiments.fig_max_retrieval as retrieval
+    from attnflow.experiments.runner import run_figures
+
+    assert retrieval.LONG
+    ext = tmp_path / "mine"
+    ext.mkdir()
+    for name, extra in (("short", ""), ("long", "LONG = 'an hour of training'\n")):
+        (ext / f"fig_{name}.py").write_text(
+            f"from pathlib import Path\n{extra}\n\n"
+            "def make(out_dir, quick=False):\n"
+            f"    p = Path(out_dir) / '{name}.txt'\n"
+            "    p.write_text('quick' if quick else 'full')\n"
+            "    return {'figures': [p]}\n"
+        )
+    out = tmp_path / "out"
+    index = run_figures(out, experiments=ext, jobs=1, progress=False)
+    assert list(index["figures"]) == ["fig_short"] and not (out / "long.txt").exists()
+    assert index["skipped"] == {
+        "fig_long": "not run: an hour of training (run it with --only long)"
+    }
+    index = run_figures(out, experiments=ext, jobs=1, progress=False, only=["long"])
+    assert list(index["figures"]) == ["fig_long"] and (out / "long.txt").read_text() == "full"
+    index = run_figures(out, experiments=ext, jobs=1, progress=False, quick=True)
+    assert sorted(index["figures"]) == ["fig_long", "fig_short"] and not index["skipped"]
+
+
 def test_wheel_ships_the_figures_and_draws_outside_the_checkout(tmp_path):
     """The wheel holds attnflow/experiments; installed from it (not this checkout),
     `attnflow figures` draws from an empty folder elsewhere."""

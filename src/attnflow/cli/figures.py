@@ -66,6 +66,8 @@ def figures(
     else:
         for name, res in index["figures"].items():
             typer.echo(f"{name}: {len(res['figures'])} files in {res['seconds']} s")
+        for name, why in index.get("skipped", {}).items():
+            typer.echo(f"{name}: {why}")
         for name, why in index["failed"].items():
             typer.echo(f"{name}: FAILED: {why}", err=True)
         typer.echo(

@@ -28,6 +28,9 @@ import numpy as np
 from attnflow.experiments import _plotting as H
 
 NAME = "fig_max_retrieval"
+# left out of a full `attnflow figures` run (attnflow.experiments.runner): it trains a head
+# per kernel; `attnflow retrieval` or `attnflow figures --only max_retrieval` runs it
+LONG = "trains one head per kernel, one to two hours on two cores"
 KERNELS = (
     "softmax",
     "adaptive",

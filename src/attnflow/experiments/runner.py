@@ -111,6 +111,17 @@ def _previous_seconds(out: Path, quick: bool) -> dict:
         return {}
 
 
+def _long_scripts(exp_dir: Path, names: list[str]) -> dict[str, str]:
+    """The scripts that declare ``LONG = "why"`` (a study of an hour or more, such as
+    training a model per kernel): left out of a full run unless named with ``only``."""
+    out = {}
+    for name in names:
+        why = getattr(_load(exp_dir, name), "LONG", None)
+        if why:
+            out[name] = f"not run: {why} (run it with --only {name.removeprefix('fig_')})"
+    return out
+
+
 def default_jobs() -> int:
     """Worker processes for ``run_figures``: one per core this process may use."""
     return _parallel.available_cores()
@@ -125,11 +136,15 @@ def run_figures(
     progress: bool = True,
     jobs: int | None = None,
 ) -> dict:
-    """Run the figure scripts; return ``{"figures": {name: result}, "failed": {...}}``.
+    """Run the figure scripts; return ``{"figures": {name: result}, "failed": {...},
+    "skipped": {name: why}}``.
 
     Args:
         out_dir: where figures and sidecars go (created).
-        only: names (with or without the ``fig_`` prefix) to run; default all.
+        only: names (with or without the ``fig_`` prefix) to run; default all but the
+            scripts that declare ``LONG`` (studies of an hour or more: the max-retrieval
+            training), which a full run lists under ``"skipped"``; ``--quick`` runs them
+            all.
         quick: small versions (seconds each), as the tests use.
         experiments: the folder of scripts (see ``find_experiments``).
         progress: show a progress bar over the scripts.
@@ -172,6 +187,8 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs) -> dict:
         if unknown:
             raise ValueError(f"unknown figure(s) {unknown}; known: {names}.")
         names = [n for n in names if n in wanted]
+    skipped = {} if (only or quick) else _long_scripts(exp_dir, names)
+    names = [n for n in names if n not in skipped]
     jobs = default_jobs() if jobs is None else int(jobs)
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1; got {jobs}.")
@@ -192,7 +209,7 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs) -> dict:
         bar.set_postfix_str(name)
         bar.update(1)
 
-    if jobs == 1 or len(names) == 1:
+    if jobs == 1 or len(names) <= 1:
         # rcParams as a fresh worker has them (the caller's own settings must not reach
         # the figures), and as the caller had them again on return
         with matplotlib.rc_context():
@@ -218,6 +235,7 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs) -> dict:
         "seconds": round(time.perf_counter() - t_all, 2),
         "figures": results,
         "failed": failed,
+        "skipped": skipped,
         "versions": run_metadata(),
     }
     (out / ("index_quick.json" if quick else "index.json")).write_text(
