@@ -12,3 +12,22 @@ jax.config.update("jax_enable_x64", True)
 # meeting float64) are errors, so broadcasting and casts are always written out
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+
+import importlib.util  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def no_minilm(monkeypatch):
+    """The MiniLM checkpoint package looks absent (as on a fresh machine), whether or not
+    it is installed: scripts that need it must skip cleanly."""
+    from attnflow.io import checkpoints
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == checkpoints.MINILM_PACKAGE else real(name, *a),
+    )

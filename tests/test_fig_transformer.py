@@ -221,19 +221,10 @@ def _has_minilm() -> bool:
     )
 
 
-def test_fig_real_layer_skips_without_model(tmp_path, monkeypatch):
+def test_fig_real_layer_skips_without_model(tmp_path, no_minilm):
     import importlib
-    import importlib.util
-
-    from attnflow.io import checkpoints as C
 
     mod = importlib.import_module("attnflow.experiments.fig_real_layer")
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util,
-        "find_spec",
-        lambda name, *a: None if name == C.MINILM_PACKAGE else real(name, *a),
-    )
     res = mod.make(tmp_path, quick=True)
     assert res["figures"] == [] and "not installed" in res["skipped"]
     assert not list(tmp_path.iterdir())

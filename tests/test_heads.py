@@ -484,14 +484,8 @@ def test_package_imports_without_optional_packages():
     assert p.stdout.strip() == "analyze_heads"
 
 
-def test_figure_script_skips_without_model(tmp_path, monkeypatch):
+def test_figure_script_skips_without_model(tmp_path, no_minilm):
     mod = importlib.import_module("attnflow.experiments.fig_heads")
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util,
-        "find_spec",
-        lambda name, *a: None if name == C.MINILM_PACKAGE else real(name, *a),
-    )
     res = mod.make(tmp_path, quick=True)
     assert res["figures"] == [] and "not installed" in res["skipped"]
 
