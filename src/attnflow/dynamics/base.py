@@ -28,7 +28,7 @@ from jaxtyping import Array, Float
 
 from . import kernels as _kernels
 
-__all__ = ["AbstractModel", "AbstractAttentionSystem"]
+__all__ = ["AbstractModel", "AbstractAttentionSystem", "saved_kernel_params"]
 
 
 class AbstractModel(eqx.Module):
@@ -161,3 +161,10 @@ class AbstractAttentionSystem(AbstractModel):
         """``x + value_map(dt P x)``: the step scales the averaged values before the
         value map (the order of the discrete transformer's arithmetic)."""
         return x + self.value_map(dt * self.attend(x, x))
+
+
+def saved_kernel_params(arrays: dict[str, Any]) -> dict[str, Any]:
+    """The kernel parameters among a saved model's arrays (``arrays()`` writes them as
+    ``"kernel_params.<name>"``), by name, for ``from_saved``."""
+    prefix = "kernel_params."
+    return {k.removeprefix(prefix): v for k, v in arrays.items() if k.startswith(prefix)}

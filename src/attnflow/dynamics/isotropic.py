@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .base import saved_kernel_params
 from .model import Attention
 
 __all__ = ["IsotropicAttention"]
@@ -74,11 +75,7 @@ class IsotropicAttention(Attention):
 
     @classmethod
     def from_saved(cls, description: dict, arrays: dict) -> IsotropicAttention:
-        kparams = {
-            k.removeprefix("kernel_params."): v
-            for k, v in arrays.items()
-            if k.startswith("kernel_params.")
-        }
+        kparams = saved_kernel_params(arrays)
         return cls(
             int(np.asarray(arrays["V"]).shape[0]),
             beta=jnp.asarray(arrays["beta"]),

@@ -23,7 +23,7 @@ import numpy as np
 from jaxtyping import Array
 
 from . import kernels as _kernels
-from .base import AbstractAttentionSystem
+from .base import AbstractAttentionSystem, saved_kernel_params
 from .propagator import Propagator
 
 __all__ = ["Attention"]
@@ -341,11 +341,7 @@ class Attention(AbstractAttentionSystem):
 
     @classmethod
     def from_saved(cls, description: dict, arrays: dict) -> Attention:
-        kparams = {
-            k.removeprefix("kernel_params."): v
-            for k, v in arrays.items()
-            if k.startswith("kernel_params.")
-        }
+        kparams = saved_kernel_params(arrays)
         prop = description.get("propagator", "auto")
         return cls(
             arrays["Q"],

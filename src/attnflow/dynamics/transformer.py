@@ -35,7 +35,7 @@ from jaxtyping import Array, Float
 
 from .. import _checks
 from . import kernels as _kernels
-from .base import AbstractModel
+from .base import AbstractModel, saved_kernel_params
 from .model import Attention, _warn_float64_cast
 from .propagator import Propagator
 
@@ -308,11 +308,7 @@ class MultiHeadAttention(AbstractModel):
 
     @classmethod
     def from_saved(cls, description: dict, arrays: dict) -> MultiHeadAttention:
-        kparams = {
-            k.removeprefix("kernel_params."): v
-            for k, v in arrays.items()
-            if k.startswith("kernel_params.")
-        }
+        kparams = saved_kernel_params(arrays)
         return cls(
             arrays["Q"],
             arrays["K"],
