@@ -399,11 +399,16 @@ def test_cli_dispersion_json_matches_the_library():
         (("--s", "0"), "s"),
     ],
 )
-def test_cli_dispersion_errors_are_one_line(args, word):
-    p = _run("dispersion", *args)
-    assert p.returncode == 2
-    assert p.stdout == ""
-    lines = p.stderr.strip().splitlines()
+def test_cli_dispersion_errors_are_one_line(args, word, capsys):
+    # in this process: the options are checked before anything is computed
+    from attnflow.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["dispersion", *args])
+    cap = capsys.readouterr()
+    assert exc.value.code == 2
+    assert cap.out == ""
+    lines = cap.err.strip().splitlines()
     assert len(lines) == 1 and word in lines[0]
 
 

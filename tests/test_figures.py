@@ -153,7 +153,7 @@ def test_figures_in_process_matches_workers(tmp_path):
             "--only",
             "subspace",
             "--only",
-            "phase_diagram",
+            "origin",
             "--jobs",
             jobs,
             "--json",
@@ -161,7 +161,7 @@ def test_figures_in_process_matches_workers(tmp_path):
         assert p.returncode == 0, p.stderr[-3000:]
         index = json.loads(p.stdout)
         assert index["jobs"] == int(jobs) and not index["failed"]
-    for name in ("fig_subspace.json", "fig_phase_diagram.json"):
+    for name in ("fig_subspace.json", "fig_origin.json"):
         sa, sb = (json.loads((d / name).read_text()) for d in (a, b))
         assert untimed(sa["runs"]) == untimed(sb["runs"])
     from attnflow.cli import main

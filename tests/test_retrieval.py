@@ -38,28 +38,45 @@ def test_sample_sets_target_is_the_class_of_the_max():
 
 
 def _np_head(model, items, query, kernel):
+    """The head in float64 numpy, keys and values formed per item (no regrouping)."""
     e = np.asarray(jax.vmap(model.item_mlp)(items), np.float64)
     u = np.asarray(model.query_mlp(query), np.float64)
     Wq, Wk, Wv = (np.asarray(w, np.float64) for w in (model.Wq, model.Wk, model.Wv))
-    L = (Wq @ u) @ (e @ Wk.T).T / math.sqrt(Wq.shape[0])
-    if kernel == "softmax":
-        P = np.exp(L - L.max()) / np.exp(L - L.max()).sum()
+    p = Wq.shape[0]
+
+    def rms(x):
+        return x / np.sqrt(np.mean(x**2, axis=-1, keepdims=True))
+
+    def sm(z):
+        return np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+
+    et, ut = (rms(e), rms(u)) if kernel == "prenorm" else (e, u)
+    q, k = Wq @ ut, et @ Wk.T
+    if kernel == "qknorm":
+        q, k = rms(q), rms(k)
+    L = q @ k.T / math.sqrt(p)
+    if kernel in ("softmax", "qknorm", "prenorm"):
+        P = sm(L)
     elif kernel == "stickbreaking":  # the query after every item: the last item first
         s = 1 / (1 + np.exp(-L))
         P = np.array([s[j] * np.prod(1 - s[j + 1 :]) for j in range(len(s))])
+    elif kernel == "differential":  # halves of the head, lam = 0.2
+        h = p // 2
+        P = sm(k[:, :h] @ q[:h] / math.sqrt(p)) - 0.2 * sm(k[:, h:] @ q[h:] / math.sqrt(p))
     else:
         raise ValueError(kernel)
     return P, P @ (e @ Wv.T)
 
 
-@pytest.mark.parametrize("kernel", ["softmax", "stickbreaking"])
+@pytest.mark.parametrize("kernel", ["softmax", "stickbreaking", "differential", "qknorm", "prenorm"])
 def test_head_matches_numpy(kernel):
-    cfg = dataclasses.replace(TINY, kernel=kernel, width=16)
+    params = (("lam", 0.2),) if kernel == "differential" else ()
+    cfg = dataclasses.replace(TINY, kernel=kernel, width=16, kernel_params=params)
     model = R.RetrievalModel(cfg, jax.random.key(3))
     items, query, _, _ = R.sample_sets(jax.random.key(4), 1, 12)
     P, L, out = R.head_weights(model, items[0], query[0], kernel)
     want_P, want_out = _np_head(model, items[0], query[0], kernel)
-    np.testing.assert_allclose(np.asarray(P), want_P, rtol=2e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(P), want_P, rtol=2e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(out), want_out, rtol=2e-4, atol=1e-5)
 
 

@@ -219,6 +219,13 @@ def write_json(
     return path
 
 
+def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+    """A markdown table: one header row, a rule, one line per row (cells ``str()``-ed)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
 def _collapse(runs: list[dict], key: str) -> Any:
     """One value if every run has the same ``key``, else ``{run name: value}``."""
     vals = [r.get(key) for r in runs]

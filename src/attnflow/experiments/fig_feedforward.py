@@ -165,22 +165,31 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The sweep's rows as a markdown table."""
-    lines = [
-        "| family | act | eps | samples | attention as predicted | survives | not converged "
-        "| other | median layers to cluster (survivors) | median clusters of x(T)/max|x(T)| |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+
+    def dash(v: Any) -> str:
+        return "-" if v is None else f"{v:g}"
+
+    header = [
+        "family", "act", "eps", "samples", "attention as predicted", "survives",
+        "not converged", "other", "median layers to cluster (survivors)",
+        "median clusters of x(T)/max|x(T)|",
+    ]  # fmt: skip
+    body = [
+        [
+            r["family"],
+            r["activation"],
+            f"{r['eps']:g}",
+            r["samples"],
+            r["attention_as_predicted"],
+            r["survives"],
+            r["not_converged"],
+            ", ".join(f"{k} {v}" for k, v in r["other"].items()) or "-",
+            dash(r["median_layers_to_cluster"]),
+            dash(r["median_direction_clusters"]),
+        ]  # fmt: skip
+        for r in rows
     ]
-    for r in rows:
-        other = ", ".join(f"{k} {v}" for k, v in r["other"].items()) or "-"
-        med = "-" if r["median_layers_to_cluster"] is None else f"{r['median_layers_to_cluster']:g}"
-        mdir = r["median_direction_clusters"]
-        mdir = "-" if mdir is None else f"{mdir:g}"
-        lines.append(
-            f"| {r['family']} | {r['activation']} | {r['eps']:g} | {r['samples']} | "
-            f"{r['attention_as_predicted']} | {r['survives']} | {r['not_converged']} | "
-            f"{other} | {med} | {mdir} |"
-        )
-    return "\n".join(lines)
+    return H.markdown_table(header, body)
 
 
 @H.styled()

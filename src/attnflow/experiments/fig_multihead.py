@@ -203,22 +203,29 @@ def table(rows: list[dict[str, Any]]) -> str:
     def fmt(c: dict[str, int]) -> str:
         return ", ".join(f"{k} {v}" for k, v in c.items())
 
-    lines = [
-        "| family | runs | summed V: structure | observed (W = sum V) | dominant head: "
-        "predicted | observed (W = V_dom) | sum agrees (of converged) | dominant agrees (of "
-        "converged) | neither | dominant head alone: observed | dominant's hyperplanes "
-        "tested on the summed frame's z |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    header = [
+        "family", "runs", "summed V: structure", "observed (W = sum V)",
+        "dominant head: predicted", "observed (W = V_dom)", "sum agrees (of converged)",
+        "dominant agrees (of converged)", "neither", "dominant head alone: observed",
+        "dominant's hyperplanes tested on the summed frame's z",
+    ]  # fmt: skip
+    body = [
+        [
+            r["family"],
+            r["runs"],
+            fmt(r["sum_structure"]),
+            fmt(r["sum_observed"]),
+            fmt(r["dominant_predicted"]),
+            fmt(r["dominant_observed"]),
+            f"{r['agree_sum']} / {r['sum_converged']}",
+            f"{r['agree_dominant']} / {r['dominant_converged']}",
+            r["neither"],
+            fmt(r["head_alone_observed"]),
+            fmt(r["dominant_levels_in_sum_frame"]) or "-",
+        ]  # fmt: skip
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['family']} | {r['runs']} | {fmt(r['sum_structure'])} | "
-            f"{fmt(r['sum_observed'])} | {fmt(r['dominant_predicted'])} | "
-            f"{fmt(r['dominant_observed'])} | {r['agree_sum']} / {r['sum_converged']} | "
-            f"{r['agree_dominant']} / {r['dominant_converged']} | {r['neither']} | "
-            f"{fmt(r['head_alone_observed'])} | {fmt(r['dominant_levels_in_sum_frame']) or '-'} |"
-        )
-    return "\n".join(lines)
+    return H.markdown_table(header, body)
 
 
 @H.styled()

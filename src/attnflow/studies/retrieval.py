@@ -92,7 +92,10 @@ class RetrievalConfig:
         depth: hidden layers per MLP.
         n_train: set size in training.
         batch: sets per step.
-        lr: Adam learning rate.
+        lr: Adam's peak learning rate.
+        schedule: ``"cosine"`` (a linear warm-up over ``warmup`` steps, then a cosine
+            decay to ``lr / 100`` at ``max_steps``) or ``"constant"``.
+        warmup: warm-up steps of the cosine schedule.
         max_steps: at most this many steps.
         eval_every: steps between validation accuracies.
         patience: validations without improvement before stopping.
@@ -109,7 +112,9 @@ class RetrievalConfig:
     n_train: int = 16
     batch: int = 128
     lr: float = 1e-3
-    max_steps: int = 20000
+    schedule: str = "cosine"
+    warmup: int = 100
+    max_steps: int = 5000
     eval_every: int = 250
     patience: int = 8
     min_delta: float = 1e-3
@@ -129,6 +134,10 @@ class RetrievalConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a whole number >= 1; got {v!r}.")
+        if self.schedule not in ("cosine", "constant"):
+            raise ValueError(
+                f"schedule must be 'cosine' or 'constant'; got {self.schedule!r}."
+            )
         if self.kernel == "differential" and self.width % 2:
             raise ValueError(f"width must be even for 'differential'; got {self.width}.")
 
@@ -206,21 +215,31 @@ def head_weights(
     beta = jnp.asarray(1.0 / math.sqrt(p), e.dtype)
     et = _kernels.prepare_tokens(kernel, e)
     ut = _kernels.prepare_tokens(kernel, u[None, :])
-    v = e @ model.Wv.T
-    k = et @ model.Wk.T
     q = ut @ model.Wq.T
     if kernel == "selective":
         # causal sequence [items..., query]: every item is a query too; read the last row
+        k = et @ model.Wk.T
         qs = jnp.concatenate([et @ model.Wq.T, q], axis=0)
         ks = jnp.concatenate([k, ut @ model.Wk.T], axis=0)
         L = _kernels.logits(qs, ks, beta)
         P = _kernels.weights(kernel, L, model.kernel_params)[-1]
-        vq = u[None, :] @ model.Wv.T
-        return P[:-1], L[-1, :-1], jnp.concatenate([v, vq], axis=0).T @ P
-    qq, kk = _kernels.prepare(kernel, q, k)
-    L = _kernels.logits(qq, kk, beta)
+        v = jnp.concatenate([e, u[None, :]], axis=0) @ model.Wv.T
+        return P[:-1], L[-1, :-1], v.T @ P
+    spec = _kernels.get(kernel)
+    if spec.prep is None:
+        # <q, W_k e_j> = <W_k^T q, e_j>: the keys are never formed (n p^2 fewer products)
+        L = (beta * (q @ model.Wk)) @ et.T
+    elif kernel == "differential":
+        # the same for each half: [<q1, K1 e_j> | <q2, K2 e_j>]
+        h = p // 2
+        qk = jnp.concatenate([q[:, :h] @ model.Wk[:h], q[:, h:] @ model.Wk[h:]], axis=0)
+        L = (beta * qk @ et.T).reshape(1, -1)
+    else:  # a nonlinear map of the keys (qknorm, linear): keys formed
+        qq, kk = _kernels.prepare(kernel, q, et @ model.Wk.T)
+        L = _kernels.logits(qq, kk, beta)
     P = _kernels.weights(kernel, L, model.kernel_params)[0]
-    return P, L[0], P @ v
+    # sum_j P_j W_v e_j = W_v (sum_j P_j e_j): the values are never formed either
+    return P, L[0], (P @ e) @ model.Wv.T
 
 
 def _class_logits(model: RetrievalModel, items, query, kernel: str):
@@ -244,7 +263,16 @@ def _accuracy(model, items, query, target, kernel: str):
 def _optimizer(config: RetrievalConfig):
     import optax
 
-    return optax.adam(config.lr)
+    if config.schedule == "constant":
+        return optax.adam(config.lr)
+    lr = optax.warmup_cosine_decay_schedule(
+        0.0,
+        config.lr,
+        min(config.warmup, config.max_steps - 1),
+        config.max_steps,
+        end_value=config.lr / 100,
+    )
+    return optax.adam(lr)
 
 
 def _template(config: RetrievalConfig):
@@ -264,18 +292,31 @@ def _validation_accuracy(model, config: RetrievalConfig, chunk: int = 512) -> fl
 
 
 @functools.lru_cache(maxsize=32)
-def _step_fn(config: RetrievalConfig) -> Callable:
-    """One jitted Adam step on a fresh batch (cached per configuration)."""
+def _steps_fn(config: RetrievalConfig) -> Callable:
+    """``steps(model, opt_state, keys)``: one Adam step per key, each on a fresh batch, in
+    one compiled loop (``lax.scan``; a Python loop of jitted steps spends half its time
+    dispatching). Returns the model, the optimizer state and the last step's loss."""
+    import optax
+
     opt = _optimizer(config)
 
     @eqx.filter_jit
-    def step_fn(model, opt_state, key):
-        items, query, target, _ = sample_sets(key, config.batch, config.n_train)
-        loss, grads = eqx.filter_value_and_grad(_loss)(model, items, query, target)
-        updates, opt_state = opt.update(grads, opt_state, eqx.filter(model, eqx.is_array))
-        return eqx.apply_updates(model, updates), opt_state, loss
+    def steps(model, opt_state, keys):
+        params, static = eqx.partition(model, eqx.is_array)
 
-    return step_fn
+        def one(carry, key):
+            params, opt_state = carry
+            items, query, target, _ = sample_sets(key, config.batch, config.n_train)
+            loss, grads = jax.value_and_grad(
+                lambda p: _loss(eqx.combine(p, static), items, query, target)
+            )(params)
+            updates, opt_state = opt.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), loss
+
+        (params, opt_state), losses = jax.lax.scan(one, (params, opt_state), keys)
+        return eqx.combine(params, static), opt_state, losses[-1]
+
+    return steps
 
 
 def train(
@@ -315,7 +356,7 @@ def train(
         )
         state = json.loads((directory / "checkpoint.json").read_text())
 
-    step_fn = _step_fn(config)
+    steps_fn = _steps_fn(config)
 
     def save_checkpoint():
         eqx.tree_serialise_leaves(ckpt, (model, opt_state, best_model))
@@ -332,10 +373,20 @@ def train(
     done_here = 0
     loss = jnp.nan
     while state["step"] < config.max_steps and state["bad"] < config.patience:
-        model, opt_state, loss = step_fn(model, opt_state, jax.random.fold_in(base, state["step"]))
-        state["step"] += 1
-        done_here += 1
-        bar.update(1)
+        # a block of steps up to the next validation, checkpoint, stop or end; step s
+        # always draws its batch from fold_in(base, s), whatever the blocks
+        s0 = state["step"]
+        block = min(
+            config.eval_every - s0 % config.eval_every,
+            config.checkpoint_every - s0 % config.checkpoint_every,
+            config.max_steps - s0,
+            *(() if stop_after is None else (stop_after - done_here,)),
+        )
+        keys = jax.vmap(lambda s: jax.random.fold_in(base, s))(jnp.arange(s0, s0 + block))
+        model, opt_state, loss = steps_fn(model, opt_state, keys)
+        state["step"] += block
+        done_here += block
+        bar.update(block)
         if state["step"] % config.eval_every == 0:
             acc = _validation_accuracy(model, config)
             state["history"].append([state["step"], float(loss), acc])
