@@ -32,7 +32,8 @@ def test_auto_block_switches_on_size():
     assert af.kernels.auto_block(10**7) == 16
 
 
-@pytest.mark.parametrize("frame", ["rescaled", "original"])
+# the original frame's tiling is the same attend (kept in the slow suite)
+@pytest.mark.parametrize("frame", ["rescaled", pytest.param("original", marks=pytest.mark.slow)])
 def test_simulate_tiled_equals_dense(frame):
     rng = np.random.default_rng(1)
     V = np.array([[0.6, 0.3], [-0.2, 0.4]])

@@ -68,7 +68,9 @@ def _np_head(model, items, query, kernel):
     return P, P @ (e @ Wv.T)
 
 
-@pytest.mark.parametrize("kernel", ["softmax", "stickbreaking", "differential", "qknorm", "prenorm"])
+@pytest.mark.parametrize(
+    "kernel", ["softmax", "stickbreaking", "differential", "qknorm", "prenorm"]
+)
 def test_head_matches_numpy(kernel):
     params = (("lam", 0.2),) if kernel == "differential" else ()
     cfg = dataclasses.replace(TINY, kernel=kernel, width=16, kernel_params=params)
