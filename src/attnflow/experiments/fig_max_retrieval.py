@@ -13,7 +13,7 @@ against the set size, for one head trained at n = 16 with each attention kernel.
 The trained models are kept in ``<out>/max_retrieval_models/`` (reused when their
 configuration matches; see ``attnflow.studies.retrieval``). The full run trains 11
 models at width 128 and evaluates 12 rows at n = 16 ... 16,384; see docs/retrieval.md
-for its cost. ``--quick``: width 16, 40 steps, n = 16 and 64, softmax and adaptive only.
+for its cost (61 minutes measured on two cores). ``--quick``: width 16, 40 steps, n = 16 and 64, softmax and adaptive only.
 
 Run:  python -m attnflow.experiments.fig_max_retrieval [--quick] [--out figures]
 """
@@ -30,7 +30,7 @@ from attnflow.experiments import _plotting as H
 NAME = "fig_max_retrieval"
 # left out of a full `attnflow figures` run (attnflow.experiments.runner): it trains a head
 # per kernel; `attnflow retrieval` or `attnflow figures --only max_retrieval` runs it
-LONG = "trains one head per kernel, one to two hours on two cores"
+LONG = "trains one head per kernel, about an hour on two cores"
 KERNELS = (
     "softmax",
     "adaptive",
