@@ -13,7 +13,8 @@ against the set size, for one head trained at n = 16 with each attention kernel.
 The trained models are kept in ``<out>/max_retrieval_models/`` (reused when their
 configuration matches; see ``attnflow.studies.retrieval``). The full run trains 11
 models at width 128 and evaluates 12 rows at n = 16 ... 16,384; see docs/retrieval.md
-for its cost (61 minutes measured on two cores). ``--quick``: width 16, 40 steps, n = 16 and 64, softmax and adaptive only.
+for its cost (61 minutes measured on two cores). ``--quick``: width 16, 40 steps,
+n = 16 and 64, softmax and adaptive only.
 
 Run:  python -m attnflow.experiments.fig_max_retrieval [--quick] [--out figures]
 """
