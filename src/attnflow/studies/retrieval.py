@@ -135,9 +135,7 @@ class RetrievalConfig:
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a whole number >= 1; got {v!r}.")
         if self.schedule not in ("cosine", "constant"):
-            raise ValueError(
-                f"schedule must be 'cosine' or 'constant'; got {self.schedule!r}."
-            )
+            raise ValueError(f"schedule must be 'cosine' or 'constant'; got {self.schedule!r}.")
         if self.kernel == "differential" and self.width % 2:
             raise ValueError(f"width must be even for 'differential'; got {self.width}.")
 
