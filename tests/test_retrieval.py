@@ -107,6 +107,20 @@ def test_training_resumes_bit_for_bit_and_reuses(tmp_path):
         R.load_or_train(TINY, tmp_path / "c", progress=False)
 
 
+def test_joint_evaluation_equals_one_kernel_at_a_time():
+    """softmax and adaptive read together (shared embeddings, each stopping on its own
+    interval) give what each gives alone: the same sets, counts and diagnostics."""
+    model = R.RetrievalModel(dataclasses.replace(TINY, width=16), jax.random.key(5))
+    kw = dict(min_sets=32, max_sets=96, half_width=0.2, items_per_batch=512, progress=False)
+    both = R.evaluate_many(model, ("softmax", "adaptive"), [16, 64], **kw)
+    for kern in ("softmax", "adaptive"):
+        alone = R.evaluate(model, kern, [16, 64], **kw)
+        assert both[kern]["sets"] == alone["sets"]
+        assert both[kern]["accuracy"] == alone["accuracy"]
+        for f in ("attention_on_max", "max_coefficient", "delta"):
+            np.testing.assert_allclose(both[kern][f], alone[f], rtol=1e-5)
+
+
 def test_config_checks():
     with pytest.raises(ValueError, match="evaluation"):
         R.RetrievalConfig(kernel="adaptive")

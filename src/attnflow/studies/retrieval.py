@@ -66,6 +66,7 @@ __all__ = [
     "train",
     "load_or_train",
     "evaluate",
+    "evaluate_many",
     "SIZES",
     "PAPER_ACCURACY",
     "PAPER_ACCURACY_ADAPTIVE",
@@ -207,8 +208,16 @@ def head_weights(
 
     The weights are ``attnflow.kernels.weights(kernel, L)`` of the logits
     ``L = beta <q, k_j>`` of the kernel's prepared queries and keys (``prepare_tokens``,
-    ``prepare``), exactly as in ``Attention``; ``beta = 1/sqrt(head size)``."""
-    e, u = model.embed(items, query)
+    ``prepare``), exactly as in ``Attention``; ``beta = 1/sqrt(head size)``. The products
+    are regrouped so that no key (where the kernel maps keys linearly) and no value is
+    formed per item: ``<W_q u, W_k e_j> = <W_k^T W_q u, e_j>`` and
+    ``sum_j P_j W_v e_j = W_v sum_j P_j e_j`` (the same numbers up to float32 rounding,
+    half the work per item)."""
+    return _head(model, *model.embed(items, query), kernel)
+
+
+def _head(model: RetrievalModel, e: Array, u: Array, kernel: str) -> tuple[Array, Array, Array]:
+    """``head_weights`` from the item embeddings ``e`` ``(n, w)`` and the query's ``u``."""
     p = model.Wq.shape[0]
     beta = jnp.asarray(1.0 / math.sqrt(p), e.dtype)
     et = _kernels.prepare_tokens(kernel, e)
@@ -438,17 +447,28 @@ def load_or_train(
 
 # -------------------------------------------------------------------- evaluation
 @functools.lru_cache(maxsize=64)
-def _eval_fn(kernel: str) -> Callable:
+def _eval_fn(kernels: tuple[str, ...]) -> Callable:
+    """One compiled evaluation of a batch of sets under each of ``kernels``: the item and
+    query embeddings are computed once and shared (a model read with several kernels,
+    softmax and adaptive). Returns one ``(right, on_max, P, L)`` per kernel."""
+
     @eqx.filter_jit
     def run(model, items, query, target, top):
         def one(a, b):
-            P, L, out = head_weights(model, a, b, kernel)
-            return P, L, model.out_mlp(out)
+            e, u = model.embed(a, b)
+            out = []
+            for kernel in kernels:
+                P, L, o = _head(model, e, u, kernel)
+                out.append((P, L, model.out_mlp(o)))
+            return tuple(out)
 
-        P, L, logits = jax.vmap(one)(items, query)
-        right = jnp.argmax(logits, -1) == target
-        on_max = jnp.take_along_axis(P, top[:, None], axis=-1)[:, 0]
-        return right, on_max, P, L
+        rows = jax.vmap(one)(items, query)
+        res = []
+        for P, L, logits in rows:
+            right = jnp.argmax(logits, -1) == target
+            on_max = jnp.take_along_axis(P, top[:, None], axis=-1)[:, 0]
+            res.append((right, on_max, P, L))
+        return tuple(res)
 
     return run
 
@@ -480,66 +500,112 @@ def evaluate(
         "delta", "bound", "seconds"}``, lists over sizes (NaN where not evaluated:
         ``selective`` past ``SELECTIVE_MAX_N``).
     """
+    return evaluate_many(
+        model,
+        (kernel,),
+        sizes,
+        seed=seed,
+        half_width=half_width,
+        min_sets=min_sets,
+        max_sets=max_sets,
+        items_per_batch=items_per_batch,
+        progress=progress,
+    )[kernel]
+
+
+_EVAL_KEYS = (
+    "accuracy",
+    "interval",
+    "sets",
+    "attention_on_max",
+    "max_coefficient",
+    "delta",
+    "bound",
+    "seconds",
+)
+
+
+def evaluate_many(
+    model: RetrievalModel,
+    kernels: Sequence[str],
+    sizes: Sequence[int] = SIZES,
+    *,
+    seed: int = 12345,
+    half_width: float = 0.02,
+    min_sets: int = 512,
+    max_sets: int = 4096,
+    items_per_batch: int = 1 << 16,
+    progress: bool = True,
+) -> dict[str, dict]:
+    """``evaluate`` of one model under several kernels at once: ``{kernel: result}``.
+
+    Every kernel sees the same sets (batch ``b`` at size ``n`` is drawn from
+    ``fold_in(key(seed + n), b)`` whatever the kernels) and stops on its own interval, so
+    each result is that of ``evaluate`` alone; the embeddings of a batch are computed
+    once for all the kernels still running. A batch's time is split evenly among them."""
     from tqdm.auto import tqdm
 
-    run = _eval_fn(kernel)
-    out: dict[str, list] = {
-        k: []
-        for k in (
-            "accuracy",
-            "interval",
-            "sets",
-            "attention_on_max",
-            "max_coefficient",
-            "delta",
-            "bound",
-            "seconds",
-        )
-    }
-    for n in tqdm(list(sizes), desc=f"eval {kernel}", disable=not progress):
-        t0 = time.perf_counter()
-        if kernel == "selective" and n > SELECTIVE_MAX_N:
-            for k, v in out.items():
-                v.append([math.nan, math.nan] if k == "interval" else math.nan)
-            out["sets"][-1] = 0
-            continue
+    kernels = tuple(dict.fromkeys(kernels))
+    out: dict[str, dict[str, list]] = {k: {f: [] for f in _EVAL_KEYS} for k in kernels}
+    for n in tqdm(list(sizes), desc=f"eval {', '.join(kernels)}", disable=not progress):
+        live = [k for k in kernels if not (k == "selective" and n > SELECTIVE_MAX_N)]
+        for k in kernels:
+            if k not in live:
+                for f, v in out[k].items():
+                    v.append([math.nan, math.nan] if f == "interval" else math.nan)
+                out[k]["sets"][-1] = 0
         per = max(1, min(max_sets, items_per_batch // n))
-        right = total = 0
-        sums = dict(on_max=0.0, mx=0.0, delta=0.0, bound=0.0)
+        acc = {
+            k: dict(right=0, total=0, on_max=0.0, mx=0.0, delta=0.0, bound=0.0, seconds=0.0)
+            for k in live
+        }
         b = 0
-        while total < max_sets:
+        while live:
+            t0 = time.perf_counter()
             key = jax.random.fold_in(jax.random.key(seed + n), b)
             b += 1
             items, query, target, top = sample_sets(key, per, n)
-            r, on_max, P, L = run(model, items, query, target, top)
-            Pn, Ln = np.asarray(P, np.float64), np.asarray(L, np.float64)
-            if kernel == "differential":  # signed weights: the first map's spread
-                Ln = Ln[:, :n]
-                mx = Pn.max(-1)
-                delta = Ln.max(-1) - Ln.min(-1)
-            else:
-                rep = dispersion(Pn, logits=Ln)
-                mx, delta = rep.max, rep.delta
-            right += int(np.sum(np.asarray(r)))
-            total += per
-            sums["on_max"] += float(np.sum(np.asarray(on_max)))
-            sums["mx"] += float(np.sum(mx))
-            sums["delta"] += float(np.sum(delta))
-            sums["bound"] += float(np.sum(bound_tight(delta, n)))
-            if total >= min_sets:
-                lo, hi = binomial_interval(right, total)
-                if max(hi - right / total, right / total - lo) <= half_width:
-                    break
-        lo, hi = binomial_interval(right, total)
-        out["accuracy"].append(right / total)
-        out["interval"].append([lo, hi])
-        out["sets"].append(total)
-        out["attention_on_max"].append(sums["on_max"] / total)
-        out["max_coefficient"].append(sums["mx"] / total)
-        out["delta"].append(sums["delta"] / total)
-        out["bound"].append(sums["bound"] / total)
-        out["seconds"].append(time.perf_counter() - t0)
-    return dict(sizes=list(sizes), **out)
+            results = _eval_fn(tuple(live))(model, items, query, target, top)
+            done = []
+            for kernel, (r, on_max, P, L) in zip(live, results):
+                a = acc[kernel]
+                Pn, Ln = np.asarray(P, np.float64), np.asarray(L, np.float64)
+                if kernel == "differential":  # signed weights: the first map's spread
+                    Ln = Ln[:, :n]
+                    mx = Pn.max(-1)
+                    delta = Ln.max(-1) - Ln.min(-1)
+                else:
+                    rep = dispersion(Pn, logits=Ln)
+                    mx, delta = rep.max, rep.delta
+                a["right"] += int(np.sum(np.asarray(r)))
+                a["total"] += per
+                a["on_max"] += float(np.sum(np.asarray(on_max)))
+                a["mx"] += float(np.sum(mx))
+                a["delta"] += float(np.sum(delta))
+                a["bound"] += float(np.sum(bound_tight(delta, n)))
+                if a["total"] >= max_sets:
+                    done.append(kernel)
+                elif a["total"] >= min_sets:
+                    lo, hi = binomial_interval(a["right"], a["total"])
+                    ratio = a["right"] / a["total"]
+                    if max(hi - ratio, ratio - lo) <= half_width:
+                        done.append(kernel)
+            share = (time.perf_counter() - t0) / len(live)
+            for kernel in live:
+                acc[kernel]["seconds"] += share
+            live = [k for k in live if k not in done]
+        for kernel, a in acc.items():
+            o, total = out[kernel], a["total"]
+            lo, hi = binomial_interval(a["right"], total)
+            o["accuracy"].append(a["right"] / total)
+            o["interval"].append([lo, hi])
+            o["sets"].append(total)
+            o["attention_on_max"].append(a["on_max"] / total)
+            o["max_coefficient"].append(a["mx"] / total)
+            o["delta"].append(a["delta"] / total)
+            o["bound"].append(a["bound"] / total)
+            o["seconds"].append(a["seconds"])
+    return {k: dict(sizes=list(sizes), **v) for k, v in out.items()}
 
 
 def run_study(
@@ -587,7 +653,13 @@ def run_study(
                 best_validation=record["best"],
                 seconds=record["seconds"],
             )
-        ev = evaluate(models[train_kernel], kern, sizes, progress=progress, **eval_kwargs)
+    # the rows of one trained model (softmax and adaptive) share its forward passes
+    evals: dict[str, dict] = {}
+    for train_kernel, model in models.items():
+        rows = [k for k in kernels if EVAL_ONLY.get(k, k) == train_kernel]
+        evals.update(evaluate_many(model, rows, sizes, progress=progress, **eval_kwargs))
+    for kern in kernels:
+        ev = evals[kern]
         for k in ("accuracy", "interval", "attention_on_max", "delta", "max_coefficient"):
             res[k][kern] = ev[k]
         res["bound"][kern] = ev["bound"]
