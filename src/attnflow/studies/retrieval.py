@@ -586,7 +586,7 @@ def evaluate_many(
                 if a["total"] >= max_sets:
                     done.append(kernel)
                 elif a["total"] >= min_sets:
-                    lo, hi = binomial_interval(a["right"], a["total"])
+                    lo, hi = binomial_interval(int(a["right"]), int(a["total"]))
                     ratio = a["right"] / a["total"]
                     if max(hi - ratio, ratio - lo) <= half_width:
                         done.append(kernel)
@@ -595,8 +595,8 @@ def evaluate_many(
                 acc[kernel]["seconds"] += share
             live = [k for k in live if k not in done]
         for kernel, a in acc.items():
-            o, total = out[kernel], a["total"]
-            lo, hi = binomial_interval(a["right"], total)
+            o, total = out[kernel], int(a["total"])
+            lo, hi = binomial_interval(int(a["right"]), total)
             o["accuracy"].append(a["right"] / total)
             o["interval"].append([lo, hi])
             o["sets"].append(total)
