@@ -37,6 +37,19 @@ def test_sample_sets_target_is_the_class_of_the_max():
     assert np.all(items[:, :, 1:].sum(-1) == 1)
 
 
+def test_sets_do_not_depend_on_the_x64_mode():
+    was = jax.config.jax_enable_x64
+    try:
+        got = []
+        for x64 in (True, False):
+            jax.config.update("jax_enable_x64", x64)
+            got.append([np.asarray(a) for a in R.sample_sets(jax.random.key(7), 4, 9)])
+    finally:
+        jax.config.update("jax_enable_x64", was)
+    for a, b in zip(*got):
+        np.testing.assert_array_equal(a, b)
+
+
 def _np_head(model, items, query, kernel):
     """The head in float64 numpy, keys and values formed per item (no regrouping)."""
     e = np.asarray(jax.vmap(model.item_mlp)(items), np.float64)

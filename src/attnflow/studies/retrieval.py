@@ -160,7 +160,8 @@ def sample_sets(
     ``U(0, 1)``; the target is the class of the item of largest priority (``argmax``)."""
     kp, kc, ks = jax.random.split(key, 3)
     p = jax.random.uniform(kp, (sets, n), jnp.float32)
-    c = jax.random.randint(kc, (sets, n), 0, CLASSES)
+    # int32 whatever the x64 mode: the sets (and so every number) do not depend on it
+    c = jax.random.randint(kc, (sets, n), 0, CLASSES, dtype=jnp.int32)
     items = jnp.concatenate([p[..., None], jax.nn.one_hot(c, CLASSES, dtype=jnp.float32)], axis=-1)
     top = jnp.argmax(p, axis=-1)
     target = jnp.take_along_axis(c, top[:, None], axis=-1)[:, 0]
