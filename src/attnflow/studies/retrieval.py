@@ -543,7 +543,8 @@ def evaluate_many(
     Every kernel sees the same sets (batch ``b`` at size ``n`` is drawn from
     ``fold_in(key(seed + n), b)`` whatever the kernels) and stops on its own interval, so
     each result is that of ``evaluate`` alone; the embeddings of a batch are computed
-    once for all the kernels still running. A batch's time is split evenly among them."""
+    once for all the kernels. A batch's time is split evenly among the kernels still
+    running."""
     from tqdm.auto import tqdm
 
     kernels = tuple(dict.fromkeys(kernels))
@@ -560,15 +561,20 @@ def evaluate_many(
             k: dict(right=0, total=0, on_max=0.0, mx=0.0, delta=0.0, bound=0.0, seconds=0.0)
             for k in live
         }
+        # one compiled program for every kernel of this size, even after some have
+        # stopped: their heads are cheap next to the shared embeddings, and a program
+        # for each subset would be compiled again at every size
+        run, read = _eval_fn(tuple(live)), tuple(live)
         b = 0
         while live:
             t0 = time.perf_counter()
             key = jax.random.fold_in(jax.random.key(seed + n), b)
             b += 1
             items, query, target, top = sample_sets(key, per, n)
-            results = _eval_fn(tuple(live))(model, items, query, target, top)
             done = []
-            for kernel, (r, on_max, P, L) in zip(live, results):
+            for kernel, (r, on_max, P, L) in zip(read, run(model, items, query, target, top)):
+                if kernel not in live:
+                    continue
                 a = acc[kernel]
                 Pn, Ln = np.asarray(P, np.float64), np.asarray(L, np.float64)
                 if kernel == "differential":  # signed weights: the first map's spread
