@@ -186,7 +186,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             ", ".join(f"{k} {v}" for k, v in r["other"].items()) or "-",
             dash(r["median_layers_to_cluster"]),
             dash(r["median_direction_clusters"]),
-        ]  # fmt: skip
+        ]
         for r in rows
     ]
     return H.markdown_table(header, body)

@@ -222,7 +222,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             r["neither"],
             fmt(r["head_alone_observed"]),
             fmt(r["dominant_levels_in_sum_frame"]) or "-",
-        ]  # fmt: skip
+        ]
         for r in rows
     ]
     return H.markdown_table(header, body)
