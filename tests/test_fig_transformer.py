@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from reference import softmax_rows
 
 
@@ -87,6 +88,7 @@ def _block_layers(x, V, ff, act, dt, layers):
     return x
 
 
+@pytest.mark.slow
 def test_fig_feedforward_quick(tmp_path):
     from attnflow.experiments import fig_feedforward as F
 
@@ -172,6 +174,7 @@ def test_fig_causal_quick(tmp_path):
         assert "first_token_ode_error" not in run  # the full run only (e^{tV}: test_transformer)
 
 
+@pytest.mark.slow
 def test_fig_multihead_quick(tmp_path):
     from attnflow.experiments import fig_multihead as F
     from attnflow.studies.sweep import rng as sample_rng

@@ -140,6 +140,7 @@ def untimed(obj):
     return obj
 
 
+@pytest.mark.slow
 def test_figures_in_process_matches_workers(tmp_path):
     """--jobs 1 runs the scripts in this process; the files and numbers are those of the
     worker processes (default), and --jobs 0 is refused naming the option."""
@@ -171,6 +172,7 @@ def test_figures_in_process_matches_workers(tmp_path):
     assert exc.value.code == 2
 
 
+@pytest.mark.slow
 def test_animate_writes_gif(tmp_path):
     out = tmp_path / "m" / "h.gif"
     p = run(
@@ -354,6 +356,7 @@ def test_long_studies_are_left_out_of_a_full_run_unless_named(tmp_path):
     assert sorted(index["figures"]) == ["fig_long", "fig_short"] and not index["skipped"]
 
 
+@pytest.mark.slow
 def test_wheel_ships_the_figures_and_draws_outside_the_checkout(tmp_path):
     """The wheel holds attnflow/experiments; installed from it (not this checkout),
     `attnflow figures` draws from an empty folder elsewhere."""
@@ -484,6 +487,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.slow
 def test_plotting_and_runner_leave_matplotlib_and_x64_alone(tmp_path):
     """Drawing functions and run_figures(jobs=1) in a caller's process (a notebook, say)
     keep its backend, rcParams and x64 setting, and leave no pyplot figure open."""

@@ -120,6 +120,7 @@ def test_training_resumes_bit_for_bit_and_reuses(tmp_path):
         R.load_or_train(TINY, tmp_path / "c", progress=False)
 
 
+@pytest.mark.slow
 def test_joint_evaluation_equals_one_kernel_at_a_time():
     """softmax and adaptive read together (shared embeddings, each stopping on its own
     interval) give what each gives alone: the same sets, counts and diagnostics."""
@@ -144,6 +145,7 @@ def test_config_checks():
     assert TINY.key() != dataclasses.replace(TINY, seed=1).key()
 
 
+@pytest.mark.slow
 def test_quick_cli_writes_the_study_and_reuses_models(tmp_path):
     from typer.testing import CliRunner
 

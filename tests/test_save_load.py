@@ -151,6 +151,7 @@ def test_load_float64_without_x64_raises(tmp_path):
         jax.config.update("jax_enable_x64", True)
 
 
+@pytest.mark.slow
 def test_to_xarray(tmp_path):
     xr = pytest.importorskip("xarray")
     model = af.Attention(np.eye(2), np.eye(2), np.eye(2))

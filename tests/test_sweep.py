@@ -240,6 +240,7 @@ def compute_with_pool():
     S.compute(toy(size=16, shard_size=4, sleep=0.0), workers=2)
 
 
+@pytest.mark.slow
 def test_process_with_a_cached_pool_exits():
     """A process started by multiprocessing (as `attnflow figures --jobs` starts them)
     that used the cached worker pool must exit: multiprocessing joins its children

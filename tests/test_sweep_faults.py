@@ -131,7 +131,11 @@ def _all_gone(pids, timeout=20.0):
     return [p for p in pids if alive(p)]
 
 
-@pytest.mark.parametrize("pdeathsig", [True, False], ids=["prctl", "watchdog"])
+# the watchdog (the fallback where PR_SET_PDEATHSIG is missing) in the slow suite
+@pytest.mark.parametrize(
+    "pdeathsig",
+    [pytest.param(True, id="prctl"), pytest.param(False, id="watchdog", marks=pytest.mark.slow)],
+)
 def test_kill_9_of_a_pooled_sweep_leaves_no_worker(tmp_path, monkeypatch, pdeathsig):
     if pdeathsig and not sys.platform.startswith("linux"):
         pytest.skip("PR_SET_PDEATHSIG is Linux-only")
@@ -163,6 +167,7 @@ def test_kill_9_of_a_pooled_sweep_leaves_no_worker(tmp_path, monkeypatch, pdeath
     same(S.merge(out).arrays, reference(tmp_path, size=40))
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_workers_and_releases_the_claims(tmp_path, monkeypatch):
     out = tmp_path / "run"
     proc = _start(tmp_path, f"S.run(logged(tmp, size=40, sleep=0.3), {str(out)!r}, workers=2)")
@@ -337,6 +342,7 @@ def _together(tmp_path, runs):
     return [(p.returncode, o, e) for p, (o, e) in zip(procs, res)]
 
 
+@pytest.mark.slow
 def test_two_identical_runs_split_the_work(tmp_path):
     size = 16
     res = _together(
@@ -360,6 +366,7 @@ def test_two_identical_runs_split_the_work(tmp_path):
     same(S.merge(tmp_path / "run").arrays, reference(tmp_path, size=size, shard_size=1))
 
 
+@pytest.mark.slow
 def test_second_run_with_another_seed_is_refused_before_computing(tmp_path):
     res = _together(
         tmp_path,
