@@ -138,9 +138,11 @@ def test_phase_diagram_matches_a_numpy_loop():
 
     betas, s, n, d, dt = np.array([0.5, 2.0, 6.0]), 8, 6, 3, 0.1
     V = np.eye(d) + 0.3 * np.random.default_rng(5).normal(size=(d, d))
-    pdg = phase_diagram(
-        betas, n=n, d=d, systems=s, t1=2.0, dt=dt, save_every=5, V=V, threshold=0.99, beta_batch=2
-    )
+    kw = dict(n=n, d=d, systems=s, t1=2.0, dt=dt, save_every=5, V=V, threshold=0.99)
+    pdg = phase_diagram(betas, **kw)  # one beta at a time (the default)
+    blocks = phase_diagram(betas, **kw, beta_batch=2)  # vmapped blocks of two betas
+    np.testing.assert_array_equal(blocks.fraction, pdg.fraction)
+    np.testing.assert_array_equal(blocks.one_cluster, pdg.one_cluster)
     assert pdg.fraction.shape == (3, 5) and np.allclose(pdg.ts, [0, 0.5, 1.0, 1.5, 2.0])
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
     off = ~np.eye(n, dtype=bool)

@@ -8,8 +8,8 @@ fraction of ordered pairs ``i != j`` with ``<x_i, x_j> > threshold`` over all sy
 each beta, at every saved time.
 
 All betas and systems run in one compiled call: beta is an array leaf of the model
-(``eqx.tree_at``), mapped with ``jax.lax.map`` in blocks of ``beta_batch`` betas (each
-block vmapped), so no beta value recompiles and the memory is that of one block. The
+(``eqx.tree_at``), mapped with ``jax.lax.map`` one beta at a time (or in vmapped blocks of
+``beta_batch`` betas), so no beta value recompiles and the memory is that of one block. The
 fraction is computed inside the loop: the tokens are never stored.
 """
 
@@ -87,6 +87,8 @@ def _run(model, betas, keys, dt, every, n_saves, threshold, *, shape, beta_batch
         _, rest = jax.lax.scan(save, y, None, length=n_saves - 1)
         return tuple(jnp.concatenate([f[None], r]) for f, r in zip(first, rest, strict=True))
 
+    if beta_batch == 1:  # a plain map: no batch axis over beta in the step
+        return jax.lax.map(one_beta, (betas, keys))
     return jax.lax.map(one_beta, (betas, keys), batch_size=beta_batch)
 
 
@@ -106,7 +108,7 @@ def phase_diagram(
     V: Any = None,
     dtype: Any = None,
     seed: int = 0,
-    beta_batch: int = 4,
+    beta_batch: int = 1,
 ) -> PhaseDiagram:
     """The clustered-pair fraction of ``systems`` random starts per beta, over time.
 
@@ -128,7 +130,9 @@ def phase_diagram(
             rounding.
         seed: the random starts.
         beta_batch: betas per vmapped block (the memory of one block is about
-            ``beta_batch * systems * n * (d + n)`` numbers).
+            ``beta_batch * systems * n * (d + n)`` numbers). The default 1 runs the betas
+            one after the other, each vmapped over its systems only: a second batch axis
+            (over beta) made every step 1.4x (d = 2) to 2.6x (d = 128) slower on the CPU.
 
     Returns:
         A ``PhaseDiagram``.
