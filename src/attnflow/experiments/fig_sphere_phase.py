@@ -61,7 +61,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     if quick:
         betas, t1, dims, systems = np.linspace(0.1, 9, 6), 6.0, (2, 16), {2: 16, 16: 16}
     else:
-        betas, t1, dims, systems = np.linspace(0.1, 9, 90), 30.0, (2, 128), {2: 1024, 128: 256}
+        betas, t1, dims, systems = np.linspace(0.1, 9, 90), 30.0, (2, 128), {2: 1024, 128: 1024}
     runs, panels = [], {}
     for d in dims:
         t0 = time.perf_counter()
