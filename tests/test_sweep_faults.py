@@ -468,3 +468,25 @@ def test_a_run_waits_for_a_shard_another_run_is_computing(tmp_path):
     t.join()
     assert rep.computed == [0] and rep.others == [1] and rep.complete
     same(S.merge(out).arrays, reference(tmp_path, size=4, shard_size=2))
+
+
+def test_temporary_files_of_dead_processes_of_this_host_are_removed(tmp_path):
+    # a run killed mid-write leaves `.<name>.<host>.<pid>.<random>.tmp`; the next run
+    # deletes those of dead pids of this host and leaves live or foreign ones alone
+    out = tmp_path / "run"
+    out.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    tag = S._HOST_TAG
+    names = {
+        "dead": f".shard-0000000000-0000000002.npz.{tag}.{dead.pid}.0a1b2c3d.tmp",
+        "live": f".shard-0000000002-0000000004.npz.{tag}.{os.getpid()}.0a1b2c3d.tmp",
+        "foreign": f".shard-0000000004-0000000006.npz.other_host.{dead.pid}.0a1b2c3d.tmp",
+    }
+    for name in names.values():
+        (out / name).write_bytes(b"partial")
+    rep = S.run(logged(tmp_path, size=8), out)
+    assert rep.complete
+    assert not (out / names["dead"]).exists()
+    assert (out / names["live"]).exists() and (out / names["foreign"]).exists()
+    same(S.merge(out).arrays, reference(tmp_path, size=8))

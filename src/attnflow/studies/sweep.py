@@ -139,6 +139,7 @@ CLAIM_STALE_SECONDS = 600.0
 # How often a run looks at shards that another run is computing.
 _POLL_SECONDS = 0.2
 _HOST = socket.gethostname()
+_HOST_TAG = _HOST.replace(".", "_") or "host"
 # Tokens of the claims held by runs in this process (a claim with this process's pid
 # whose token is not here was left by an earlier process that had the same pid).
 _LIVE_TOKENS: set[str] = set()
@@ -435,8 +436,29 @@ def _arrays_sha256(arrays: Mapping[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
+def _tmp_path(path: Path) -> Path:
+    """A temporary name beside ``path``: ``.<name>.<host>.<pid>.<random>.tmp`` (the host
+    with its dots replaced), so a later run can tell the leftovers of a dead process of
+    its own host (``_remove_dead_tmp``)."""
+    return path.with_name(f".{path.name}.{_HOST_TAG}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+
+
+def _remove_dead_tmp(out_dir: Path) -> None:
+    """Delete the temporary files that a process of this host left when it was killed
+    mid-write (SIGKILL runs no cleanup). Files of live processes or of other hosts stay."""
+    for e in os.scandir(out_dir):
+        if not (e.name.startswith(".") and e.name.endswith(".tmp")):
+            continue
+        parts = e.name[: -len(".tmp")].rsplit(".", 3)
+        if len(parts) != 4 or parts[1] != _HOST_TAG or not parts[2].isdigit():
+            continue
+        if not _pid_alive(int(parts[2])):
+            with contextlib.suppress(OSError):
+                os.unlink(e.path)
+
+
 def _write_atomic(path: Path, writer: Callable[[Any], None]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    tmp = _tmp_path(path)
     try:
         with open(tmp, "wb") as f:
             writer(f)
@@ -800,7 +822,7 @@ def _create_exclusive(path: Path, text: str) -> None:
     """Create ``path`` holding ``text`` unless it exists, atomically: a complete
     temporary file hard-linked into place (``os.link`` fails if the name exists), or
     where hard links are not supported, an ``O_EXCL`` creation."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    tmp = _tmp_path(path)
     try:
         with open(tmp, "w") as f:
             f.write(text)
@@ -1076,7 +1098,8 @@ def run(
     def claim_of(k: int) -> Path:
         return out_dir / (_shard_name(*sweep.shard_range(k)) + _CLAIM)
 
-    # what is on disk, verified
+    # what is on disk, verified (after removing what killed runs of this host left)
+    _remove_dead_tmp(out_dir)
     names = _present(out_dir)
     claimed = {e.name for e in os.scandir(out_dir) if e.name.endswith(_CLAIM)}
     claims = _Claims(CLAIM_STALE_SECONDS)
