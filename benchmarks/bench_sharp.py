@@ -7,8 +7,8 @@ The tokens gather about one direction, so the logits grow like beta e^{2t}: ~3e3
 (t in [4, 5.5], started from the state a solve reached at 4). For each window:
 
 - the bare field: one jitted call of ``Continuous().field(frame, t, y)`` at the window's
-  start state (20 evaluations in one jitted loop are reported too, but XLA hoists part
-  of the field out of such a loop, so it is not the reference);
+  start state (not a jitted loop of evaluations at a fixed state: XLA hoists part of
+  the field out of such a loop);
 - attnflow's solve (``_solve_adaptive``, the program ``simulate`` runs), and the same
   ``diffrax.diffeqsolve`` with parts removed: no overflow event, one save stream, no
   saved times but the end; its cost per field evaluation is the wall time over
@@ -95,28 +95,13 @@ def main() -> None:
     y_sharp = jnp.asarray(frame.initial_state(jnp.asarray(np.asarray(traj.z[-1]))))
     y_smooth = jnp.asarray(frame.initial_state(jnp.asarray(x0)))
     windows = {"smooth": (*SMOOTH, y_smooth), "sharp": (*SHARP, y_sharp)}
-    evals = 20
-
-    @jax.jit
-    def fields(t, y, zero):  # `evals` evaluations in one program (no dispatch per call);
-        # a traced zero keeps the state fixed without letting XLA drop the field
-        def body(_, u):
-            return u + zero * Continuous().field(frame, t, u)
-
-        return jax.lax.fori_loop(0, evals, body, y)
-
     one_field = jax.jit(lambda t, y: Continuous().field(frame, t, y))
 
     rows = {}
     for name, (t0, t1, y) in windows.items():
         t0a, t1a = jnp.asarray(t0), jnp.asarray(t1)
         logits = np.asarray(model.logits(np.asarray(traj.x[-1] if name == "sharp" else x0)))
-        zero = jnp.zeros((), y.dtype)
-        t_loop = best_of(lambda: fields(t0a, y, zero).block_until_ready(), repeats=repeats)
-        t_one = best_of(lambda: one_field(t0a, y).block_until_ready(), repeats=repeats)
-        # the loop is reported but not used: XLA hoists part of the field out of a
-        # loop at a fixed state (it timed 2.2 ms against 9.4 ms for one call)
-        t_field = t_one
+        t_field = best_of(lambda: one_field(t0a, y).block_until_ready(), repeats=repeats)
         ts = jnp.linspace(t0, t1, 11)
         runs = {
             "attnflow (_solve_adaptive)": None,
@@ -128,9 +113,7 @@ def main() -> None:
         out = {}
         for label, opts in runs.items():
             if opts is None:
-                # _solve_adaptive starts at 0: shift time so that its window is [t0, t1]
-                # by solving from the window's state on a frame of the same model; the
-                # field depends on t, so run it on the smooth window only from x0.
+                # _solve_adaptive starts at t = 0: it runs on the smooth window only
                 if name != "smooth":
                     continue
                 fn = jax.jit(
@@ -166,8 +149,6 @@ def main() -> None:
             t1=t1,
             max_logit=float(np.max(logits)),
             field_ms=1e3 * t_field,
-            field_ms_in_a_loop=1e3 * t_loop / evals,
-            field_ms_one_call=1e3 * t_one,
             solves=out,
         )
         print(name, "field", 1e3 * t_field, "ms; max logit", rows[name]["max_logit"], flush=True)
