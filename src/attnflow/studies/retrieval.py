@@ -564,7 +564,8 @@ def evaluate_many(
         # one compiled program for every kernel of this size, even after some have
         # stopped: their heads are cheap next to the shared embeddings, and a program
         # for each subset would be compiled again at every size
-        run, read = _eval_fn(tuple(live)), tuple(live)
+        read = tuple(live)
+        run = _eval_fn(read)
         b = 0
         while live:
             t0 = time.perf_counter()
