@@ -425,6 +425,11 @@ def test_head_dynamics_on_designed_head(tmp_path):
     d = run.to_dict()
     assert d["agree"] == [True] * 2 and "trajectories" not in d
     assert all(0 <= b <= 1 for b in run.boolean_distance)
+    # every sentence in its own loop (the default) or both in one vmapped loop: the same
+    one = H.head_dynamics(head, x0s, horizon=16.0, saves=21, chunk=None)
+    assert one.num_steps == run.num_steps and one.observed == run.observed
+    for a, b in zip(one.levels, run.levels):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match="x0s"):
         H.head_dynamics(head, [np.zeros((3, 5))])
     with pytest.raises(ValueError, match="frame"):
