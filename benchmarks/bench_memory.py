@@ -29,11 +29,11 @@ I = np.eye(d, dtype=np.float32)
 V = (0.5 * I + 0.1 * rng.standard_normal((d, d))).astype(np.float32)
 model = af.Attention(I, I, V, beta=0.25)
 x = jnp.asarray(rng.uniform(-1, 1, (n, d)), jnp.float32)
+field = jax.jit(lambda dyn, t, y: Continuous().field(dyn, t, y))
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t0 = time.perf_counter()
 if mode == "field":
     dyn = make_frame("rescaled", model)
-    field = jax.jit(lambda dyn, t, y: Continuous().field(dyn, t, y))
     out = field(dyn, jnp.float32(0.5), dyn.initial_state(x))
     out.block_until_ready()
     extra = {"finite": bool(jnp.all(jnp.isfinite(out)))}
@@ -41,14 +41,12 @@ elif mode == "tokens":  # the field with the query rows sharded over D host devi
     from attnflow.dynamics._devices import TokenSharded
     D = int(sys.argv[4])
     dyn = make_frame("rescaled", TokenSharded(model, jax.devices()[:D]))
-    field = jax.jit(lambda dyn, t, y: Continuous().field(dyn, t, y))
     y0 = dyn.initial_state(x)
     compiled = field.lower(dyn, jnp.float32(0.5), y0).compile()
     ma = compiled.memory_analysis()
     out = compiled(dyn, jnp.float32(0.5), y0)
     out.block_until_ready()
-    one = make_frame("rescaled", model)
-    ref = jax.jit(lambda dyn, t, y: Continuous().field(dyn, t, y))(one, jnp.float32(0.5), y0)
+    ref = field(make_frame("rescaled", model), jnp.float32(0.5), y0)
     extra = {
         "devices": D,
         "per_device_mib": {  # XLA's accounting of the compiled per-device program

@@ -550,7 +550,7 @@ def head_dynamics(
             rtol=rtol,
             atol=atol,
             max_steps=max_steps,
-            chunk=chunk if meth != "euler" and len(idx) > 1 else None,
+            chunk=None if meth == "euler" else chunk,  # the layers take no chunks
         )
         return traj
 
