@@ -8,59 +8,139 @@ is layered, each layer importing only from the ones before it:
 ``studies``   sweeps, the Ginibre study, heads of trained transformers
 ``io``        named and file matrices
 ``plotting``, ``cli``, ``experiments``   figures, movies, the ``attnflow`` command
+
+``import attnflow`` is light: it imports neither JAX nor the numerical stack. Each public
+name is loaded from its layer on first use (``attnflow.simulate`` imports the dynamics,
+``attnflow.predict_regime`` the analysis); ``__version__`` needs none of them. The
+modules the public API names as ``attnflow.<module>`` (``kernels``, ``matrices``,
+``sweep``) are small face modules re-exporting their layer's module, so
+``import attnflow.matrices`` and ``from attnflow.sweep import run`` work as attributes do.
+
+``enable_compilation_cache()`` keeps JAX's compiled programs on disk across processes
+(the command line turns it on by itself; see ``attnflow._cache``).
 """
 
-import sys as _sys
+from __future__ import annotations
+
+import importlib as _importlib
+from typing import TYPE_CHECKING, Any
 
 from ._meta import attnflow_version as _attnflow_version
 
 __version__ = _attnflow_version()
-from .analysis import (
-    DispersionReport,
-    Label,
-    Observation,
-    RankTrack,
-    Regime,
-    boolean_distance,
-    clustered_fraction,
-    count_clusters,
-    dispersion,
-    dispersion_scan,
-    equiangular_curve,
-    equiangular_time,
-    interaction_energy,
-    leading_eigenvalue,
-    observe_limit,
-    predict_regime,
-    rank_of,
-    spectral_structure,
-    track_rank,
-    wendel_probability,
-)
-from .dynamics import (
-    SOLVERS,
-    Attention,
-    Block,
-    FeedForward,
-    IsotropicAttention,
-    MultiHeadAttention,
-    Propagator,
-    SimulationError,
-    Status,
-    Trajectory,
-    kernels,
-    simulate,
-)
-from .dynamics.kernels import KERNELS
-from .dynamics.stack import stack, unstack
-from .io import matrices
-from .studies import GinibreEstimate, HeadsAnalysis, analyze_heads, ginibre_fraction, sweep
 
-# The modules that the public API names as ``attnflow.<module>`` stay importable under
-# those names (``from attnflow.sweep import run``, ``import attnflow.matrices``).
-for _name, _module in (("kernels", kernels), ("matrices", matrices), ("sweep", sweep)):
-    _sys.modules[f"{__name__}.{_name}"] = _module
-del _name, _module, _sys
+# Where each public name lives: the module imported on its first use.
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "SOLVERS",
+            "Attention",
+            "Block",
+            "FeedForward",
+            "IsotropicAttention",
+            "MultiHeadAttention",
+            "Propagator",
+            "SimulationError",
+            "Status",
+            "Trajectory",
+            "simulate",
+        ),
+        ".dynamics",
+    ),
+    "KERNELS": ".dynamics.kernels",
+    "stack": ".dynamics.stack",
+    "unstack": ".dynamics.stack",
+    **dict.fromkeys(
+        (
+            "DispersionReport",
+            "Label",
+            "Observation",
+            "RankTrack",
+            "Regime",
+            "boolean_distance",
+            "clustered_fraction",
+            "count_clusters",
+            "dispersion",
+            "dispersion_scan",
+            "equiangular_curve",
+            "equiangular_time",
+            "interaction_energy",
+            "leading_eigenvalue",
+            "observe_limit",
+            "predict_regime",
+            "rank_of",
+            "spectral_structure",
+            "track_rank",
+            "wendel_probability",
+        ),
+        ".analysis",
+    ),
+    **dict.fromkeys(
+        ("GinibreEstimate", "HeadsAnalysis", "analyze_heads", "ginibre_fraction"), ".studies"
+    ),
+    "enable_compilation_cache": "._cache",
+}
+# Public modules: the face modules attnflow/kernels.py, matrices.py, sweep.py.
+_FACES = ("kernels", "matrices", "sweep")
+
+if TYPE_CHECKING:  # what a type checker and an editor see; nothing is imported at run time
+    from . import kernels, matrices, sweep
+    from ._cache import enable_compilation_cache
+    from .analysis import (
+        DispersionReport,
+        Label,
+        Observation,
+        RankTrack,
+        Regime,
+        boolean_distance,
+        clustered_fraction,
+        count_clusters,
+        dispersion,
+        dispersion_scan,
+        equiangular_curve,
+        equiangular_time,
+        interaction_energy,
+        leading_eigenvalue,
+        observe_limit,
+        predict_regime,
+        rank_of,
+        spectral_structure,
+        track_rank,
+        wendel_probability,
+    )
+    from .dynamics import (
+        SOLVERS,
+        Attention,
+        Block,
+        FeedForward,
+        IsotropicAttention,
+        MultiHeadAttention,
+        Propagator,
+        SimulationError,
+        Status,
+        Trajectory,
+        simulate,
+    )
+    from .dynamics.kernels import KERNELS
+    from .dynamics.stack import stack, unstack
+    from .studies import GinibreEstimate, HeadsAnalysis, analyze_heads, ginibre_fraction
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name (or a face module) from its layer on first use."""
+    if name in _FACES:
+        value: Any = _importlib.import_module(f"{__name__}.{name}")
+    elif name in _LAZY:
+        value = getattr(_importlib.import_module(_LAZY[name], __name__), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "__version__",
@@ -105,4 +185,5 @@ __all__ = [
     "ginibre_fraction",
     "HeadsAnalysis",
     "analyze_heads",
+    "enable_compilation_cache",
 ]

@@ -1,10 +1,21 @@
 """The ``attnflow`` command line.
 
 One module per subcommand (``simulate``, ``rank``, ``ginibre``, ``classify``,
-``animate``, ``heads``, ``dispersion``, ``retrieval``, ``figures``); the options they share are
-declared once in ``_options``; errors, JSON output and reading weights and tokens are in
-``_common``. This module holds the app, its root options (``--version``,
-``--traceback``) and ``main``.
+``animate``, ``heads``, ``dispersion``, ``retrieval``, ``figures``, and ``cache`` for the
+compilation cache); the options they share are declared once in ``_options``; errors, JSON
+output and reading weights and tokens are in ``_common``. This module holds the app, its
+root options (``--version``, ``--traceback``, ``--no-cache``) and ``main``.
+
+``--help``, ``--version``, every subcommand's ``--help`` and every usage error answer
+without importing JAX or the numerical stack: the subcommand modules and the option
+declarations import only typer, numpy and attnflow's light modules at the top, and each
+command imports what it computes with when it runs.
+
+Compiled programs are kept across runs: every command that computes turns on JAX's
+persistent compilation cache (``attnflow._cache``: ``$ATTNFLOW_CACHE_DIR``, else
+``$XDG_CACHE_HOME/attnflow/jax`` or ``~/.cache/attnflow/jax``), also for the worker
+processes of ``figures``. ``attnflow --no-cache ...`` or ``ATTNFLOW_COMPILATION_CACHE=0``
+turns it off; ``attnflow cache info`` shows it and ``attnflow cache clear`` deletes it.
 
 Every computing subcommand accepts ``--json`` and then prints exactly one JSON object on
 stdout. Options with a fixed set of values (``--frame``, ``--method``, ``--norm``,
@@ -42,6 +53,7 @@ import typer
 
 from . import _common
 from . import animate as _animate
+from . import cache as _cache_cmd
 from . import classify as _classify
 from . import dispersion as _dispersion
 from . import figures as _figures
@@ -113,6 +125,13 @@ def _root(
         "print the full traceback before the one-line error "
         "(also: ATTNFLOW_TRACEBACK=1)",
     ),
+    no_cache: bool = typer.Option(
+        False,
+        "--no-cache",
+        help="do not read or write the compilation cache "
+        "(compiled programs kept across runs; also: ATTNFLOW_COMPILATION_CACHE=0; "
+        "see `attnflow cache info`)",
+    ),
 ) -> None:
     """attnflow: self-attention as an interacting particle system (tokens are particles,
     layers are time).
@@ -121,6 +140,8 @@ def _root(
     subcommand prints one JSON object on stdout with --json."""
     if traceback:
         _common.STATE["traceback"] = True
+    if no_cache:
+        _common.STATE["cache"] = False
 
 
 # The subcommands, in the order `attnflow --help` lists them.
@@ -136,13 +157,15 @@ for _module, _name in (
     (_figures, "figures"),
 ):
     app.command(name=_name, short_help=_module.SHORT_HELP)(getattr(_module, _name))
+app.add_typer(_cache_cmd.app, name="cache", short_help=_cache_cmd.SHORT_HELP)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the command line.
 
     Errors become one line on stderr; in-process callers (tests, notebooks) get their
-    JAX float64 mode back when the command returns.
+    JAX float64 mode and compilation cache settings back when the command returns. JAX
+    is imported only by the commands that compute.
 
     Args:
         argv: the arguments after ``attnflow`` (default: ``sys.argv[1:]``; none prints
@@ -152,13 +175,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         SystemExit: always, with the exit status: 0 on success, 1 for a runtime failure
             or an internal error, 2 for a usage error, 130 when interrupted.
     """
-    import jax
-
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         args = ["--help"]
-    _common.STATE["traceback"] = False
-    x64_before = bool(jax.config.read("jax_enable_x64"))
+    _common.STATE.update(traceback=False, cache=True, restore={})
+    if "jax" in sys.modules:  # a command may set x64 without setup_jax (figures)
+        import jax
+
+        _common.STATE["restore"]["jax_enable_x64"] = bool(jax.config.read("jax_enable_x64"))
     try:
         with warnings.catch_warnings():  # setup_jax's filter ends with the command
             rc = app(args=args, standalone_mode=False, prog_name="attnflow")
@@ -167,5 +191,5 @@ def main(argv: Sequence[str] | None = None) -> None:
     except BaseException as exc:
         rc = _common.report(exc)
     finally:
-        jax.config.update("jax_enable_x64", x64_before)
+        _common.restore_jax()
     raise SystemExit(rc if isinstance(rc, int) else 0)

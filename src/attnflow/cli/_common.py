@@ -16,22 +16,24 @@ import sys
 import traceback as _traceback
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import typer
-from jaxtyping import Float
 
 from .. import _checks
-from ..dynamics.simulate import _FIXED
-from ..io import matrices
-from ..io.serialize import to_jsonable
+from ._options import FIXED as _FIXED
+
+if TYPE_CHECKING:
+    from jaxtyping import Float
 
 __all__ = [
     "CLIError",
     "CLIFailure",
     "STATE",
     "setup_jax",
+    "setup_cache",
+    "restore_jax",
     "emit_json",
     "value",
     "load_weights",
@@ -57,8 +59,10 @@ class CLIFailure(Exception):
     """A runtime failure to report on one line of stderr, with exit status 1."""
 
 
-# Set by the root options for one run of ``main``.
-STATE = {"traceback": False}
+# Set by the root options for one run of ``main``: ``traceback`` (--traceback), ``cache``
+# (False with --no-cache), and ``restore``: the JAX options a command changed, with their
+# values before, which ``main`` puts back when the command returns.
+STATE: dict[str, Any] = {"traceback": False, "cache": True, "restore": {}}
 
 # The float32 cast warning of the library (model.py, simulate.py): with --no-x64 the
 # cast is what was asked for, so the command line silences it.
@@ -78,9 +82,64 @@ def setup_jax(x64: bool) -> None:
     """
     import jax
 
+    setup_cache()
+    _remember("jax_enable_x64", bool(jax.config.read("jax_enable_x64")))
     jax.config.update("jax_enable_x64", bool(x64))
     if not x64:
         warnings.filterwarnings("ignore", message=_CAST_WARNING, category=UserWarning)
+
+
+def _remember(name: str, before: Any) -> None:
+    """Keep the value a JAX option had before the command first changed it."""
+    STATE["restore"].setdefault(name, before)
+
+
+_CACHE_OPTIONS = (
+    "jax_compilation_cache_dir",
+    "jax_persistent_cache_min_compile_time_secs",
+    "jax_persistent_cache_min_entry_size_bytes",
+)
+
+
+def setup_cache(*, children: bool = False) -> None:
+    """Turn on JAX's persistent compilation cache (``attnflow._cache``) for the command,
+    unless ``attnflow --no-cache`` or ``ATTNFLOW_COMPILATION_CACHE=0`` says not to.
+
+    Called by ``setup_jax`` (every computing command) and by the commands that run
+    figure scripts. A cache directory that cannot be created leaves the cache off, with
+    one note on stderr; the command still runs.
+
+    Args:
+        children: also hand the cache to the worker processes the command starts
+            (through ``JAX_*`` environment variables).
+    """
+    from .. import _cache
+
+    if not STATE["cache"] or not _cache.cache_enabled_by_env():
+        return
+    import jax
+
+    for name in _CACHE_OPTIONS:
+        _remember(name, jax.config.values[name])
+    try:
+        _cache.enable_compilation_cache(children=children)
+    except OSError as exc:
+        sys.stderr.write(f"attnflow: note: compilation cache off: {exc}\n")
+
+
+def restore_jax() -> None:
+    """Put back the JAX options the command changed (``main`` calls it on return)."""
+    saved, STATE["restore"] = STATE["restore"], {}
+    if not saved:
+        return
+    import jax
+
+    for name, before in saved.items():
+        jax.config.update(name, before)
+    if "jax_compilation_cache_dir" in saved:
+        from jax.experimental.compilation_cache import compilation_cache as _cc
+
+        _cc.reset_cache()  # reopened at the restored place on the next compilation
 
 
 def emit_json(obj: Any) -> None:
@@ -89,6 +148,8 @@ def emit_json(obj: Any) -> None:
     Args:
         obj: a result: dicts, lists, numbers, strings, numpy/JAX arrays, paths.
     """
+    from ..io.serialize import to_jsonable
+
     sys.stdout.write(json.dumps(to_jsonable(obj)) + "\n")
 
 
@@ -132,6 +193,8 @@ def load_weights(
 
 
 def matrix(option: str, spec: str, d: int | None, seed: int) -> np.ndarray:
+    from ..io import matrices
+
     try:
         return matrices.load(spec, d, seed)
     except ValueError as exc:
@@ -153,6 +216,8 @@ def read_tokens(option: str, path: str, *, d: int | None = None) -> Float[np.nda
         CLIError: a file that cannot be read or does not hold one finite real
             ``(n, d)`` array; the message names the option and the file.
     """
+    from ..io import matrices
+
     try:
         arr = matrices.read_array(path)
         arr = _checks.real_array(f"file {path!r}", arr, ndim=2, shape_hint="(n, d)")
@@ -274,6 +339,8 @@ def default_dim(V: str, d: int | None, default: int) -> int | None:
     Returns:
         The dimension to ask for, or None when V decides it.
     """
+    from ..io import matrices
+
     if d is None and not matrices.is_file_spec(V) and V not in matrices.PAPER:
         return default
     return d
@@ -361,7 +428,10 @@ def report(exc: BaseException) -> int:
         The exit status: 2 for usage errors (click's, ``CLIError``, ``ValueError`` and
         ``OSError``), 1 for runtime failures and internal errors, 130 for Ctrl-C.
     """
-    from ..dynamics.trajectory import SimulationError
+    # A SimulationError can only come from the dynamics once they are imported; a usage
+    # error is reported without importing them (and JAX).
+    trajectory = sys.modules.get(f"{__name__.partition('.')[0]}.dynamics.trajectory")
+    SimulationError = getattr(trajectory, "SimulationError", ())
 
     format_message = getattr(exc, "format_message", None)
     exit_code = getattr(exc, "exit_code", None)

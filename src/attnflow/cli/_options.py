@@ -6,10 +6,18 @@ An option that several subcommands take (``--V``, ``--n``, ``--t1``, ``--seed``,
 passes only what differs (the default, or help that says what the value means there).
 
 Every value is checked while the command line is parsed, before any work: choices are
-enums built from the library's own tables (a new solver, frame, norm, interval, backend
-or movie case is a choice without editing this file), numbers go through
-``attnflow._checks`` (finite, in range, whole), files must exist, output paths must be
-writable. A bad value is a click usage error: one line naming the option, exit status 2.
+enums built from the tables below, numbers go through ``attnflow._checks`` (finite, in
+range, whole), files must exist, output paths must be writable. A bad value is a click
+usage error: one line naming the option, exit status 2.
+
+This module imports neither JAX nor any layer of attnflow that does (``--help``, every
+subcommand's ``--help`` and every usage error answer without the numerical stack), so
+the tables of choices are copies of the library's own: ``FRAMES``, ``SOLVERS`` and
+``_FIXED`` of ``attnflow.dynamics``, ``KERNELS`` of ``attnflow.dynamics.kernels``,
+``NORMS`` of ``attnflow.analysis.rank``, ``INTERVALS`` and ``BACKENDS`` of
+``attnflow.studies.ginibre``, the names of ``attnflow.studies.setups.MOVIE_CASES``.
+``tests/test_startup.py`` checks that each copy equals the library's table: a new
+solver, frame, norm, interval, backend or movie case is added here too.
 """
 
 from __future__ import annotations
@@ -22,11 +30,33 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from .. import _checks
-from ..analysis.rank import NORMS
-from ..dynamics.kernels import KERNELS
-from ..dynamics.simulate import _FIXED, FRAMES, MAX_STEPS_LIMIT, SOLVERS
-from ..studies.ginibre import BACKENDS, INTERVALS
-from ..studies.setups import MOVIE_CASES
+
+# ------------------------------------------------------------------------ tables
+# Copies of the library's tables (see the module docstring; tests/test_startup.py
+# compares them).
+FRAMES = ("rescaled", "original", "sphere")
+SOLVERS = ("adaptive", "tsit5", "dopri5", "dopri8", "bosh3", "heun")
+FIXED = ("euler", "euler-ode")  # the fixed-step methods (``--dt`` required)
+MAX_STEPS_LIMIT = 2**31 - 1
+KERNELS = (
+    "softmax",
+    "qknorm",
+    "ssmax",
+    "sigmoid",
+    "adaptive",
+    "usa",
+    "linear",
+    "linearnorm",
+    "stickbreaking",
+    "selective",
+    "differential",
+    "offbyone",
+    "prenorm",
+)
+NORMS = ("inf", "l1")
+INTERVALS = ("wilson", "clopper-pearson")
+BACKENDS = ("numpy", "jax")
+MOVIE_CASES = ("polytope", "polytope-3d", "hyperplanes", "hyperplanes-3d", "origin")
 
 
 # ----------------------------------------------------------------------- choices
@@ -46,7 +76,7 @@ if TYPE_CHECKING:  # the members are only known at run time, from the library's 
     Frame = Method = Norm = Interval = Backend = Case = Choice
 else:
     Frame = _choices("Frame", FRAMES)
-    Method = _choices("Method", ("adaptive", *_FIXED, *SOLVERS))
+    Method = _choices("Method", ("adaptive", *FIXED, *SOLVERS))
     Norm = _choices("Norm", NORMS)
     Interval = _choices("Interval", INTERVALS)
     Backend = _choices("Backend", BACKENDS)

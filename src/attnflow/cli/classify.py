@@ -7,7 +7,6 @@ import numpy as np
 import typer
 
 from .. import _checks
-from ..analysis.regimes import Label
 from . import _common as common
 from . import _options as opt
 
@@ -49,8 +48,10 @@ def classify(
     observe where the tokens went and say whether observation agrees with prediction."""
     method_s = common.value(method)
     ts = common.save_times(t1, saves, method_s, dt) if do_simulate else None
-    common.setup_jax(x64)
-    from ..analysis.regimes import observe_limit, predict_regime
+    if ts is not None:  # the prediction alone is numpy arithmetic, in float64
+        common.setup_jax(x64)
+    from ..analysis.observe import observe_limit
+    from ..analysis.regimes import Label, predict_regime
 
     Qm, Km, Vm = common.load_weights(V, Q, K, common.default_dim(V, d, 2), seed)
     reg = predict_regime(Qm, Km, Vm, rtol=rtol)

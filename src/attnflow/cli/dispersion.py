@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import typer
-from jaxtyping import Float
 
 from .. import _checks
-from ..dynamics.kernels import KERNELS
 from . import _common as common
 from . import _options as opt
+from ._options import KERNELS
+
+if TYPE_CHECKING:
+    from jaxtyping import Float
 
 SHORT_HELP = "Softmax dispersion against n, with the bounds, per kernel."
 

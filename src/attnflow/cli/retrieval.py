@@ -6,9 +6,9 @@ from pathlib import Path
 
 import typer
 
-from ..dynamics.kernels import KERNELS
 from . import _common as common
 from . import _options as opt
+from ._options import KERNELS
 
 SHORT_HELP = "Max retrieval: one head trained at n = 16, read at n = 16 ... 16384."
 

@@ -72,7 +72,6 @@ import numpy as np
 from jaxtyping import Float, Shaped
 
 from .. import _checks
-from ..analysis.regimes import leading_eigenvalue
 from . import sweep as _sweep
 
 __all__ = [
@@ -393,6 +392,8 @@ def _inverse_iteration(A: np.ndarray, x: np.ndarray, steps: int = 2) -> np.ndarr
 def _analyse(
     V: Float[np.ndarray, "b d d"], start: int, seed: int, tol: float, backend: str
 ) -> dict[str, Shaped[np.ndarray, " b"]]:
+    from ..analysis.regimes import leading_eigenvalue  # here: parse_dims imports no JAX
+
     b, d = V.shape[0], V.shape[1]
     fro = _fro(V)
     # the one decision of the leading-eigenvalue hypothesis, at the rounding level: the

@@ -1,0 +1,175 @@
+"""JAX's persistent compilation cache: compiled programs kept on disk across processes.
+
+``enable_compilation_cache(path=None)`` (re-exported as ``attnflow.enable_compilation_cache``)
+points JAX at a cache directory, so that a later process running the same program (same
+shapes, dtypes, options, JAX version and devices) reads the compiled program from disk
+instead of compiling it again. Tracing and lowering still happen in every process; only
+the XLA compilation is saved.
+
+The directory, first match wins:
+
+1. the ``path`` argument;
+2. the environment variable ``ATTNFLOW_CACHE_DIR``;
+3. ``$XDG_CACHE_HOME/attnflow/jax``, else ``~/.cache/attnflow/jax``
+   (``%LOCALAPPDATA%\\attnflow\\jax`` on Windows).
+
+``ATTNFLOW_COMPILATION_CACHE=0`` (or ``false``, ``no``, ``off``) turns the cache off:
+``enable_compilation_cache`` then changes nothing and returns None. The command line
+turns the cache on for every command that computes (``attnflow --no-cache ...`` does
+not); a library user opts in with one call. Every program is cached, however short its
+compilation (``jax_persistent_cache_min_compile_time_secs = 0``): the command line's
+programs compile in tenths of a second each, and together they are most of its wait.
+
+JAX refuses to write a program that holds host callbacks (``jax.debug.callback``,
+``jax.pure_callback``, progress bars); such a program is compiled again in every process.
+
+Below every layer: this module imports no module of attnflow, and JAX only inside the
+functions that need it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "enable_compilation_cache",
+    "cache_dir",
+    "cache_enabled_by_env",
+    "cache_info",
+    "clear_cache",
+]
+
+_OFF = ("0", "false", "no", "off")
+# The jax options set, and the environment variables that carry them to child processes
+# (JAX reads JAX_<OPTION> when it is imported).
+_MIN_COMPILE_SECS = 0.0
+_MIN_ENTRY_BYTES = 0
+
+
+def cache_enabled_by_env() -> bool:
+    """False when ``ATTNFLOW_COMPILATION_CACHE`` is ``0``, ``false``, ``no`` or ``off``."""
+    return os.environ.get("ATTNFLOW_COMPILATION_CACHE", "").strip().lower() not in _OFF
+
+
+def cache_dir(path: str | os.PathLike[str] | None = None) -> Path:
+    """The cache directory: ``path``, else ``$ATTNFLOW_CACHE_DIR``, else the user's cache
+    directory (see the module docstring). Nothing is created.
+
+    Args:
+        path: an explicit directory, or None.
+
+    Returns:
+        The directory, with ``~`` expanded.
+    """
+    if path is not None and str(path):
+        return Path(path).expanduser()
+    env = os.environ.get("ATTNFLOW_CACHE_DIR", "").strip()
+    if env:
+        return Path(env).expanduser()
+    if sys.platform == "win32" and os.environ.get("LOCALAPPDATA"):
+        base = Path(os.environ["LOCALAPPDATA"])
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+        base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "attnflow" / "jax"
+
+
+def enable_compilation_cache(
+    path: str | os.PathLike[str] | None = None, *, children: bool = False
+) -> Path | None:
+    """Keep JAX's compiled programs in a directory on disk, for this and later processes.
+
+    Sets JAX's ``jax_compilation_cache_dir``, with ``jax_persistent_cache_min_compile_time_secs``
+    and ``jax_persistent_cache_min_entry_size_bytes`` at 0 (every program is kept). Call it
+    before the first computation: JAX opens its cache once per process, on the first
+    compilation, and a later call changes the directory only for programs compiled after
+    it (the cache is reopened). Safe to call more than once.
+
+    Args:
+        path: the directory (created if missing). None: ``$ATTNFLOW_CACHE_DIR``, else
+            ``$XDG_CACHE_HOME/attnflow/jax`` or ``~/.cache/attnflow/jax``.
+        children: also export the settings as ``JAX_*`` environment variables, so that
+            child processes started afterwards (figure workers, sweep pools) use the same
+            cache.
+
+    Returns:
+        The cache directory, or None when ``ATTNFLOW_COMPILATION_CACHE=0`` turns the cache
+        off (then nothing is changed).
+
+    Raises:
+        OSError: the directory cannot be created.
+
+    Example:
+        >>> import attnflow as af
+        >>> af.enable_compilation_cache("/tmp/attnflow-cache")  # doctest: +SKIP
+        PosixPath('/tmp/attnflow-cache')
+    """
+    if not cache_enabled_by_env():
+        return None
+    directory = cache_dir(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    import jax
+
+    settings: dict[str, Any] = {
+        "jax_compilation_cache_dir": str(directory),
+        "jax_persistent_cache_min_compile_time_secs": _MIN_COMPILE_SECS,
+        "jax_persistent_cache_min_entry_size_bytes": _MIN_ENTRY_BYTES,
+    }
+    changed = jax.config.values["jax_compilation_cache_dir"] != str(directory)
+    for name, value in settings.items():
+        jax.config.update(name, value)
+    if changed:
+        # JAX opens its cache once, on the first compilation: reopen it at the new place.
+        from jax.experimental.compilation_cache import compilation_cache as _cc
+
+        _cc.reset_cache()
+    if children:
+        for name, value in settings.items():
+            os.environ[name.upper()] = str(value)
+    return directory
+
+
+def cache_info(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """What the cache directory holds: its path, whether it exists, the number of
+    compiled programs and their total size in bytes; also whether the environment turns
+    the cache off. Imports no JAX.
+
+    Args:
+        path: the directory (None: as ``cache_dir``).
+
+    Returns:
+        ``{"dir", "exists", "enabled", "entries", "bytes"}``.
+    """
+    directory = cache_dir(path)
+    files = [p for p in directory.rglob("*") if p.is_file()] if directory.is_dir() else []
+    entries = [p for p in files if p.name.endswith("-cache")]  # JAX also writes "-atime"
+    return {
+        "dir": str(directory),
+        "exists": directory.is_dir(),
+        "enabled": cache_enabled_by_env(),
+        "entries": len(entries),
+        "bytes": sum(p.stat().st_size for p in files),
+    }
+
+
+def clear_cache(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Delete the cache directory and everything in it (a missing one is not an error).
+
+    Args:
+        path: the directory (None: as ``cache_dir``).
+
+    Returns:
+        ``cache_info`` of the directory as it was before deleting.
+
+    Raises:
+        OSError: a file that cannot be deleted.
+    """
+    info = cache_info(path)
+    directory = Path(info["dir"])
+    if directory.is_dir():
+        shutil.rmtree(directory)
+    return info

@@ -1,0 +1,23 @@
+"""``attnflow.kernels``: the public face of ``attnflow.dynamics.kernels``.
+
+Every name of ``attnflow.dynamics.kernels.__all__`` is re-exported here, so
+``import attnflow.kernels`` and ``from attnflow.kernels import ...`` work as the attribute
+``attnflow.kernels`` does; any other name is read from ``attnflow.dynamics.kernels`` on access.
+Assigning to a name here does not change ``attnflow.dynamics.kernels``.
+"""
+
+from typing import Any
+
+from .dynamics import kernels as _target
+from .dynamics.kernels import *  # noqa: F403
+from .dynamics.kernels import __all__ as __all__
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__"):  # a module's own dunders are never borrowed
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(_target, name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

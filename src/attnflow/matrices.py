@@ -1,0 +1,23 @@
+"""``attnflow.matrices``: the public face of ``attnflow.io.matrices``.
+
+Every name of ``attnflow.io.matrices.__all__`` is re-exported here, so
+``import attnflow.matrices`` and ``from attnflow.matrices import ...`` work as the attribute
+``attnflow.matrices`` does; any other name is read from ``attnflow.io.matrices`` on access.
+Assigning to a name here does not change ``attnflow.io.matrices``.
+"""
+
+from typing import Any
+
+from .io import matrices as _target
+from .io.matrices import *  # noqa: F403
+from .io.matrices import __all__ as __all__
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__"):  # a module's own dunders are never borrowed
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(_target, name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
