@@ -178,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         args = ["--help"]
-    _common.STATE.update(traceback=False, cache=True, restore={})
+    _common.STATE.update(traceback=False, cache=True, restore={}, restore_env={})
     if "jax" in sys.modules:  # a command may set x64 without setup_jax (figures)
         import jax
 

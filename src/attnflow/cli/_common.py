@@ -61,8 +61,9 @@ class CLIFailure(Exception):
 
 # Set by the root options for one run of ``main``: ``traceback`` (--traceback), ``cache``
 # (False with --no-cache), and ``restore``: the JAX options a command changed, with their
-# values before, which ``main`` puts back when the command returns.
-STATE: dict[str, Any] = {"traceback": False, "cache": True, "restore": {}}
+# values before, which ``main`` puts back when the command returns (and ``restore_env``:
+# the environment variables that hand the cache to worker processes).
+STATE: dict[str, Any] = {"traceback": False, "cache": True, "restore": {}, "restore_env": {}}
 
 # The float32 cast warning of the library (model.py, simulate.py): with --no-x64 the
 # cast is what was asked for, so the command line silences it.
@@ -121,6 +122,9 @@ def setup_cache(*, children: bool = False) -> None:
 
     for name in _CACHE_OPTIONS:
         _remember(name, jax.config.values[name])
+    if children:
+        for name in _CACHE_OPTIONS:
+            STATE["restore_env"].setdefault(name.upper(), os.environ.get(name.upper()))
     try:
         _cache.enable_compilation_cache(children=children)
     except OSError as exc:
@@ -128,7 +132,14 @@ def setup_cache(*, children: bool = False) -> None:
 
 
 def restore_jax() -> None:
-    """Put back the JAX options the command changed (``main`` calls it on return)."""
+    """Put back the JAX options, and the environment variables handing them to worker
+    processes, that the command changed (``main`` calls it on return)."""
+    env, STATE["restore_env"] = STATE["restore_env"], {}
+    for name, before in env.items():
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
     saved, STATE["restore"] = STATE["restore"], {}
     if not saved:
         return

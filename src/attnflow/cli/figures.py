@@ -58,6 +58,7 @@ def figures(
         _checks.output_dir("--out", out)
     except ValueError as exc:
         raise common.CLIError(str(exc)) from None
+    common.setup_cache(children=True)  # this process and the worker processes
     index = run_figures(
         out, only=only, quick=quick, experiments=experiments, progress=not as_json, jobs=jobs
     )

@@ -49,6 +49,7 @@ def retrieval(
         bad = [k for k in names if k not in KERNELS]
         if bad or not names:
             raise common.CLIError(f"--kernels must be a comma list of {', '.join(KERNELS)}.")
+    common.setup_cache()
     res = F.run(out, quick=quick, kernels=names, progress=not as_json, max_steps=max_steps)
     if as_json:
         common.emit_json(res)
