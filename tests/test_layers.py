@@ -24,7 +24,7 @@ def _layer(module: str) -> int | None:
     parts = module.split(".")
     if parts[0] != "attnflow":
         return None
-    if len(parts) == 1 or parts[1] in ("kernels", "matrices", "sweep"):  # root and its faces
+    if len(parts) == 1 or parts[1] in ("kernels", "masks", "matrices", "sweep"):  # root, faces
         # the root package re-exports every layer: only the scripts and the command line,
         # consumers of the public API like a user's own script, may import it
         return ORDER.index("experiments")

@@ -12,18 +12,16 @@ is layered, each layer importing only from the ones before it:
 ``import attnflow`` is light: it imports neither JAX nor the numerical stack. Each public
 name is loaded from its layer on first use (``attnflow.simulate`` imports the dynamics,
 ``attnflow.predict_regime`` the analysis); ``__version__`` needs none of them. The
-modules the public API names as ``attnflow.<module>`` (``kernels``, ``matrices``,
-``sweep``) are small face modules re-exporting their layer's module, so
+modules the public API names as ``attnflow.<module>`` (``kernels``, ``masks``,
+``matrices``, ``sweep``) are small face modules re-exporting their layer's module, so
 ``import attnflow.matrices`` and ``from attnflow.sweep import run`` work as attributes do.
 
 ``enable_compilation_cache()`` keeps JAX's compiled programs on disk across processes
 (the command line turns it on by itself; see ``attnflow._cache``).
 """
 
-from __future__ import annotations
-
 import importlib as _importlib
-from typing import TYPE_CHECKING, Any
+import typing as _typing
 
 from ._meta import attnflow_version as _attnflow_version
 
@@ -80,10 +78,10 @@ _LAZY: dict[str, str] = {
     ),
     "enable_compilation_cache": "._cache",
 }
-# Public modules: the face modules attnflow/kernels.py, matrices.py, sweep.py.
-_FACES = ("kernels", "matrices", "sweep")
+# Public modules: the face modules attnflow/kernels.py, masks.py, matrices.py, sweep.py.
+_FACES = ("kernels", "masks", "matrices", "sweep")
 
-if TYPE_CHECKING:  # what a type checker and an editor see; nothing is imported at run time
+if _typing.TYPE_CHECKING:  # what a type checker and an editor see; nothing is imported at run time
     from . import kernels, matrices, sweep
     from ._cache import enable_compilation_cache
     from .analysis import (
@@ -126,10 +124,15 @@ if TYPE_CHECKING:  # what a type checker and an editor see; nothing is imported 
     from .studies import GinibreEstimate, HeadsAnalysis, analyze_heads, ginibre_fraction
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     """Load a public name (or a face module) from its layer on first use."""
     if name in _FACES:
-        value: Any = _importlib.import_module(f"{__name__}.{name}")
+        try:
+            value: _typing.Any = _importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
     elif name in _LAZY:
         value = getattr(_importlib.import_module(_LAZY[name], __name__), name)
     else:

@@ -6,14 +6,14 @@ Every name of ``attnflow.dynamics.kernels.__all__`` is re-exported here, so
 Assigning to a name here does not change ``attnflow.dynamics.kernels``.
 """
 
-from typing import Any
+import typing as _typing
 
 from .dynamics import kernels as _target
 from .dynamics.kernels import *  # noqa: F403
 from .dynamics.kernels import __all__ as __all__
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     if name.startswith("__"):  # a module's own dunders are never borrowed
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(_target, name)

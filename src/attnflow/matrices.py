@@ -6,14 +6,14 @@ Every name of ``attnflow.io.matrices.__all__`` is re-exported here, so
 Assigning to a name here does not change ``attnflow.io.matrices``.
 """
 
-from typing import Any
+import typing as _typing
 
 from .io import matrices as _target
 from .io.matrices import *  # noqa: F403
 from .io.matrices import __all__ as __all__
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     if name.startswith("__"):  # a module's own dunders are never borrowed
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(_target, name)

@@ -6,12 +6,10 @@ The names below are loaded from their modules on first use, so importing one mod
 the package (``attnflow.studies.sweep``, ``attnflow.studies.ginibre``) does not import
 the others."""
 
-from __future__ import annotations
-
 import importlib as _importlib
-from typing import TYPE_CHECKING, Any
+import typing as _typing
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from .ginibre import GinibreEstimate, ginibre_fraction
     from .heads import HeadsAnalysis, analyze_heads
 
@@ -25,7 +23,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(_importlib.import_module(_LAZY[name], __name__), name)
