@@ -324,3 +324,28 @@ def test_in_process_runs_restore_the_cache_settings(capsys, tmp_path, monkeypatc
     assert exc.value.code == 0, capsys.readouterr().err
     assert (tmp_path / "c").is_dir()
     assert jax.config.values["jax_compilation_cache_dir"] == before
+
+
+def test_figures_hand_the_cache_to_worker_processes(monkeypatch, tmp_path):
+    """``setup_cache(children=True)`` (``attnflow figures``) exports the cache as JAX_*
+    variables for the workers; ``restore_jax`` takes them back with the JAX options."""
+    import jax
+
+    from attnflow.cli import _common
+
+    monkeypatch.setenv("ATTNFLOW_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.setenv("ATTNFLOW_COMPILATION_CACHE", "1")
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    before = jax.config.values["jax_compilation_cache_dir"]
+    monkeypatch.setitem(_common.STATE, "cache", True)
+    monkeypatch.setitem(_common.STATE, "restore", {})
+    monkeypatch.setitem(_common.STATE, "restore_env", {})
+    _common.setup_cache(children=True)
+    try:
+        assert os.environ["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "c")
+        assert os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0.0"
+        assert jax.config.values["jax_compilation_cache_dir"] == str(tmp_path / "c")
+    finally:
+        _common.restore_jax()
+    assert "JAX_COMPILATION_CACHE_DIR" not in os.environ
+    assert jax.config.values["jax_compilation_cache_dir"] == before
