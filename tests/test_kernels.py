@@ -104,8 +104,11 @@ def test_registry_lists_the_kernels():
         True,
     ]
     assert af.KERNELS == K.KERNELS
-    # the old (fn, row_stochastic) tuple form still indexes
-    assert K._REGISTRY["softmax"][0] is K.softmax and K._REGISTRY["sigmoid"][1] is False
+    # every name is a final kernel class whose facts match the functional lookup
+    for name in K.KERNELS:
+        obj = K.get(name)
+        assert isinstance(obj, K.AbstractKernel) and obj.name == name
+        assert type(obj).row_stochastic is K.row_stochastic(name)
     assert math.isclose(K.ADAPTIVE_MAX_INVERSE_TEMPERATURE, 2.4213877, rel_tol=1e-6)
 
 

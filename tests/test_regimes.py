@@ -7,7 +7,8 @@ import pytest
 import reference
 
 import attnflow as af
-from attnflow.analysis.regimes import observe_limit, predict_regime, spectral_structure
+from attnflow.analysis.observe import observe_limit
+from attnflow.analysis.regimes import predict_regime, spectral_structure
 
 PAPER = af.matrices.PAPER
 I2, I3 = np.eye(2), np.eye(3)

@@ -24,6 +24,7 @@ class TokenwiseLinear(AbstractModel):
 
     A: Array
     propagator: None = None
+    family = "TokenwiseLinear"  # registers the family for Trajectory.load
 
     def __init__(self, A):
         self.A = jnp.asarray(A)

@@ -206,7 +206,7 @@ def test_sphere_save_load_round_trip(tmp_path, method):
         a, b = np.asarray(getattr(tr, name)), np.asarray(getattr(back, name))
         assert a.dtype == b.dtype and np.array_equal(a, b)
     assert back.frame == "sphere" and back.solver == tr.solver
-    assert back.model.kernel == "usa"
+    assert back.model.kernel.name == "usa"
     assert np.array_equal(np.asarray(tr.attention(-1)), np.asarray(back.attention(-1)))
 
 

@@ -45,6 +45,10 @@ _LAZY: dict[str, str] = {
         ),
         ".dynamics",
     ),
+    **dict.fromkeys(
+        ("AbstractModel", "AbstractAttentionSystem", "AbstractKernelAttention"),
+        ".dynamics.base",
+    ),
     "KERNELS": ".dynamics.kernels",
     "stack": ".dynamics.stack",
     "unstack": ".dynamics.stack",
@@ -119,6 +123,8 @@ if _typing.TYPE_CHECKING:  # what a type checker and an editor see; nothing is i
         Trajectory,
         simulate,
     )
+    from . import masks
+    from .dynamics.base import AbstractAttentionSystem, AbstractKernelAttention, AbstractModel
     from .dynamics.kernels import KERNELS
     from .dynamics.stack import stack, unstack
     from .studies import GinibreEstimate, HeadsAnalysis, analyze_heads, ginibre_fraction
@@ -161,7 +167,11 @@ __all__ = [
     "stack",
     "unstack",
     "KERNELS",
+    "AbstractModel",
+    "AbstractAttentionSystem",
+    "AbstractKernelAttention",
     "kernels",
+    "masks",
     "matrices",
     "sweep",
     "DispersionReport",

@@ -180,33 +180,31 @@ def _row_stats(P, L, sink: int, keep=None):
 
 
 @eqx.filter_jit
-def _qk_stats(kernel: str, q, k, beta, params, rows, sink: int, block: int, mask=None):
-    """Statistics of query rows ``rows`` (indices) against all keys, in tiles of ``block``
-    (``mask``: ``attnflow.kernels.check_mask``'s form; dropped logits weigh 0)."""
-    q, k = _kernels.prepare(kernel, q, k)
-    if not _kernels.get(kernel).rowwise:  # selective: every row reads the rows before it
-        L = _kernels.apply_mask(_kernels.logits(q, k, beta), mask)
-        st = _row_stats(_kernels.weights(kernel, L, params)[rows], L[rows], sink)
-        return st
-    q = q[rows]
+def _qk_stats(model, q, k, rows, sink: int, block: int):
+    """Statistics of query rows ``rows`` (indices) against all keys, through the model's
+    ``attention_rows``: in tiles of ``block`` rows when the model is row-wise, else at
+    once (row ``i`` may read every other row)."""
 
-    def tile(qi, ri):
-        L = _kernels.logits(qi, k, beta)
-        if mask is None:
-            return _row_stats(_kernels.weights(kernel, L, params), L, sink)
-        keep = _kernels.mask_keep(mask, ri, jnp.arange(k.shape[0]))
-        assert keep is not None  # rows: any query indices, not necessarily consecutive
-        Pm = _kernels.weights(kernel, jnp.where(keep, L, -jnp.inf), params)
-        return _row_stats(Pm, L, sink, keep)
+    def tile(ri):
+        P, L, keep = model.attention_rows(q, k, ri)
+        return _row_stats(P, L, sink, keep)
 
-    r = q.shape[0]
-    if block <= 0 or block >= r:
-        return tile(q, rows)
+    r = rows.shape[0]
+    if not model.rowwise or block <= 0 or block >= r:
+        return tile(rows)
     nb = -(-r // block)
-    qb = jnp.pad(q, ((0, nb * block - r), (0, 0))).reshape(nb, block, q.shape[-1])
     rb = jnp.pad(rows, (0, nb * block - r)).reshape(nb, block)
-    out = jax.lax.map(lambda a: tile(*a), (qb, rb))
+    out = jax.lax.map(tile, rb)
     return {key: v.reshape((nb * block,) + v.shape[2:])[:r] for key, v in out.items()}
+
+
+def _kind(model) -> str:
+    """The report's ``kernel``: the kernel's name, or the family's own attention."""
+    from ..dynamics.base import AbstractKernelAttention
+
+    if isinstance(model, AbstractKernelAttention):
+        return model.kernel.name
+    return model.attention_kind
 
 
 def _report(st: dict, n: int, sink: int, kernel) -> DispersionReport:
@@ -270,16 +268,12 @@ def _model_report(model, x, rows, sink, block, *, finite: bool = True) -> Disper
     block = _auto_rows_block(n) if block is None else int(block)
     idx = jnp.asarray(idx % n)
 
-    mask = getattr(model, "mask", None)
-
     def one(xi):
         q, k = model.queries_keys(xi)
-        return _qk_stats(
-            model.kernel, q, k, model.beta, model.kernel_params, idx, sink, block, mask
-        )
+        return _qk_stats(model, q, k, idx, sink, block)
 
     st = one(x) if x.ndim == 2 else jax.vmap(one)(x)
-    return _report(st, n, sink, model.kernel)
+    return _report(st, n, sink, _kind(model))
 
 
 # ---------------------------------------------------------------------- public
@@ -305,7 +299,8 @@ def dispersion(
             - an ``attnflow.Trajectory``: the attention at saved index ``k`` (of one
               system or of each system of a batch), logits from the model (for
               ``qknorm``, those of the normalised queries and keys).
-            - an ``attnflow.Attention`` with tokens ``x`` ``(n, d)`` or ``(b, n, d)``.
+            - a model (any family with an attention head: ``model.head(head)``) with
+              tokens ``x`` ``(n, d)`` or ``(b, n, d)``.
         logits: pre-kernel logits matching ``P`` (matrix input only).
         sink: the number of leading tokens counted as the sink (default 1).
         k: saved-time index (trajectory input).
@@ -315,32 +310,32 @@ def dispersion(
             where the ``(n, n)`` matrix is not.
         block: query rows per tile (model and trajectory input); default about
             ``4M / n``.
-        head: for a trajectory of a ``MultiHeadAttention`` (or a ``Block`` of one), the
-            head whose attention is measured (required when there are several heads).
+        head: for a model or trajectory of several heads (a ``MultiHeadAttention`` or a
+            ``Block`` of one), the head whose attention is measured (required when there
+            are several).
 
     Returns:
         A ``DispersionReport``. The bounds are those of softmax on the given logits; for
         ``ssmax``, ``adaptive`` and ``sigmoid`` the coefficients may exceed them (those
         kernels rescale the logits inside, which is how they escape dispersion).
     """
-    from ..dynamics.model import Attention
+    from ..dynamics.base import AbstractModel
     from ..dynamics.trajectory import Trajectory
-    from ..dynamics.transformer import single_head
 
     if isinstance(P, Trajectory):
         if logits is not None or x is not None:
             raise ValueError("with a trajectory, pass k (the saved index), not logits or x.")
         k = _checks.index("k", k, P.x.shape[-3], what="saved times")
         xk = P.x[..., k, :, :]
-        return _model_report(single_head(P.model, head), xk, rows, sink, block, finite=False)
-    if head is not None:
-        raise ValueError("head applies to a trajectory of a multi-head model only.")
-    if isinstance(P, Attention):
+        return _model_report(P.model.head(head), xk, rows, sink, block, finite=False)
+    if isinstance(P, AbstractModel):
         if x is None:
             raise ValueError("dispersion(model, x=tokens): the tokens x are required.")
         if logits is not None:
             raise ValueError("with a model, the logits are computed: pass x, not logits.")
-        return _model_report(P, x, rows, sink, block)
+        return _model_report(P.head(head), x, rows, sink, block)
+    if head is not None:
+        raise ValueError("head applies to a model or a trajectory, not to a matrix P.")
     if x is not None or rows is not None:
         raise ValueError("x and rows apply to a model or trajectory, not to a matrix P.")
     Pa = _checks.real_array("P", P, shape_hint="(rows, n)")

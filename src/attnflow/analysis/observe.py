@@ -153,6 +153,12 @@ def observe_limit(
             f"traj must be an attnflow.Trajectory (from attnflow.simulate); got "
             f"{type(traj).__name__}. To predict from matrices use predict_regime."
         )
+    if traj.model.propagator is None:
+        raise ValueError(
+            f"observe_limit reads the limit in the rescaled frame z = e^(-tV) x; "
+            f"{type(traj.model).__name__} declares no propagator (propagator is None), so "
+            f"it has no such frame."
+        )
     rel = 1e-2 if tol is None else _checks.positive("tol", tol)
     move_tol = _checks.positive("move_tol", move_tol)
     origin_tol = _checks.positive("origin_tol", origin_tol)
@@ -183,11 +189,13 @@ def observe_limit(
         return np.asarray(traj.project(P), np.float64)
 
     model = traj.model
-    from ..dynamics.model import Attention
+    from ..dynamics.base import AbstractAttentionSystem
 
-    if isinstance(model, Attention):
-        V = np.asarray(model.V, np.float64)
-        M = np.asarray(model.Q, np.float64).T @ np.asarray(model.K, np.float64)
+    if isinstance(model, AbstractAttentionSystem):
+        # one head: its own query and key maps (any family, through the seam)
+        V = np.asarray(model.propagator.V, np.float64)
+        Qm, Km = (np.asarray(a, np.float64) for a in model.query_key_maps())
+        M = Qm.T @ Km
     else:
         # other families (several heads, a feed-forward term): the conclusion tested is
         # that of the rescaling matrix W's structure, z = e^{-tW} x; no single Q^T K

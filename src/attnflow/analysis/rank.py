@@ -118,7 +118,6 @@ from jaxtyping import Float, Int, Shaped
 from scipy.stats import linregress
 
 from .. import _checks
-from ..dynamics import kernels as _kernels
 
 if TYPE_CHECKING:
     from ..dynamics.trajectory import Trajectory
@@ -401,23 +400,14 @@ def rank_of(
 # -------------------------------------------------------- trajectory statistics
 @eqx.filter_jit
 def _traj_stats(model, x, stochastic: bool):
-    """Tokens ``x`` ``(c, n, d)`` (original frame) -> ``P`` and per-row statistics."""
-    kernel = model.kernel
+    """Tokens ``x`` ``(c, n, d)`` (original frame) -> ``P`` and per-row statistics, all
+    through the model's seam (its own attention, argmax and log-masses)."""
 
     def one(x):
-        # a masked model's dropped logits are -inf: weight 0, as in model.attention
-        L = _kernels.apply_mask(model.logits(x), getattr(model, "mask", None))
-        n = L.shape[-1]
-        # softmax: the kernel's own, with what the log-masses need (same band rule)
-        parts = _kernels.softmax_parts(L) if kernel == "softmax" else None
-        if parts is not None:
-            P = parts.P
-            k = jnp.argmax(L, axis=-1)
-            hot = jax.nn.one_hot(k, n, dtype=bool)
-        else:
-            P = _kernels.weights(kernel, L, params=model.kernel_params)
-            k = jnp.argmax(P, axis=-1)
-            hot = jax.nn.one_hot(k, n, dtype=bool)
+        P = model.attention(x)
+        n = P.shape[-1]
+        k = model.attention_argmax(x, P)
+        hot = jax.nn.one_hot(k, n, dtype=bool)
         off = jnp.where(hot, 0.0, P)
         s = off.sum(-1)
         pk = jnp.take_along_axis(P, k[:, None], axis=-1)[:, 0]
@@ -426,12 +416,8 @@ def _traj_stats(model, x, stochastic: bool):
         # Cluster of a leader: the tokens that attend it. Mass outside the row's cluster.
         same = k[None, :] == k[:, None]  # (i, j): token j attends the leader of row i
         out_mass = jnp.where(same, 0.0, P).sum(-1)
-        if parts is not None:
-            log_off = _kernels.log_mass(L, ~hot, parts)
-            log_out = _kernels.log_mass(L, ~same, parts)
-        else:
-            log_off = jnp.log(s)
-            log_out = jnp.log(out_mass)
+        log_off = model.attention_log_mass(x, P, ~hot)
+        log_out = model.attention_log_mass(x, P, ~same)
         gap = s if stochastic else jnp.abs(1.0 - pk)
         d_inf = s if stochastic else jnp.maximum(gap, second)
         d_l1 = 2.0 * s if stochastic else gap + s
@@ -697,10 +683,8 @@ def track_rank(
             "fit_min", fit_min, lo=0.0, hi=fmax, hi_open=True, what=f"in [0, fit_max = {fmax})"
         )
 
-    from ..dynamics.transformer import single_head
-
-    model = single_head(traj.model, head)
-    stochastic = _kernels.row_stochastic(model.kernel)
+    model = traj.model.head(head)
+    stochastic = model.rows_sum_to_one
     ts = np.asarray(traj.ts)
     x = traj.x if traj.batched else traj.x[None]  # (b, m, n, d)
     reached = np.asarray(traj.reached, bool).reshape(x.shape[0], x.shape[1])

@@ -510,19 +510,26 @@ def predict_regime(
         its reason names the failing hypothesis.
     """
     from ..dynamics.base import AbstractModel
-    from ..dynamics.model import Attention
 
     rect = False
-    if isinstance(Q, AbstractModel) and not isinstance(Q, Attention):
+    if isinstance(Q, AbstractModel):
         if K is not None or V is not None:
             raise ValueError("pass either a model or Q, K, V, not both.")
         rtol = _checks.number("rtol", rtol, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
-        return _predict_family(Q, rtol)
-    if isinstance(Q, Attention):
-        if K is not None or V is not None:
-            raise ValueError("pass either an Attention or Q, K, V, not both.")
         model = Q
-        Q, K, V = (np.asarray(a, np.float64) for a in (model.Q, model.K, model.V))
+        if not (model.num_heads == 1 and model.pure_attention):
+            return _predict_family(model, rtol)
+        one = model.head()
+        V = one.value_matrix()
+        if V is None:
+            raise ValueError(
+                f"predict_regime needs the value matrix of {type(one).__name__}'s head "
+                f"(value_matrix() returns None): the theorems are about P x V^T."
+            )
+        if not one.plain_softmax:
+            return _not_softmax(one, np.asarray(V, np.float64), rtol)
+        Q, K = (np.asarray(a, np.float64) for a in one.query_key_maps())
+        V = np.asarray(V, np.float64)
         rect = Q.shape[0] != Q.shape[1]
     elif K is None or V is None:
         raise ValueError("predict_regime needs Q, K and V (or one Attention).")
@@ -687,24 +694,38 @@ def _spectrum_text(w: np.ndarray) -> str:
     return "[" + ", ".join(f"{complex(v).real:.4g}{complex(v).imag:+.4g}i" for v in w) + "]"
 
 
-def _predict_family(model: Any, rtol: float) -> Regime:
-    """``predict_regime`` of a model family other than ``Attention``."""
-    from ..dynamics.transformer import Block, FeedForward, MultiHeadAttention
+def _not_softmax(head: Any, V: np.ndarray, rtol: float) -> Regime:
+    """One head whose weights are not plain unmasked softmax: unclassified, naming what
+    the head computes instead."""
+    st = spectral_structure(V, rtol=rtol)
+    masked = getattr(head, "mask", None) is not None
+    what = head.attention_kind + (" under a mask" if masked else "")
+    return Regime(
+        label=Label.UNCLASSIFIED,
+        theorem=None,
+        eigenvalues=st.eigenvalues,
+        reason=(
+            f"{what}: no theorem of [E] covers this attention (the four regimes are "
+            f"proved for unmasked softmax attention). Spectrum of V: "
+            f"{_spectrum_text(st.eigenvalues)} (spectral structure {st.kind!r})."
+        ),
+        hypotheses=(Hypothesis("unmasked softmax attention", False),),
+        structure=st,
+        rtol=rtol,
+    )
 
-    if not isinstance(model, (Block, FeedForward, MultiHeadAttention)):
-        raise ValueError(
-            f"predict_regime takes Q, K, V or an Attention, MultiHeadAttention, FeedForward "
-            f"or Block; got {type(model).__name__}."
-        )
-    ff = isinstance(model, Block) and model.ffn is not None
-    att = model.attn if isinstance(model, Block) else model
-    if not ff and isinstance(att, MultiHeadAttention) and att.heads == 1:
-        one = att.head(0)
-        return predict_regime(one, rtol=rtol)
-    if not ff and not isinstance(att, MultiHeadAttention) and isinstance(model, Block):
-        return predict_regime(att, rtol=rtol)
+
+def _predict_family(model: Any, rtol: float) -> Regime:
+    """``predict_regime`` of a model with several heads, a feed-forward term or no
+    attention: unclassified, with every head's spectrum (``value_matrices``)."""
     d = model.d
-    Vs = np.asarray(model.value_matrices(), np.float64).reshape(-1, d, d)
+    h_declared = model.num_heads
+    Vs = (
+        np.asarray(model.value_matrices(), np.float64).reshape(-1, d, d)
+        if h_declared
+        else np.zeros((0, d, d))
+    )
+    ff = not model.pure_attention
     h = Vs.shape[0]
     summed = Vs.sum(0)
     st = spectral_structure(summed, rtol=rtol)
@@ -758,12 +779,3 @@ def _conjecture_note(w: np.ndarray, scale: float, rtol: float, sharpen: bool = F
             f"codimension {pos}.)"
         )
     return ""
-
-
-def __getattr__(name: str) -> Any:
-    # ``Observation`` and ``observe_limit`` lived here before ``analysis.observe``.
-    if name in ("Observation", "observe_limit"):
-        from . import observe
-
-        return getattr(observe, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -170,12 +170,19 @@ class TokenSharded(AbstractAttentionSystem):
         return self.inner.propagator
 
     @property
-    def kernel(self):  # pyright: ignore[reportIncompatibleVariableOverride]
-        return self.inner.kernel
+    def rows_sum_to_one(self) -> bool:
+        return self.inner.rows_sum_to_one
 
     @property
-    def kernel_params(self):  # pyright: ignore[reportIncompatibleVariableOverride]
-        return self.inner.kernel_params
+    def normalizes_tokens(self) -> bool:
+        return self.inner.normalizes_tokens
+
+    @property
+    def attention_kind(self) -> str:
+        return self.inner.attention_kind
+
+    def prepare_tokens(self, x):
+        return self.inner.prepare_tokens(x)
 
     @property
     def beta(self):  # pyright: ignore[reportIncompatibleVariableOverride]

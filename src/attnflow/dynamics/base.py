@@ -20,7 +20,7 @@ without one (``propagator = None``) run in the original frame only.
 from __future__ import annotations
 
 import abc
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -28,17 +28,74 @@ from jaxtyping import Array, Float
 
 from . import kernels as _kernels
 
-__all__ = ["AbstractModel", "AbstractAttentionSystem", "saved_kernel_params"]
+__all__ = [
+    "AbstractModel",
+    "AbstractAttentionSystem",
+    "AbstractKernelAttention",
+    "FAMILIES",
+    "family_class",
+    "saved_kernel_params",
+]
+
+
+# family name -> final model class: each final family declares ``family = "Name"`` (the
+# name its saved runs carry) and is registered here when its class is defined.
+FAMILIES: dict[str, type[AbstractModel]] = {}
+
+
+def family_class(name: str) -> type[AbstractModel]:
+    """The model class registered under ``name`` (``describe()["family"]``)."""
+    try:
+        return FAMILIES[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown model family {name!r}; known: {sorted(FAMILIES)} (a family of one's "
+            f"own is registered by its class attribute family = '...', once its module is "
+            f"imported)."
+        ) from None
 
 
 class AbstractModel(eqx.Module):
     """A vector field on tokens ``x`` ``(n, d)``: ``dx/dt = vector_field(x)``.
 
-    Subclasses implement ``d``, ``dtype``, ``vector_field`` and ``describe``; the rest has
-    defaults. ``propagator`` is ``None`` unless the model supports the rescaled frame.
+    Subclasses implement ``d``, ``dtype``, ``vector_field``, ``describe``, ``arrays`` and
+    ``from_saved``; the rest has defaults. ``propagator`` is ``None`` unless the model
+    supports the rescaled frame. A final family sets the class attribute ``family`` (its
+    saved name), which registers it for ``Trajectory.load``.
     """
 
     propagator: eqx.AbstractVar[Any]
+    family: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("family")
+        if isinstance(name, str):
+            FAMILIES[name] = cls
+
+    @property
+    def num_heads(self) -> int:
+        """How many attention heads the model has (0: none)."""
+        return 0
+
+    @property
+    def pure_attention(self) -> bool:
+        """Whether the field is attention alone (no feed-forward term)."""
+        return self.num_heads > 0
+
+    def head(self, h: int | None = None) -> AbstractAttentionSystem:
+        """Head ``h`` alone, as a one-head attention system; ``ValueError`` naming the
+        method when the model cannot give one."""
+        raise ValueError(
+            f"{type(self).__name__} has no attention head (it does not implement head(h))."
+        )
+
+    def value_matrices(self) -> Array:
+        """The value matrices of the heads, ``(h, d, d)``."""
+        raise ValueError(
+            f"{type(self).__name__} declares no value matrices (it does not implement "
+            f"value_matrices())."
+        )
 
     @property
     @abc.abstractmethod
@@ -96,14 +153,19 @@ class AbstractModel(eqx.Module):
 class AbstractAttentionSystem(AbstractModel):
     """Tokens interacting through attention: ``F(x) = value_map(P x)``.
 
-    Subclasses implement the query/key maps, the weighting of values by the kernel
-    (``weigh``, which may tile), the attention matrix and logits from queries and keys,
-    the overflow bound, and the linear ``value_map``. ``kernel`` names the kernel and
-    ``kernel_params`` holds its numeric parameters.
+    Subclasses implement the query/key maps, the attention matrix and the logits from
+    queries and keys, the overflow bound, the linear ``value_map`` and
+    ``rows_sum_to_one``; ``weigh`` (``P @ values``, which may tile) defaults to the
+    dense product. Nothing here names a kernel: a family may weigh the values any way it
+    likes (``AbstractKernelAttention`` is the family of one kernel and one mask).
+
+    What the analyses read, with defaults: ``attention``/``logits`` at a state,
+    ``attention_argmax`` and ``attention_log_mass`` (rank and leaders),
+    ``attention_rows`` (dispersion), ``num_heads``/``head(h)``/``value_matrices``
+    (one head of several), ``value_matrix`` (the regime theorems), ``plain_softmax``
+    (whether the theorems' kernel is the model's), ``attention_kind`` (messages).
     """
 
-    kernel: eqx.AbstractVar[str]
-    kernel_params: eqx.AbstractVar[dict]
     beta: eqx.AbstractVar[Array]
 
     @abc.abstractmethod
@@ -111,32 +173,79 @@ class AbstractAttentionSystem(AbstractModel):
         """``(Q, K)``: queries ``x Q^T`` and keys ``x K^T`` of tokens ``x``."""
 
     @abc.abstractmethod
-    def weigh(self, q: Array, k: Array, values: Array) -> Array:
-        """``P(q, k) @ values``: attention weights of queries ``q`` on keys ``k`` applied
-        to ``values`` ``(n, c)``, without forming ``P`` when ``n`` is large."""
-
-    @abc.abstractmethod
     def weights(self, q: Array, k: Array) -> Array:
-        """The attention matrix ``P(q, k)`` ``(n, n)``."""
+        """The attention matrix ``P(q, k)`` ``(n, m)``."""
 
     @abc.abstractmethod
     def logits_qk(self, q: Array, k: Array) -> Array:
-        """The pre-kernel logits of queries ``q`` and keys ``k``, ``(n, n)``."""
+        """The pre-kernel logits of queries ``q`` and keys ``k``, ``(n, m)``."""
 
     @abc.abstractmethod
     def log_bound(self, q: Array, k: Array) -> Array:
-        """``log`` of a bound of what the kernel exponentiates (``+inf``, never NaN)."""
+        """``log`` of a bound of what the weighting exponentiates (``+inf``, never NaN)."""
 
     @abc.abstractmethod
     def value_map(self, u: Float[Array, "n d"]) -> Float[Array, "n d"]:
         """The linear map of the averaged values: ``u V^T`` for one head."""
 
+    @property
+    @abc.abstractmethod
+    def rows_sum_to_one(self) -> bool:
+        """Whether every row of ``P`` sums to one (the rescaled frame needs it)."""
+
+    def weigh(self, q: Array, k: Array, values: Array) -> Array:
+        """``P(q, k) @ values``; default the dense product (families override to tile)."""
+        return self.weights(q, k) @ values
+
+    # ---------------------------------------------------------- facts, defaults
+    @property
+    def normalizes_tokens(self) -> bool:
+        """Whether ``prepare_tokens`` rescales the tokens (the modal rescaled frame,
+        whose coordinates are not the tokens', cannot serve such a model)."""
+        return False
+
+    @property
+    def attention_kind(self) -> str:
+        """What weighs the values, for messages (a kernel name, or the family's)."""
+        return type(self).__name__
+
+    @property
+    def plain_softmax(self) -> bool:
+        """Whether ``P`` is plain unmasked softmax of the logits, the kernel the regime
+        theorems are proved for."""
+        return False
+
+    def prepare_tokens(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
+        """The tokens as the query and key maps see them; default unchanged."""
+        return x
+
+    def value_matrix(self) -> Array | None:
+        """The value matrix ``V`` ``(d, d)`` when ``value_map`` is ``u V^T``, else
+        ``None``."""
+        prop = self.propagator
+        return None if prop is None else prop.V
+
+    @property
+    def num_heads(self) -> int:
+        return 1
+
+    def head(self, h: int | None = None) -> AbstractAttentionSystem:
+        """Head ``h`` alone: the model itself (one head)."""
+        if h not in (None, 0):
+            raise ValueError(f"head must be None or 0 for a one-head model; got {h!r}.")
+        return self
+
+    def value_matrices(self) -> Array:
+        V = self.value_matrix()
+        if V is None:
+            raise ValueError(f"{type(self).__name__} has no value matrix (value_matrix() is None).")
+        return V[None]
+
     # ------------------------------------------------------------- derived, final
     def queries_keys(self, x: Float[Array, "n d"]) -> tuple[Array, Array]:
-        """Queries and keys of tokens ``x`` (original frame); for a kernel with a token
-        normalisation (``prenorm``) of the normalised tokens."""
+        """Queries and keys of tokens ``x`` (original frame), of ``prepare_tokens(x)``."""
         Q, K = self.query_key_maps()
-        x = _kernels.prepare_tokens(self.kernel, x)
+        x = self.prepare_tokens(x)
         return x @ Q.T, x @ K.T
 
     def logits(self, x: Float[Array, "n d"]) -> Float[Array, "n n"]:
@@ -151,6 +260,29 @@ class AbstractAttentionSystem(AbstractModel):
         """``P(x) @ values`` for tokens ``x`` (original frame)."""
         return self.weigh(*self.queries_keys(x), values)
 
+    def attention_argmax(self, x: Float[Array, "n d"], P: Array) -> Array:
+        """Per row, the key of the largest weight of ``P = attention(x)``."""
+        del x
+        return jnp.argmax(P, axis=-1)
+
+    def attention_log_mass(self, x: Float[Array, "n d"], P: Array, keep: Array) -> Array:
+        """``log sum_{j in keep} P_ij`` per row; default ``log`` of the sum of ``P``
+        (kernels with an exact form stay finite far below underflow)."""
+        del x
+        return jnp.log(jnp.sum(jnp.where(keep, P, 0.0), axis=-1))
+
+    @property
+    def rowwise(self) -> bool:
+        """Whether row ``i`` of ``P`` depends on query ``i`` alone (then an analysis may
+        compute the rows in tiles); default ``False``."""
+        return False
+
+    def attention_rows(self, q: Array, k: Array, rows: Array) -> tuple[Array, Array, Any]:
+        """``(P[rows], L[rows], keep)`` of the queries ``q`` and keys ``k`` of every token
+        (``queries_keys``), for query indices ``rows``: the weights, the logits and which
+        logits are kept (``None``: all). Default: from the full matrices."""
+        return self.weights(q, k)[rows], self.logits_qk(q, k)[rows], None
+
     def log_logit_bound(self, x: Float[Array, "n d"]) -> Float[Array, ""]:
         return self.log_bound(*self.queries_keys(x))
 
@@ -161,6 +293,94 @@ class AbstractAttentionSystem(AbstractModel):
         """``x + value_map(dt P x)``: the step scales the averaged values before the
         value map (the order of the discrete transformer's arithmetic)."""
         return x + self.value_map(dt * self.attend(x, x))
+
+
+class AbstractKernelAttention(AbstractAttentionSystem):
+    """An attention system whose weights are one kernel of the logits
+    ``beta <q_i, k_j>``, under one mask: ``P = kernel(mask(beta q k^T))``.
+
+    Subclasses hold ``kernel`` (an ``attnflow.kernels.AbstractKernel``), ``mask`` (an
+    ``attnflow.masks`` object or ``None``) and ``block`` (query rows per tile); every
+    weighting method is implemented here from the kernel.
+    """
+
+    kernel: eqx.AbstractVar[_kernels.AbstractKernel]
+    mask: eqx.AbstractVar[Any]
+    block: eqx.AbstractVar[int | None]
+
+    @property
+    def kernel_params(self) -> dict[str, Array]:
+        """The kernel's numeric parameters by name."""
+        return self.kernel.params()
+
+    @property
+    def rows_sum_to_one(self) -> bool:
+        return self.kernel.row_stochastic
+
+    @property
+    def normalizes_tokens(self) -> bool:
+        return self.kernel.normalizes_tokens
+
+    @property
+    def attention_kind(self) -> str:
+        return f"kernel {self.kernel.name!r}"
+
+    @property
+    def plain_softmax(self) -> bool:
+        return type(self.kernel) is _kernels.Softmax and self.mask is None
+
+    def prepare_tokens(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
+        return self.kernel.prepare_tokens(x)
+
+    def logits_qk(self, q: Array, k: Array) -> Array:
+        """The pre-kernel logits ``beta <q_i, k_j>`` of the prepared queries and keys
+        (unmasked)."""
+        q, k = self.kernel.prepare(q, k)
+        return _kernels.logits(q, k, self.beta)
+
+    def _masked_logits(self, q: Array, k: Array) -> Array:
+        L = self.logits_qk(q, k)
+        return L if self.mask is None else self.mask.apply(L)
+
+    def weights(self, q: Array, k: Array) -> Array:
+        return self.kernel.weights(self._masked_logits(q, k))
+
+    def log_bound(self, q: Array, k: Array) -> Array:
+        """``log(beta max_i |q_i| max_j |k_j|)`` enlarged by the kernel's gain: a bound of
+        the log of what the kernel exponentiates (``AbstractKernel.log_bound``)."""
+        return self.kernel.log_bound(q, k, self.beta)
+
+    def weigh(self, q: Array, k: Array, values: Array) -> Array:
+        """``P(q, k) @ values``, tiled for large n (see ``block``)."""
+        return _kernels.attend_with(
+            self.kernel, q, k, self.beta, values, block=self.block, mask=self.mask
+        )
+
+    @property
+    def rowwise(self) -> bool:
+        return self.kernel.rowwise
+
+    def attention_rows(self, q: Array, k: Array, rows: Array) -> tuple[Array, Array, Any]:
+        """The rows ``rows`` alone for a row-wise kernel (``O(len(rows) m)`` memory; the
+        mask's kept logits returned beside the unmasked logits); the full matrices
+        otherwise."""
+        q, k = self.kernel.prepare(q, k)
+        if not self.kernel.rowwise:
+            L = _kernels.logits(q, k, self.beta)
+            L = L if self.mask is None else self.mask.apply(L)
+            return self.kernel.weights(L)[rows], L[rows], None
+        L = _kernels.logits(q[rows], k, self.beta)
+        if self.mask is None:
+            return self.kernel.weights(L), L, None
+        keep = self.mask.keep(rows, jnp.arange(k.shape[0]))
+        return self.kernel.weights(jnp.where(keep, L, -jnp.inf)), L, keep
+
+    def attention_argmax(self, x: Float[Array, "n d"], P: Array) -> Array:
+        return self.kernel.argmax(self._masked_logits(*self.queries_keys(x)), P)
+
+    def attention_log_mass(self, x: Float[Array, "n d"], P: Array, keep: Array) -> Array:
+        exact = self.kernel.log_mass(self._masked_logits(*self.queries_keys(x)), keep)
+        return super().attention_log_mass(x, P, keep) if exact is None else exact
 
 
 def saved_kernel_params(arrays: dict[str, Any]) -> dict[str, Any]:

@@ -42,7 +42,6 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from . import kernels as _kernels
 from .base import AbstractAttentionSystem, AbstractModel
 
 __all__ = [
@@ -177,18 +176,18 @@ class Rescaled(AbstractFrame):
             self.QT = self.KT = None
             return
         assert isinstance(model, AbstractAttentionSystem)
-        if not _kernels.row_stochastic(model.kernel):
+        if not model.rows_sum_to_one:
             raise ValueError(
-                f"kernel {model.kernel!r} is not row-stochastic (its rows need not sum to "
+                f"{model.attention_kind} is not row-stochastic (its rows need not sum to "
                 f"1), and the rescaled frame dz_i/dt = sum_j P_ij V (z_j - z_i) assumes "
-                f"they do; use frame='original' with kernel {model.kernel!r}."
+                f"they do; use frame='original' with {model.attention_kind}."
             )
-        token_prep = _kernels.get(model.kernel).token_prep is not None
+        token_prep = model.normalizes_tokens
         if coords is None:
             coords = "modal" if prop.has_modal and not token_prep else "standard"
         if coords == "modal" and token_prep:
             raise ValueError(
-                f"kernel {model.kernel!r} normalises the tokens x before Q and K, which "
+                f"{model.attention_kind} normalises the tokens x before Q and K, which "
                 f"modal coordinates do not hold: use coords='standard'."
             )
         if coords == "modal" and not prop.has_modal:

@@ -13,38 +13,50 @@ from __future__ import annotations
 
 from typing import Any
 
+import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .base import saved_kernel_params
-from .model import Attention
+from . import kernels as _kernels
+from .base import AbstractKernelAttention
+from .model import Attention, describe_kernel, saved_kernel
+from .propagator import Propagator
 
 __all__ = ["IsotropicAttention"]
 
 
-class IsotropicAttention(Attention):
+class IsotropicAttention(AbstractKernelAttention):
     """One self-attention head with ``Q = K = V = I_d``: ``dx_i/dt = sum_j P_ij x_j``,
     ``P = kernel(beta <x_i, x_j>)``.
 
     Args:
         d: token dimension (>= 1).
         beta: inverse temperature (> 0); an array leaf, as in ``Attention``.
-        kernel: any kernel of ``attnflow.kernels.KERNELS``.
+        kernel: a kernel object or name, as in ``Attention``.
         dtype: working precision of the (identity) weights, e.g. ``np.float32``;
             default the default float (float64 with x64 on).
         mask, block, kernel_params: as in ``Attention``.
 
-    Everything else (frames, save/load, analyses) is ``Attention``'s, with the three
-    products by the identity skipped in the queries, keys and values.
+    Every analysis and frame serves it through the seam, with the three products by the
+    identity skipped in the queries, keys and values; it saves and loads as before (the
+    identity written as ``Q``, ``K`` and ``V``).
     """
+
+    V: Array
+    beta: Array
+    propagator: Propagator
+    kernel: _kernels.AbstractKernel
+    mask: Any
+    block: int | None = eqx.field(static=True)
+    family = "IsotropicAttention"
 
     def __init__(
         self,
         d: int,
         *,
         beta: Any = 1.0,
-        kernel: str = "softmax",
+        kernel: Any = "softmax",
         dtype: Any = None,
         kernel_params=None,
         mask=None,
@@ -53,7 +65,8 @@ class IsotropicAttention(Attention):
         if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
             raise ValueError(f"d must be an integer >= 1; got {d!r}.")
         eye = np.eye(int(d), dtype=dtype if dtype is not None else float)
-        super().__init__(
+        # every check of Attention (beta, kernel, mask, block, the dtype rules) applies
+        ref = Attention(
             eye,
             eye,
             eye,
@@ -63,25 +76,61 @@ class IsotropicAttention(Attention):
             mask=mask,
             block=block,
         )
+        self.V, self.beta, self.propagator = ref.V, ref.beta, ref.propagator
+        self.kernel, self.mask, self.block = ref.kernel, ref.mask, ref.block
+
+    @property
+    def d(self) -> int:
+        return self.V.shape[-1]
+
+    @property
+    def dtype(self):
+        return self.V.dtype
+
+    @property
+    def stack_size(self) -> int | None:
+        return self.V.shape[0] if self.V.ndim == 3 else None
+
+    def query_key_maps(self) -> tuple[Array, Array]:
+        return self.V, self.V
 
     def queries_keys(self, x: Float[Array, "n d"]) -> tuple[Array, Array]:
+        x = self.prepare_tokens(x)
         return x, x
 
     def value_map(self, u: Array) -> Array:
         return u
 
     def describe(self) -> dict:
-        return {**super().describe(), "family": "IsotropicAttention"}
+        kern = describe_kernel(self.kernel, self.mask)
+        mask = {"mask": kern.pop("mask")} if "mask" in kern else {}
+        eye = np.asarray(self.V).tolist()
+        return {
+            "family": "IsotropicAttention",
+            "beta": float(self.beta),
+            **kern,
+            "propagator": self.propagator.method,
+            "block": self.block,
+            "rectangular": False,
+            "Q": eye,
+            "K": eye,
+            "V": eye,
+            **mask,
+        }
+
+    def arrays(self) -> dict:
+        out = {"Q": self.V, "K": self.V, "V": self.V, "beta": self.beta}
+        out.update({f"kernel_params.{k}": v for k, v in self.kernel_params.items()})
+        return out
 
     @classmethod
     def from_saved(cls, description: dict, arrays: dict) -> IsotropicAttention:
-        kparams = saved_kernel_params(arrays)
+        V = np.asarray(arrays["V"])
         return cls(
-            int(np.asarray(arrays["V"]).shape[0]),
+            int(V.shape[0]),
             beta=jnp.asarray(arrays["beta"]),
-            kernel=description["kernel"],
-            dtype=np.asarray(arrays["V"]).dtype,
-            kernel_params=kparams or None,
+            kernel=saved_kernel(description, arrays),
+            dtype=V.dtype,
             mask=description.get("mask"),
             block=description.get("block"),
         )

@@ -23,10 +23,10 @@ import numpy as np
 from jaxtyping import Array
 
 from . import kernels as _kernels
-from .base import AbstractAttentionSystem, saved_kernel_params
+from .base import AbstractKernelAttention, saved_kernel_params
 from .propagator import Propagator
 
-__all__ = ["Attention"]
+__all__ = ["Attention", "kernel_and_mask", "describe_kernel", "saved_kernel"]
 
 
 # Set once the float32 cast has been reported (the warning is given once per process).
@@ -85,7 +85,46 @@ def _as_matrix(name: str, A, square: bool = True) -> Any:
     return arr
 
 
-class Attention(AbstractAttentionSystem):
+def kernel_and_mask(kernel: Any, kernel_params: Any, mask: Any, dtype: Any = None) -> tuple:
+    """``(kernel object, mask object or None)`` of a family's arguments, checked: a name
+    with ``kernel_params`` or a kernel object (its parameters cast to ``dtype``); a mask
+    object, its older spelling or ``None``; the pair checked together."""
+    if isinstance(kernel, _kernels.AbstractKernel) and kernel_params:
+        raise ValueError(
+            f"kernel_params go with a kernel name; a kernel object carries its own "
+            f"parameters (pass {type(kernel).__name__}(...) alone); got {kernel_params!r}."
+        )
+    kobj = _kernels.as_kernel(
+        kernel, None if isinstance(kernel, _kernels.AbstractKernel) else kernel_params
+    )
+    mobj = _kernels.check_mask(mask)
+    _kernels.check_kernel_mask(kobj, mobj)
+    if dtype is not None:
+        kobj = kobj.astype(dtype)
+    return kobj, mobj
+
+
+def describe_kernel(kernel: _kernels.AbstractKernel, mask: Any) -> dict:
+    """The saved form of a kernel and a mask (``kernel``, ``kernel_params``, and
+    ``kernel_settings``/``mask`` where there are any)."""
+    out: dict[str, Any] = {
+        "kernel": kernel.name,
+        "kernel_params": {k: np.asarray(v).tolist() for k, v in kernel.params().items()},
+    }
+    if kernel.settings():
+        out["kernel_settings"] = kernel.settings()
+    if mask is not None:
+        out["mask"] = mask.describe()
+    return out
+
+
+def saved_kernel(description: dict, arrays: dict) -> _kernels.AbstractKernel:
+    """The kernel object of a saved model (``describe_kernel`` and its arrays)."""
+    params = {**saved_kernel_params(arrays), **description.get("kernel_settings", {})}
+    return _kernels.get(description["kernel"], **params)
+
+
+class Attention(AbstractKernelAttention):
     """One self-attention head with weights fixed in time.
 
     Args:
@@ -95,13 +134,15 @@ class Attention(AbstractAttentionSystem):
             ``(d, d)``. The logits ``<Q x_i, K x_j> = x_i^T Q^T K x_j`` then depend on
             ``Q^T K`` only (for the softmax kernel).
         beta: inverse temperature multiplying every logit ``<Q x_i, K x_j>``; finite, > 0.
-        kernel: the attention kernel, one of ``attnflow.kernels.KERNELS``: ``"softmax"``,
+        kernel: the attention kernel: an ``attnflow.kernels.AbstractKernel`` object
+            (``kernels.SSMax(s=2.0)``) or one of the names ``attnflow.kernels.KERNELS``:
+            ``"softmax"``,
             ``"qknorm"`` (queries and keys RMS-normalised per token, then softmax of
             ``beta <q^, k^>``), ``"ssmax"`` (``softmax(s log(n) L)``), ``"sigmoid"``
             (``sigmoid(L - log n)``, not row-stochastic: original frame only),
             ``"adaptive"`` (adaptive temperature); see ``attnflow.kernels``.
-        kernel_params: the kernel's numeric parameters, a mapping over its defaults, e.g.
-            ``{"s": 2.0}`` for ``"ssmax"`` (the only kernel with a parameter so far).
+        kernel_params: with a kernel name, its numeric parameters, a mapping over its
+            defaults, e.g. ``{"s": 2.0}`` for ``"ssmax"``.
             Stored as array leaves of the working dtype: changing a value does not
             recompile a jitted function of the model.
         propagator: how ``e^{tV}`` is computed: ``"auto"`` (default), ``"eigh"``,
@@ -110,8 +151,9 @@ class Attention(AbstractAttentionSystem):
         block: query rows per tile in the vector field (``attnflow.kernels.attend``):
             ``None`` chooses by size (dense up to 2048 tokens, then tiles of ~4M logits,
             never the ``(n, n)`` matrix), ``0`` forces the dense path.
-        mask: ``None`` (default), ``"causal"`` (``P_ij = 0`` for ``j > i``, token order =
-            index order) or ``("window", w)`` (``P_ij = 0`` unless ``|i - j| <= w``): the
+        mask: ``None`` (default), ``"causal"`` or ``attnflow.masks.Causal()``
+            (``P_ij = 0`` for ``j > i``, token order = index order) or ``("window", w)``
+            or ``attnflow.masks.Window(w)`` (``P_ij = 0`` unless ``|i - j| <= w``): the
             dropped logits are ``-inf`` before the kernel, in the dense and tiled paths
             alike (``attnflow.kernels.check_mask``). ``logits(x)`` stays unmasked.
 
@@ -127,10 +169,10 @@ class Attention(AbstractAttentionSystem):
     V: Array
     beta: Array
     propagator: Propagator
-    kernel_params: dict
-    kernel: str = eqx.field(static=True)
-    block: int | None = eqx.field(static=True, default=None)
-    mask: tuple | None = eqx.field(static=True, default=None)
+    kernel: _kernels.AbstractKernel
+    mask: Any
+    block: int | None = eqx.field(static=True)
+    family = "Attention"
 
     def __init__(
         self,
@@ -139,7 +181,7 @@ class Attention(AbstractAttentionSystem):
         V,
         *,
         beta=1.0,
-        kernel: str = "softmax",
+        kernel: Any = "softmax",
         propagator: str = "auto",
         rectangular: bool = False,
         block: int | None = None,
@@ -177,9 +219,7 @@ class Attention(AbstractAttentionSystem):
                 f"The token dimension d is fixed by V (for heads with p x d query and key "
                 f"maps pass rectangular=True)."
             )
-        kparams = _kernels.kernel_params(kernel, kernel_params)
-        self.mask = _kernels.check_mask(mask)
-        _kernels.check_kernel_mask(kernel, self.mask)
+        kobj, self.mask = kernel_and_mask(kernel, kernel_params, mask)
         if _is_concrete(beta):
             try:
                 b = float(np.asarray(beta))
@@ -211,8 +251,7 @@ class Attention(AbstractAttentionSystem):
             raise ValueError(
                 f"block must be None (automatic) or an integer >= 0 (0: dense); got {block!r}."
             )
-        self.kernel = kernel
-        self.kernel_params = {name: jnp.asarray(v, dtype=dtype) for name, v in kparams.items()}
+        self.kernel = kobj.astype(dtype)
         self.block = None if block is None else int(block)
         self.propagator = Propagator(self.V, method=propagator)
 
@@ -242,6 +281,11 @@ class Attention(AbstractAttentionSystem):
                 )
             return value[i]
 
+        if isinstance(options["kernel"], _kernels.AbstractKernel):
+            if kernel_params:
+                kernel_and_mask(options["kernel"], kernel_params, None)  # the error
+            kernel_params = options["kernel"].params()
+            options["kernel"] = options["kernel"].name
         params = dict(kernel_params or {})
         heads = [
             Attention(
@@ -257,9 +301,8 @@ class Attention(AbstractAttentionSystem):
         ]
         st = stack(heads)
         assert isinstance(st, Attention)
-        for name in ("Q", "K", "V", "beta", "propagator", "kernel_params"):
+        for name in ("Q", "K", "V", "beta", "propagator", "kernel", "mask", "block"):
             setattr(self, name, getattr(st, name))
-        self.kernel, self.block, self.mask = st.kernel, st.block, st.mask
 
     # ----------------------------------------------------------------- basic facts
     @property
@@ -279,59 +322,25 @@ class Attention(AbstractAttentionSystem):
     def query_key_maps(self) -> tuple[Array, Array]:
         return self.Q, self.K
 
-    def logits_qk(self, q: Array, k: Array) -> Array:
-        """The pre-kernel logits ``beta <q_i, k_j>`` ``(n, n)``; for ``qknorm``, of the
-        normalised queries and keys."""
-        q, k = _kernels.prepare(self.kernel, q, k)
-        return _kernels.logits(q, k, self.beta)
-
-    def weights(self, q: Array, k: Array) -> Array:
-        L = _kernels.apply_mask(self.logits_qk(q, k), self.mask)
-        return _kernels.weights(self.kernel, L, self.kernel_params)
-
-    def log_bound(self, q: Array, k: Array) -> Array:
-        """``log(beta max_i |q_i| max_j |k_j|)``, an upper bound of ``log max |logit|``
-        (of what the kernel exponentiates: see ``attnflow.kernels.log_logit_bound``).
-
-        Cheap (``O(n d^2)``, no ``n x n`` matrix) and safe: computed from norms, so it is
-        ``+inf`` rather than NaN when the tokens have overflowed.
-        """
-        return _kernels.log_logit_bound(
-            q, k, self.beta, kernel=self.kernel, params=self.kernel_params
-        )
-
-    def weigh(self, q: Array, k: Array, values: Array) -> Array:
-        """``P(q, k) @ values``, tiled for large n (see ``block``)."""
-        return _kernels.attend(
-            self.kernel,
-            q,
-            k,
-            self.beta,
-            values,
-            block=self.block,
-            params=self.kernel_params,
-            mask=self.mask,
-        )
-
     def value_map(self, u: Array) -> Array:
         """``u V^T``: the averaged values mapped by V."""
         return u @ self.V.T
 
     # ---------------------------------------------------------------- saved form
     def describe(self) -> dict:
-        extra = {} if self.mask is None else {"mask": list(self.mask)}
+        kern = describe_kernel(self.kernel, self.mask)
+        mask = {"mask": kern.pop("mask")} if "mask" in kern else {}
         return {
             "family": "Attention",
             "beta": float(self.beta),
-            "kernel": self.kernel,
-            "kernel_params": {k: np.asarray(v).tolist() for k, v in self.kernel_params.items()},
+            **kern,
             "propagator": self.propagator.method,
             "block": self.block,
             "rectangular": tuple(self.Q.shape) != tuple(self.V.shape),
             "Q": np.asarray(self.Q).tolist(),
             "K": np.asarray(self.K).tolist(),
             "V": np.asarray(self.V).tolist(),
-            **extra,
+            **mask,
         }
 
     def arrays(self) -> dict:
@@ -341,15 +350,13 @@ class Attention(AbstractAttentionSystem):
 
     @classmethod
     def from_saved(cls, description: dict, arrays: dict) -> Attention:
-        kparams = saved_kernel_params(arrays)
         prop = description.get("propagator", "auto")
         return cls(
             arrays["Q"],
             arrays["K"],
             arrays["V"],
             beta=arrays["beta"],
-            kernel=description["kernel"],
-            kernel_params=kparams or None,
+            kernel=saved_kernel(description, arrays),
             propagator="auto" if prop == "guarded" else prop,
             rectangular=bool(description.get("rectangular", False)),
             block=description.get("block"),

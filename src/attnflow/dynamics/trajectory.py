@@ -84,22 +84,16 @@ def _safe_matmul(a: np.ndarray, M: np.ndarray) -> np.ndarray:
 
 
 def _model_family(name: str) -> type[AbstractModel]:
-    """The model class called ``name`` (a final subclass of ``AbstractModel``)."""
+    """The model class registered as ``name`` (``AbstractModel.family``)."""
     from . import isotropic as _isotropic  # noqa: F401  (defines the built-in families)
     from . import model as _models  # noqa: F401
     from . import transformer as _transformer  # noqa: F401
+    from .base import family_class
 
-    stack, seen = [AbstractModel], {}
-    while stack:
-        cls = stack.pop()
-        seen[cls.__name__] = cls
-        stack.extend(cls.__subclasses__())
-    if name not in seen or name.startswith("Abstract"):
-        raise ValueError(
-            f"unknown model family {name!r} in the saved run; known: "
-            f"{sorted(k for k in seen if not k.startswith('Abstract'))}."
-        )
-    return seen[name]
+    try:
+        return family_class(name)
+    except ValueError as exc:
+        raise ValueError(f"in the saved run: {exc}") from None
 
 
 class SimulationError(RuntimeError):

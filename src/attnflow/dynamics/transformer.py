@@ -35,8 +35,8 @@ from jaxtyping import Array, Float
 
 from .. import _checks
 from . import kernels as _kernels
-from .base import AbstractModel, saved_kernel_params
-from .model import Attention, _warn_float64_cast
+from .base import AbstractAttentionSystem, AbstractModel, family_class
+from .model import Attention, _warn_float64_cast, describe_kernel, kernel_and_mask, saved_kernel
 from .propagator import Propagator
 
 __all__ = ["MultiHeadAttention", "FeedForward", "Block", "ACTIVATIONS", "single_head"]
@@ -105,9 +105,10 @@ class MultiHeadAttention(AbstractModel):
         V: ``(h, d, d)`` value matrices (for a trained layer, ``V_h = W_O[:, h] W_V[h]``,
             as ``attnflow.heads`` builds them).
         beta: inverse temperature of every head's logits; finite, > 0.
-        kernel: one of ``attnflow.kernels.KERNELS`` (the same for every head).
-        mask: ``None``, ``"causal"`` or ``("window", w)`` (``attnflow.kernels.check_mask``),
-            the same for every head.
+        kernel: a kernel object or one of ``attnflow.kernels.KERNELS`` (the same for
+            every head).
+        mask: ``None``, a mask object, ``"causal"`` or ``("window", w)``
+            (``attnflow.masks.check_mask``), the same for every head.
         W: the ``(d, d)`` rescaling matrix of the rescaled frame ``z = e^{-tW} x``;
             default the sum of the ``V_h`` (no theorem singles out a better choice: with
             ``W = sum V_h`` a configuration where every head attends uniformly stands
@@ -125,11 +126,11 @@ class MultiHeadAttention(AbstractModel):
     W: Array
     beta: Array
     propagator: Propagator
-    kernel_params: dict
-    kernel: str = eqx.field(static=True)
-    mask: tuple | None = eqx.field(static=True, default=None)
-    block: int | None = eqx.field(static=True, default=None)
-    w_given: bool = eqx.field(static=True, default=False)
+    kernel: _kernels.AbstractKernel
+    mask: Any
+    block: int | None = eqx.field(static=True)
+    w_given: bool = eqx.field(static=True)
+    family = "MultiHeadAttention"
 
     def __init__(
         self,
@@ -138,7 +139,7 @@ class MultiHeadAttention(AbstractModel):
         V,
         *,
         beta=1.0,
-        kernel: str = "softmax",
+        kernel: Any = "softmax",
         mask=None,
         W=None,
         kernel_params=None,
@@ -159,10 +160,8 @@ class MultiHeadAttention(AbstractModel):
                 f"Q and K must both be (h, p, d) with h = {h} heads and d = {d} from V "
                 f"(h, d, d); got Q {Qa.shape}, K {Ka.shape}, V {Va.shape}."
             )
-        kparams = _kernels.kernel_params(kernel, kernel_params)
+        kobj, self.mask = kernel_and_mask(kernel, kernel_params, mask)
         b = _beta(beta)
-        self.mask = _kernels.check_mask(mask)
-        _kernels.check_kernel_mask(kernel, self.mask)
         self.block = _block(block)
         Wa = None if W is None else _weights("W", W, 2, "(d, d)")
         if Wa is not None and Wa.shape != (d, d):
@@ -177,8 +176,7 @@ class MultiHeadAttention(AbstractModel):
         self.w_given = Wa is not None
         # the default W: the sum of the heads' value matrices, summed in float64
         self.W = _cast("W", Va.astype(np.float64).sum(0) if Wa is None else Wa, dtype)
-        self.kernel = kernel
-        self.kernel_params = {k: jnp.asarray(v, dtype=dtype) for k, v in kparams.items()}
+        self.kernel = kobj.astype(dtype)
         self.propagator = Propagator(self.W)
 
     # ----------------------------------------------------------------- basic facts
@@ -201,13 +199,30 @@ class MultiHeadAttention(AbstractModel):
         """The number of heads ``h``."""
         return self.V.shape[0]
 
+    @property
+    def num_heads(self) -> int:
+        return self.heads
+
+    @property
+    def kernel_params(self) -> dict:
+        """The kernel's numeric parameters by name."""
+        return self.kernel.params()
+
     def value_matrices(self) -> Float[Array, "h d d"]:
         """The heads' value matrices ``V_h``."""
         return self.V
 
-    def head(self, h: int) -> Attention:
+    def head(self, h: int | None = None) -> Attention:
         """Head ``h`` alone, as an ``Attention`` (same beta, kernel, mask and tiling):
-        its attention matrix is this model's ``attention(x)[h]``."""
+        its attention matrix is this model's ``attention(x)[h]``. ``h`` may be left out
+        when there is one head."""
+        if h is None:
+            if self.heads != 1:
+                raise ValueError(
+                    f"the model has {self.heads} attention heads: pass head=0 ... "
+                    f"{self.heads - 1} to choose one."
+                )
+            h = 0
         h = _checks.index("head", h, self.heads, what="heads")
         return Attention(
             self.Q[h],
@@ -215,7 +230,6 @@ class MultiHeadAttention(AbstractModel):
             self.V[h],
             beta=float(self.beta),
             kernel=self.kernel,
-            kernel_params=self.kernel_params,
             mask=self.mask,
             block=self.block,
             rectangular=True,
@@ -225,7 +239,7 @@ class MultiHeadAttention(AbstractModel):
     def _queries_keys(self, x: Array) -> tuple[Array, Array]:
         """Per-head queries and keys ``(h, n, p)`` of tokens ``x`` (the kernel's prep
         is applied by ``attend`` and ``logits``; ``prenorm``'s token norm here)."""
-        x = _kernels.prepare_tokens(self.kernel, x)
+        x = self.kernel.prepare_tokens(x)
         return jnp.einsum("nd,hpd->hnp", x, self.Q), jnp.einsum("nd,hpd->hnp", x, self.K)
 
     def averaged(self, x: Float[Array, "n d"]) -> Float[Array, "h n d"]:
@@ -233,15 +247,8 @@ class MultiHeadAttention(AbstractModel):
         q, k = self._queries_keys(x)
 
         def one(qh, kh):
-            return _kernels.attend(
-                self.kernel,
-                qh,
-                kh,
-                self.beta,
-                x,
-                block=self.block,
-                params=self.kernel_params,
-                mask=self.mask,
+            return _kernels.attend_with(
+                self.kernel, qh, kh, self.beta, x, block=self.block, mask=self.mask
             )
 
         return jax.vmap(one)(q, k)
@@ -263,24 +270,22 @@ class MultiHeadAttention(AbstractModel):
         q, k = self._queries_keys(x)
 
         def one(qh, kh):
-            qh, kh = _kernels.prepare(self.kernel, qh, kh)
+            qh, kh = self.kernel.prepare(qh, kh)
             return _kernels.logits(qh, kh, self.beta)
 
         return jax.vmap(one)(q, k)
 
     def attention(self, x: Float[Array, "n d"]) -> Float[Array, "h n n"]:
         """The attention matrix of every head, ``(h, n, n)`` (masked)."""
-        L = jax.vmap(lambda Lh: _kernels.apply_mask(Lh, self.mask))(self.logits(x))
-        return _kernels.weights(self.kernel, L, self.kernel_params)
+        L = self.logits(x)
+        if self.mask is not None:
+            L = jax.vmap(self.mask.apply)(L)
+        return self.kernel.weights(L)
 
     def log_logit_bound(self, x: Float[Array, "n d"]) -> Float[Array, ""]:
         """The largest of the heads' bounds (``attnflow.kernels.log_logit_bound``)."""
         q, k = self._queries_keys(x)
-        bounds = jax.vmap(
-            lambda qh, kh: _kernels.log_logit_bound(
-                qh, kh, self.beta, kernel=self.kernel, params=self.kernel_params
-            )
-        )(q, k)
+        bounds = jax.vmap(lambda qh, kh: self.kernel.log_bound(qh, kh, self.beta))(q, k)
         return jnp.max(bounds)
 
     # ---------------------------------------------------------------- saved form
@@ -289,10 +294,9 @@ class MultiHeadAttention(AbstractModel):
             "family": "MultiHeadAttention",
             "heads": self.heads,
             "beta": float(self.beta),
-            "kernel": self.kernel,
-            "kernel_params": {k: np.asarray(v).tolist() for k, v in self.kernel_params.items()},
+            **{k: v for k, v in describe_kernel(self.kernel, None).items()},
             "block": self.block,
-            "mask": None if self.mask is None else list(self.mask),
+            "mask": None if self.mask is None else self.mask.describe(),
             "W_given": self.w_given,
             "Q": np.asarray(self.Q).tolist(),
             "K": np.asarray(self.K).tolist(),
@@ -308,42 +312,22 @@ class MultiHeadAttention(AbstractModel):
 
     @classmethod
     def from_saved(cls, description: dict, arrays: dict) -> MultiHeadAttention:
-        kparams = saved_kernel_params(arrays)
         return cls(
             arrays["Q"],
             arrays["K"],
             arrays["V"],
             beta=arrays["beta"],
-            kernel=description["kernel"],
-            kernel_params=kparams or None,
+            kernel=saved_kernel(description, arrays),
             mask=description.get("mask"),
             W=arrays["W"] if description.get("W_given") else None,
             block=description.get("block"),
         )
 
 
-def single_head(model: AbstractModel, head: int | None = None) -> Attention:
-    """The one attention head of ``model`` that an analysis of attention matrices reads.
-
-    ``Attention``: itself (``head`` None or 0). ``MultiHeadAttention``: head ``head``
-    (``MultiHeadAttention.head``; may be left out when there is one head). ``Block``: the
-    same, of its attention. ``ValueError`` otherwise (a feed-forward layer has none)."""
-    if isinstance(model, Block):
-        return single_head(model.attn, head)
-    if isinstance(model, Attention):
-        if head not in (None, 0):
-            raise ValueError(f"head: the model has one attention head (0); got {head!r}.")
-        return model
-    if isinstance(model, MultiHeadAttention):
-        if head is None:
-            if model.heads != 1:
-                raise ValueError(
-                    f"the model has {model.heads} attention heads: pass head=0 ... "
-                    f"{model.heads - 1} to choose one."
-                )
-            head = 0
-        return model.head(head)
-    raise ValueError(f"{type(model).__name__} has no attention head to analyse.")
+def single_head(model: AbstractModel, head: int | None = None) -> AbstractAttentionSystem:
+    """The one attention head of ``model`` that an analysis of attention matrices reads:
+    ``model.head(head)`` (``ValueError`` naming the method when the model has none)."""
+    return model.head(head)
 
 
 # ------------------------------------------------------------------ feed-forward
@@ -365,6 +349,7 @@ class FeedForward(AbstractModel):
     b2: Array
     propagator: None
     activation: str = eqx.field(static=True)
+    family = "FeedForward"
 
     def __init__(self, W1, b1, W2, b2, *, activation: str = "relu"):
         W1a = _weights("W1", W1, 2, "(m, d)")
@@ -438,14 +423,15 @@ class FeedForward(AbstractModel):
 
 
 # ------------------------------------------------------------------------ block
-_ATTENTION_FAMILIES = {"Attention": Attention, "MultiHeadAttention": MultiHeadAttention}
 
 
 class Block(AbstractModel):
     """A transformer block: ``F(x) = F_att(x) + F_ff(x)``.
 
     Args:
-        attention: an ``Attention`` or a ``MultiHeadAttention``.
+        attention: any attention model with at least one head and no feed-forward term
+            (``num_heads >= 1``, ``pure_attention``): an ``Attention``, an
+            ``IsotropicAttention``, a ``MultiHeadAttention`` or a family of one's own.
         feedforward: a ``FeedForward`` of the same ``d`` and working precision, or
             ``None`` (the block is then its attention).
 
@@ -459,12 +445,18 @@ class Block(AbstractModel):
     attn: AbstractModel
     ffn: FeedForward | None
     propagator: Propagator
+    family = "Block"
 
     def __init__(self, attention, feedforward=None):
-        if not isinstance(attention, (Attention, MultiHeadAttention)):
+        if (
+            not isinstance(attention, AbstractModel)
+            or attention.num_heads < 1
+            or not attention.pure_attention
+        ):
             raise ValueError(
-                f"attention must be an attnflow.Attention or attnflow.MultiHeadAttention; "
-                f"got {type(attention).__name__}."
+                f"attention must be an attention model (num_heads >= 1 and pure_attention: "
+                f"an attnflow.Attention, MultiHeadAttention or a family of one's own); got "
+                f"{type(attention).__name__}."
             )
         if feedforward is not None:
             if not isinstance(feedforward, FeedForward):
@@ -495,14 +487,26 @@ class Block(AbstractModel):
         return self.attn.dtype
 
     @property
-    def mask(self) -> tuple | None:
+    def mask(self) -> Any:
         """The attention's mask."""
-        return self.attn.mask  # pyright: ignore[reportAttributeAccessIssue]
+        return getattr(self.attn, "mask", None)
+
+    @property
+    def num_heads(self) -> int:
+        return self.attn.num_heads
+
+    @property
+    def pure_attention(self) -> bool:
+        return self.ffn is None
+
+    def head(self, h: int | None = None) -> AbstractAttentionSystem:
+        """Head ``h`` of the attention (a feed-forward term does not change the
+        attention matrices)."""
+        return self.attn.head(h)
 
     def value_matrices(self) -> Float[Array, "h d d"]:
         """The attention's value matrices, ``(h, d, d)`` (``(1, d, d)`` for one head)."""
-        a = self.attn
-        return a.V[None] if isinstance(a, Attention) else a.value_matrices()  # pyright: ignore[reportAttributeAccessIssue]
+        return self.attn.value_matrices()
 
     def vector_field(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
         out = self.attn.vector_field(x)
@@ -548,9 +552,7 @@ class Block(AbstractModel):
             return {k.removeprefix(prefix): v for k, v in arrays.items() if k.startswith(prefix)}
 
         att = description["attention"]
-        family = _ATTENTION_FAMILIES.get(att.get("family", ""))
-        if family is None:
-            raise ValueError(f"unknown attention family {att.get('family')!r} in a saved Block.")
+        family = family_class(att.get("family", ""))
         attention = family.from_saved(att, part("attention."))
         ff = description.get("feedforward")
         feedforward = None if ff is None else FeedForward.from_saved(ff, part("feedforward."))

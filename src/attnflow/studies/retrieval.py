@@ -233,8 +233,7 @@ def _head(model: RetrievalModel, e: Array, u: Array, kernel: str) -> tuple[Array
         P = _kernels.weights(kernel, L, model.kernel_params)[-1]
         v = jnp.concatenate([e, u[None, :]], axis=0) @ model.Wv.T
         return P[:-1], L[-1, :-1], v.T @ P
-    spec = _kernels.get(kernel)
-    if spec.prep is None:
+    if type(_kernels.get(kernel)).prepare is _kernels.AbstractKernel.prepare:
         # <q, W_k e_j> = <W_k^T q, e_j>: the keys are never formed (n p^2 fewer products)
         L = (beta * (q @ model.Wk)) @ et.T
     elif kernel == "differential":

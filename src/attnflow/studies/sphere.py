@@ -156,7 +156,7 @@ def phase_diagram(
             f"multiple of save_every = {save_every}."
         )
     if Q is None and K is None and V is None:  # the papers' identity weights, fast path
-        model: Attention = IsotropicAttention(d, dtype=dtype)
+        model: Attention | IsotropicAttention = IsotropicAttention(d, dtype=dtype)
     else:
         eye = np.eye(d)
         mats = [eye if A is None else np.asarray(A) for A in (Q, K, V)]

@@ -1,0 +1,104 @@
+"""``attend``: ``P @ values`` of a kernel, dense or in tiles of query rows.
+
+Each tile holds whole rows of logits (a block of queries against every key), so every
+row-wise kernel is evaluated exactly as in the dense path (``ssmax`` and ``sigmoid``
+see the full ``m`` keys in every tile): the results agree to rounding. Memory
+``O(block * m)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array
+
+from ._base import AbstractKernel
+from .masks import AbstractMask
+
+__all__ = ["attend_with", "auto_block", "check_kernel_mask", "DENSE_MAX_N", "BLOCK_ENTRIES"]
+
+# Above this many tokens ``attend`` never forms the (n, n) matrix: it processes blocks of
+# query rows, each against all keys, so memory is O(n * block).
+DENSE_MAX_N = 2048
+# Entries of one (block, n) logit tile.
+BLOCK_ENTRIES = 1 << 22
+
+
+def auto_block(n: int) -> int:
+    """Query rows per tile for ``n`` tokens: 0 (dense) up to ``DENSE_MAX_N``, else about
+    ``BLOCK_ENTRIES / n`` (at least 16): a tile of 4M entries, 16 MB in float32."""
+    if n <= DENSE_MAX_N:
+        return 0
+    return max(16, BLOCK_ENTRIES // n)
+
+
+def check_kernel_mask(kernel: AbstractKernel, mask: AbstractMask | None) -> None:
+    """``ValueError`` for a mask the kernel cannot take (``takes_mask`` False)."""
+    if mask is not None and not kernel.takes_mask:
+        why = f" ({kernel.no_mask_reason})" if kernel.no_mask_reason else ""
+        raise ValueError(f"kernel {kernel.name!r} takes no mask{why}; use mask=None.")
+
+
+def _logits(q: Array, k: Array, beta: Any) -> Array:
+    return (beta * q) @ k.T
+
+
+def attend_with(
+    kernel: AbstractKernel,
+    q: Array,
+    k: Array,
+    beta: Any,
+    values: Array,
+    *,
+    block: int | None = None,
+    mask: AbstractMask | None = None,
+) -> Array:
+    """``kernel.weights(beta q k^T) @ values`` without the ``(n, m)`` matrix when large.
+
+    Args:
+        kernel: a kernel object.
+        q: queries ``(n, p)``; k: keys ``(m, p)``; values: ``(m, c)``. Raw: the kernel's
+            ``prepare`` is applied here.
+        beta: inverse temperature.
+        block: query rows per tile; ``None`` chooses by size (``auto_block``), 0 forces
+            the dense path.
+        mask: a mask object or ``None``: dropped logits are ``-inf`` before the kernel;
+            each tile masks its own rows.
+    """
+    check_kernel_mask(kernel, mask)
+    q, k = kernel.prepare(q, k)
+    n = q.shape[0]
+    if block is None:
+        block = auto_block(k.shape[0])
+    if not kernel.rowwise and 0 < block < n:
+        raise ValueError(
+            f"kernel {kernel.name!r} couples the query rows (row i reads the selection "
+            f"scores of the rows before it), so query tiles cannot compute it exactly; use "
+            f"block=0 (dense, O(n^2) memory) for n = {n}."
+        )
+
+    def masked(L, row0):
+        return L if mask is None else mask.apply(L, row0)
+
+    if block <= 0 or block >= n:
+        return kernel.weights(masked(_logits(q, k, beta), 0)) @ values
+    nb = -(-n // block)
+    pad = nb * block - n
+    qb = jnp.pad(q, ((0, pad), (0, 0))).reshape(nb, block, q.shape[-1])
+
+    if mask is None:
+
+        def tile(qi):
+            return kernel.weights(_logits(qi, k, beta)) @ values
+
+        out = jax.lax.map(tile, qb)
+    else:
+
+        def masked_tile(args):
+            qi, row0 = args
+            return kernel.weights(masked(_logits(qi, k, beta), row0)) @ values
+
+        out = jax.lax.map(masked_tile, (qb, jnp.arange(nb) * block))
+    return out.reshape(nb * block, values.shape[-1])[:n]
