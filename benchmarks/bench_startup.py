@@ -1,9 +1,10 @@
 """Start-up latencies, cold and warm side by side: the command line, ``import attnflow``,
-and the README's ten lines in a fresh process without the compilation cache, with an
-empty one (the run that fills it) and with the filled one.
+the README's ten lines in a fresh process and a session of commands (``classify
+--simulate``, ``rank``, ``simulate``, one after the other in one process), each without
+the compilation cache, with an empty one (the run that fills it) and with the filled one.
 
 Every number is the wall time of a fresh process (the best of ``--repeats`` where the
-run is cheap). For the ten lines the child process also counts, with ``jax.monitoring``
+run is cheap). For the ten lines and the session the child process also counts, with ``jax.monitoring``
 listeners, the programs JAX compiles: ``programs`` (compilation requests),
 ``compiled`` (by XLA) and ``from_cache`` (read from the persistent cache), and the
 seconds spent in XLA compilation or cache reads. The machine's load is recorded before
@@ -83,6 +84,56 @@ print(json.dumps({
 """
 
 
+# One process running a typical session of commands in turn: the programs each compiles
+# (counted as in TEN_LINES), with whatever cache the environment gives.
+SESSION = r"""
+import contextlib, io, json, sys, time
+from jax import monitoring
+from attnflow.cli import main
+
+counts = {"programs": 0, "from_cache": 0}
+def on_event(event, **kwargs):
+    if event.endswith("/cache_hits"):
+        counts["from_cache"] += 1
+def on_duration(event, duration, **kwargs):
+    if event == "/jax/core/compile/backend_compile_duration":
+        counts["programs"] += 1
+monitoring.register_event_listener(on_event)
+monitoring.register_event_duration_secs_listener(on_duration)
+out = {}
+for args in json.loads(sys.argv[1]):
+    before = dict(counts)
+    t = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            main(args)
+        except SystemExit as exc:
+            assert exc.code == 0, (args, exc.code)
+    out["attnflow " + " ".join(args)] = {
+        "s": time.perf_counter() - t, **{k: counts[k] - before[k] for k in counts}
+    }
+print(json.dumps(out))
+"""
+SESSION_COMMANDS = [
+    ["classify", "--V", "paper-2d", "--simulate"],
+    ["rank", "--V", "paper-2d"],
+    ["simulate", "--V", "paper-2d", "--json"],
+]
+
+
+def session(env: dict[str, str]) -> dict:
+    p = subprocess.run(
+        [sys.executable, "-c", SESSION, json.dumps(SESSION_COMMANDS)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    if p.returncode != 0:
+        raise RuntimeError(p.stderr)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def _attnflow() -> list[str]:
     """The ``attnflow`` console script next to this Python, else ``python -m attnflow``."""
     script = Path(sys.executable).with_name("attnflow")
@@ -153,11 +204,17 @@ def main():
             "warm cache": ten_lines(cached("ten")),
             "warm cache, again": ten_lines(cached("ten")),
         }
+        out["session"] = {
+            "no cache": session(off),
+            "empty cache (fills it)": session(cached("session")),
+            "warm cache": session(cached("session")),
+        }
         experiment = {**cached("cacheable"), "BENCH_SOLVE_CACHEABLE": "1"}
         ten_lines(experiment)  # fills the cache
         out["ten_lines"]["warm cache, solve made cacheable (experiment)"] = ten_lines(experiment)
         out["cache_entries"] = {
-            name: len(list((tmp / name).glob("*-cache"))) for name in ("cli", "ten", "cacheable")
+            name: len(list((tmp / name).glob("*-cache")))
+            for name in ("cli", "ten", "session", "cacheable")
         }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
