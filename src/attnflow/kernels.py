@@ -1,8 +1,9 @@
-"""``attnflow.kernels``: the public face of ``attnflow.dynamics.kernels``.
+"""Attention kernels: how the logits of one query row become attention weights.
 
-Every name of ``attnflow.dynamics.kernels.__all__`` is re-exported here, so
-``import attnflow.kernels`` and ``from attnflow.kernels import ...`` work as the attribute
-``attnflow.kernels`` does; any other name is read from ``attnflow.dynamics.kernels`` on access.
+``attnflow.kernels`` is the public face of ``attnflow.dynamics.kernels``, where the code
+and its full description live: every name of that module's ``__all__`` is re-exported
+here (so ``import attnflow.kernels`` and ``from attnflow.kernels import ...`` work as
+the attribute ``attnflow.kernels`` does), and any other name is read from it on access.
 Assigning to a name here does not change ``attnflow.dynamics.kernels``.
 """
 

@@ -1,8 +1,9 @@
-"""``attnflow.matrices``: the public face of ``attnflow.io.matrices``.
+"""Named weight matrices: the examples of the clustering paper and random ensembles.
 
-Every name of ``attnflow.io.matrices.__all__`` is re-exported here, so
-``import attnflow.matrices`` and ``from attnflow.matrices import ...`` work as the attribute
-``attnflow.matrices`` does; any other name is read from ``attnflow.io.matrices`` on access.
+``attnflow.matrices`` is the public face of ``attnflow.io.matrices``, where the code and
+its full description live: every name of that module's ``__all__`` is re-exported here
+(so ``import attnflow.matrices`` and ``from attnflow.matrices import ...`` work as the
+attribute ``attnflow.matrices`` does), and any other name is read from it on access.
 Assigning to a name here does not change ``attnflow.io.matrices``.
 """
 

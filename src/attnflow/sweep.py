@@ -1,8 +1,9 @@
-"""``attnflow.sweep``: the public face of ``attnflow.studies.sweep``.
+"""Sweeps: sampling studies that shard over devices and machines and survive faults.
 
-Every name of ``attnflow.studies.sweep.__all__`` is re-exported here, so
-``import attnflow.sweep`` and ``from attnflow.sweep import ...`` work as the attribute
-``attnflow.sweep`` does; any other name is read from ``attnflow.studies.sweep`` on access.
+``attnflow.sweep`` is the public face of ``attnflow.studies.sweep``, where the code and
+its full description live: every name of that module's ``__all__`` is re-exported here
+(so ``import attnflow.sweep`` and ``from attnflow.sweep import ...`` work as the
+attribute ``attnflow.sweep`` does), and any other name is read from it on access.
 Assigning to a name here does not change ``attnflow.studies.sweep``.
 """
 
