@@ -49,6 +49,7 @@ _LAZY: dict[str, str] = {
         ("AbstractModel", "AbstractAttentionSystem", "AbstractKernelAttention"),
         ".dynamics.base",
     ),
+    **dict.fromkeys(("solve", "Solution", "AdaptiveSolver", "LayerSolver"), ".dynamics.solve"),
     "KERNELS": ".dynamics.kernels",
     "stack": ".dynamics.stack",
     "unstack": ".dynamics.stack",
@@ -86,7 +87,7 @@ _LAZY: dict[str, str] = {
 _FACES = ("kernels", "masks", "matrices", "sweep")
 
 if _typing.TYPE_CHECKING:  # what a type checker and an editor see; nothing is imported at run time
-    from . import kernels, matrices, sweep
+    from . import kernels, masks, matrices, sweep
     from ._cache import enable_compilation_cache
     from .analysis import (
         DispersionReport,
@@ -123,9 +124,9 @@ if _typing.TYPE_CHECKING:  # what a type checker and an editor see; nothing is i
         Trajectory,
         simulate,
     )
-    from . import masks
     from .dynamics.base import AbstractAttentionSystem, AbstractKernelAttention, AbstractModel
     from .dynamics.kernels import KERNELS
+    from .dynamics.solve import AdaptiveSolver, LayerSolver, Solution, solve
     from .dynamics.stack import stack, unstack
     from .studies import GinibreEstimate, HeadsAnalysis, analyze_heads, ginibre_fraction
 
@@ -164,6 +165,10 @@ __all__ = [
     "Status",
     "Trajectory",
     "simulate",
+    "solve",
+    "Solution",
+    "AdaptiveSolver",
+    "LayerSolver",
     "stack",
     "unstack",
     "KERNELS",

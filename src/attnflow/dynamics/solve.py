@@ -1,0 +1,261 @@
+"""``solve``: the public compiled core. ``jax.jit``, ``jax.vmap`` and ``jax.grad``
+(``eqx.filter_grad`` over a model) go through it.
+
+``solve(model, x0, t1, ts=..., frame=..., solver=...)`` integrates one system of tokens
+``x0`` ``(n, d)`` and returns a ``Solution`` (an equinox module): the saved times, the
+states in the integrated frame (the tokens ``x`` in the original frame, ``z = e^{-tV} x``
+in standard coordinates in the rescaled frame), a status code per solve and the solver's
+step count. Nothing here converts to numpy, calls the host or checks values: ``simulate``
+is the validating host driver (checks, batches, devices, progress, ``Trajectory``);
+``solve`` is what a user differentiates or composes with other JAX code.
+
+Solvers are objects: ``AdaptiveSolver(rtol, atol, max_steps, method)`` (diffrax's
+``diffeqsolve`` with the overflow event of ``simulate``, differentiated by
+``RecursiveCheckpointAdjoint``: exact discretise-then-optimise gradients of the steps
+taken, also under ``vmap``) and ``LayerSolver(dt)`` (one residual layer per step, a
+``lax.scan``: reverse-mode differentiable; a system whose logits would overflow stops
+and keeps its last state, as in ``simulate``).
+
+Gradients with respect to a model's weights flow through the leaves the solve reads: in
+the original frame that is the whole model; the rescaled frame also reads the
+propagator's precomputed ``e^{tV}`` data, which does not follow a change of ``V``, so
+differentiate with respect to ``V`` in the original frame (or with respect to ``Q``,
+``K`` and ``x0`` in either).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from .base import AbstractModel
+from .frames import Continuous, make_frame
+from .trajectory import Status
+
+__all__ = ["solve", "Solution", "AdaptiveSolver", "LayerSolver"]
+
+_METHODS = {
+    "tsit5": diffrax.Tsit5,
+    "dopri5": diffrax.Dopri5,
+    "dopri8": diffrax.Dopri8,
+    "bosh3": diffrax.Bosh3,
+    "heun": diffrax.Heun,
+}
+
+
+def _log_limit(dtype: Any) -> float:
+    # the overflow guard's threshold, as simulate's: log(finfo.max) - 4
+    return math.log(float(jnp.finfo(dtype).max)) - 4.0
+
+
+class AdaptiveSolver(eqx.Module):
+    """An adaptive Runge-Kutta solve: ``method`` (``"tsit5"``, ``"dopri5"``,
+    ``"dopri8"``, ``"bosh3"``, ``"heun"``) with tolerances ``rtol``, ``atol`` and at most
+    ``max_steps`` steps (``simulate``'s defaults)."""
+
+    rtol: float = eqx.field(static=True, default=1e-6)
+    atol: float = eqx.field(static=True, default=1e-9)
+    max_steps: int = eqx.field(static=True, default=100_000)
+    method: str = eqx.field(static=True, default="tsit5")
+
+    def __check_init__(self):
+        if self.method not in _METHODS:
+            raise ValueError(f"method must be one of {tuple(_METHODS)}; got {self.method!r}.")
+        if not (self.rtol > 0 and self.atol > 0):
+            raise ValueError(f"rtol and atol must be > 0; got {self.rtol!r}, {self.atol!r}.")
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1; got {self.max_steps!r}.")
+
+
+class LayerSolver(eqx.Module):
+    """Residual layers of step ``dt`` (forward Euler in the original frame; the exactly
+    rescaled layers ``z^k = (I + dt V)^{-k} x^k`` in the rescaled frame)."""
+
+    dt: float = eqx.field(static=True, default=0.1)
+
+    def __check_init__(self):
+        if not self.dt > 0:
+            raise ValueError(f"dt must be > 0; got {self.dt!r}.")
+
+
+class Solution(eqx.Module):
+    """The result of ``solve``.
+
+    Attributes:
+        ts: ``(m,)`` the saved times.
+        ys: ``(m, n, d)`` the states at ``ts`` in the integrated frame (after a stop,
+            the saves past it hold the last state reached for layers, and diffrax's
+            fill value ``inf`` for the adaptive solver).
+        status: ``()`` int, the code of ``attnflow.Status`` (0 ok).
+        t_stop: ``()`` the time where the solve stopped (``t1`` when it succeeded).
+        y_stop: ``(n, d)`` the state there.
+        num_steps: ``()`` int, the steps (layers) taken.
+    """
+
+    ts: Float[Array, " m"]
+    ys: Float[Array, "m n d"]
+    status: Int[Array, ""]
+    t_stop: Float[Array, ""]
+    y_stop: Float[Array, "n d"]
+    num_steps: Int[Array, ""]
+
+    @property
+    def ok(self) -> Array:
+        """Whether the solve reached ``t1`` (status ok)."""
+        return self.status == Status.OK.code
+
+
+def _adaptive(frame, y0, ts, t1, solver: AdaptiveSolver) -> Solution:
+    time = Continuous()
+    term = diffrax.ODETerm(lambda t, y, args: time.field(frame, t, y))
+    log_limit = _log_limit(y0.dtype)
+
+    def overflow(t, y, args, **kwargs):
+        return (time.log_bound(frame, t, y) > log_limit) | ~jnp.all(jnp.isfinite(y))
+
+    sol = diffrax.diffeqsolve(
+        term,
+        _METHODS[solver.method](),
+        t0=jnp.zeros((), ts.dtype),
+        t1=t1,
+        dt0=None,
+        y0=y0,
+        saveat=diffrax.SaveAt(subs=(diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True))),
+        stepsize_controller=diffrax.PIDController(rtol=solver.rtol, atol=solver.atol),
+        event=diffrax.Event(overflow),
+        max_steps=solver.max_steps,
+        throw=False,
+        adjoint=diffrax.RecursiveCheckpointAdjoint(),
+    )
+    assert sol.ts is not None and sol.ys is not None
+    (ts_saved, ts_stop), (ys, ys_stop) = sol.ts, sol.ys
+    res = sol.result
+    finite = jnp.all(jnp.isfinite(ys_stop[0]))
+    code = jnp.where(
+        res == diffrax.RESULTS.successful,
+        Status.OK.code,
+        jnp.where(
+            res == diffrax.RESULTS.event_occurred,
+            jnp.where(finite, Status.OVERFLOW.code, Status.NONFINITE.code),
+            jnp.where(
+                res == diffrax.RESULTS.max_steps_reached,
+                Status.MAX_STEPS.code,
+                Status.FAILED.code,
+            ),
+        ),
+    )
+    return Solution(
+        ts=ts_saved,
+        ys=ys,
+        status=jnp.asarray(code, jnp.int32),
+        t_stop=ts_stop[0],
+        y_stop=ys_stop[0],
+        num_steps=jnp.asarray(sol.stats["num_steps"], jnp.int32),
+    )
+
+
+def _layers(frame, y0, ts, t1: float, solver: LayerSolver) -> Solution:
+    dt = solver.dt
+    n_layers = round(t1 / dt)
+    dtype = y0.dtype
+    d = y0.shape[-1]
+    eye = jnp.eye(d, dtype=dtype)
+    prop = frame.model.propagator
+    rescaled = frame.name == "rescaled"
+    factor = R = None
+    if rescaled:
+        R = eye + dt * prop.V
+        factor = jnp.linalg.solve(R, prop.V)  # R^{-1} V (= V R^{-1}: they commute)
+    log_limit = _log_limit(dtype)
+    dt_a = jnp.asarray(dt, dtype)
+
+    def body(carry, _):
+        y, Rk, k, stopped = carry
+        scale = Rk if rescaled else None
+        ok = (frame.log_bound(y, scale) <= log_limit) & ~stopped
+        y_new = frame.step(y, scale, dt_a, factor)
+        ok = ok & jnp.all(jnp.isfinite(y_new))
+        y = jnp.where(ok, y_new, y)
+        Rk = R @ Rk if rescaled else Rk
+        return (y, Rk, k + ok.astype(jnp.int32), stopped | ~ok), y
+
+    init = (y0, eye, jnp.zeros((), jnp.int32), jnp.zeros((), bool))
+    (y_end, _, k_end, stopped), ys = jax.lax.scan(body, init, None, length=n_layers)
+    ys = jnp.concatenate([y0[None], ys], axis=0)  # the state after k layers, k = 0..L
+    layer_of = jnp.clip(jnp.round(ts / dt).astype(jnp.int32), 0, n_layers)
+    code = jnp.where(stopped, Status.OVERFLOW.code, Status.OK.code)
+    return Solution(
+        ts=ts,
+        ys=ys[layer_of],
+        status=jnp.asarray(code, jnp.int32),
+        t_stop=k_end.astype(dtype) * dt_a,
+        y_stop=y_end,
+        num_steps=k_end,
+    )
+
+
+def solve(
+    model: AbstractModel,
+    x0: Float[Array, "n d"],
+    t1: float,
+    *,
+    ts: Float[Array, " m"] | None = None,
+    frame: str = "rescaled",
+    solver: AdaptiveSolver | LayerSolver | None = None,
+) -> Solution:
+    """Integrate one system of tokens ``x0`` from 0 to ``t1``: jittable, vmappable and
+    differentiable.
+
+    Args:
+        model: any model (``frame="rescaled"`` needs an attention system whose rows sum
+            to one, with a propagator).
+        x0: ``(n, d)`` tokens (a JAX array; traced values are fine).
+        t1: the final time, a Python number (it fixes the number of layers).
+        ts: the saved times ``(m,)``, default ``[t1]``.
+        frame: ``"original"`` (the tokens ``x``) or ``"rescaled"`` (``z = e^{-tV} x``,
+            standard coordinates).
+        solver: an ``AdaptiveSolver`` (default) or a ``LayerSolver``.
+
+    Returns:
+        A ``Solution``; its ``status`` is a code of ``attnflow.Status`` (no exception is
+        raised inside a compiled solve).
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, attnflow as af
+        >>> m = af.Attention(jnp.eye(2), jnp.eye(2), -jnp.eye(2))
+        >>> x0 = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]])
+        >>> final = jax.jit(lambda x: af.solve(m, x, 1.0, frame="original").ys[-1])
+        >>> final(x0).shape
+        (3, 2)
+    """
+    if frame not in ("original", "rescaled"):
+        raise ValueError(f"frame must be 'original' or 'rescaled'; got {frame!r}.")
+    solver = AdaptiveSolver() if solver is None else solver
+    if not isinstance(solver, (AdaptiveSolver, LayerSolver)):
+        raise ValueError(
+            f"solver must be an attnflow.AdaptiveSolver or attnflow.LayerSolver; got "
+            f"{type(solver).__name__}."
+        )
+    x0 = jnp.asarray(x0, model.dtype)
+    if x0.ndim != 2 or x0.shape[-1] != model.d:
+        raise ValueError(
+            f"x0 must be one system of tokens (n, {model.d}); got shape {x0.shape} (vmap "
+            f"solve for a batch)."
+        )
+    fr = make_frame(frame, model, "standard" if frame == "rescaled" else None)
+    ts_a = jnp.asarray([t1] if ts is None else ts, x0.dtype)
+    if ts_a.ndim != 1:
+        raise ValueError(f"ts must be a 1-d array of times; got shape {ts_a.shape}.")
+    y0 = fr.initial_state(x0)
+    if isinstance(solver, LayerSolver):
+        n = t1 / solver.dt
+        if abs(n - round(n)) > 1e-9 * max(1.0, n):
+            raise ValueError(f"t1 = {t1} must be a whole number of layers of dt = {solver.dt}.")
+        return _layers(fr, y0, ts_a, float(t1), solver)
+    return _adaptive(fr, y0, ts_a, jnp.asarray(t1, x0.dtype), solver)

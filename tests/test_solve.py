@@ -1,0 +1,143 @@
+"""The public compiled core ``attnflow.solve``: jit, vmap and grad go through it; its
+numbers are simulate's; gradients match central finite differences in float64."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attnflow as af
+
+RNG = np.random.default_rng(11)
+Q = np.eye(2) + 0.3 * RNG.normal(size=(2, 2))
+K = np.eye(2) + 0.3 * RNG.normal(size=(2, 2))
+V = np.array([[0.4, 0.3], [-0.2, 0.1]])
+X0 = RNG.normal(size=(5, 2))
+TIGHT = af.AdaptiveSolver(rtol=1e-11, atol=1e-12, max_steps=2048)
+
+
+def test_jit_of_solve_is_simulate():
+    m = af.Attention(Q, K, V)
+    final = jax.jit(lambda x: af.solve(m, x, 1.5, frame="original", solver=TIGHT).ys[-1])
+    ref = af.simulate(m, X0, 1.5, frame="original", rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(final(X0)), np.asarray(ref.x[-1]), rtol=1e-9)
+    sol = af.solve(m, jnp.asarray(X0), 1.5, ts=jnp.linspace(0, 1.5, 4), solver=TIGHT)
+    assert int(sol.status) == af.Status.OK.code and bool(sol.ok)
+    ref_r = af.simulate(m, X0, 1.5, ts=np.linspace(0, 1.5, 4), rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(sol.ys), np.asarray(ref_r.z), rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("frame", ["original", "rescaled"])
+def test_layers_are_simulates_layers(frame):
+    m = af.Attention(Q, K, V)
+    sol = jax.jit(
+        lambda x: af.solve(
+            m, x, 2.0, ts=jnp.array([1.0, 2.0]), frame=frame, solver=af.LayerSolver(0.25)
+        )
+    )(jnp.asarray(X0))
+    ref = af.simulate(m, X0, 2.0, ts=[1.0, 2.0], frame=frame, method="euler", dt=0.25)
+    want = ref.x if frame == "original" else ref.z
+    np.testing.assert_allclose(np.asarray(sol.ys), np.asarray(want), rtol=1e-12, atol=1e-14)
+    assert int(sol.num_steps) == 8
+
+
+def _fd(f, a: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    g = np.zeros_like(a)
+    for idx in np.ndindex(a.shape):
+        e = np.zeros_like(a)
+        e[idx] = eps
+        g[idx] = (f(a + e) - f(a - e)) / (2 * eps)
+    return g
+
+
+W = RNG.normal(size=(5, 2))
+
+
+@pytest.mark.parametrize(
+    "frame, solver",
+    [
+        ("original", TIGHT),
+        pytest.param("rescaled", TIGHT, marks=pytest.mark.slow),
+        ("original", af.LayerSolver(0.1)),
+        ("rescaled", af.LayerSolver(0.1)),
+    ],
+    ids=["adaptive-original", "adaptive-rescaled", "layers-original", "layers-rescaled"],
+)
+def test_gradient_in_the_tokens_matches_finite_differences(frame, solver):
+    m = af.Attention(Q, K, V)
+
+    def loss(x):
+        return jnp.sum(W * af.solve(m, x, 1.0, frame=frame, solver=solver).ys[-1])
+
+    g = jax.jit(jax.grad(loss))(jnp.asarray(X0))
+    loss_j = jax.jit(loss)  # one program for every finite difference
+    fd = _fd(lambda a: float(loss_j(jnp.asarray(a))), X0)
+    np.testing.assert_allclose(np.asarray(g), fd, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "solver",
+    [pytest.param(TIGHT, marks=pytest.mark.slow), af.LayerSolver(0.1)],
+    ids=["adaptive", "layers"],
+)
+def test_gradient_in_the_weights_matches_finite_differences(solver):
+    def loss_of(m):
+        return jnp.sum(
+            W * af.solve(m, jnp.asarray(X0), 1.0, frame="original", solver=solver).ys[-1]
+        )
+
+    m = af.Attention(Q, K, V, propagator="expm")
+    g = eqx.filter_jit(eqx.filter_grad(loss_of))(m)
+    loss_j = eqx.filter_jit(loss_of)  # one program for every finite difference
+    for name in ("Q", "V"):
+
+        def f(a, name=name):
+            kw = {"Q": Q, "K": K, "V": V, name: a}
+            return float(loss_j(af.Attention(kw["Q"], kw["K"], kw["V"], propagator="expm")))
+
+        fd = _fd(f, {"Q": Q, "V": V}[name])
+        np.testing.assert_allclose(np.asarray(getattr(g, name)), fd, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "solver",
+    [pytest.param(TIGHT, marks=pytest.mark.slow), af.LayerSolver(0.1)],
+    ids=["adaptive", "layers"],
+)
+def test_vmapped_gradients_equal_a_loop(solver):
+    """An adaptive solve under vmap takes the steps of its slowest system; the gradients
+    of each system must still be its own (RecursiveCheckpointAdjoint is exact there)."""
+    m = af.Attention(Q, K, V)
+    xs = jnp.asarray(np.stack([X0, 3.0 * X0, -0.5 * X0]))
+
+    def loss(x):
+        return jnp.sum(W * af.solve(m, x, 1.0, frame="original", solver=solver).ys[-1])
+
+    batched = jax.jit(jax.vmap(jax.grad(loss)))(xs)
+    grad = jax.jit(jax.grad(loss))
+    looped = np.stack([np.asarray(grad(x)) for x in xs])
+    np.testing.assert_allclose(np.asarray(batched), looped, rtol=1e-7, atol=1e-10)
+
+
+def test_solve_reports_an_overflow_as_a_status_not_an_exception():
+    m = af.Attention(np.eye(2), np.eye(2), 4.0 * np.eye(2))  # x grows 3x per layer
+    sol = jax.jit(lambda x: af.solve(m, x, 200.0, frame="original", solver=af.LayerSolver(0.5)))(
+        jnp.asarray(X0)
+    )
+    assert int(sol.status) == af.Status.OVERFLOW.code
+    assert np.all(np.isfinite(np.asarray(sol.y_stop)))
+
+
+def test_solve_refuses_bad_arguments_by_name():
+    m = af.Attention(Q, K, V)
+    with pytest.raises(ValueError, match="frame"):
+        af.solve(m, X0, 1.0, frame="sphere")
+    with pytest.raises(ValueError, match="x0"):
+        af.solve(m, X0[None], 1.0)
+    with pytest.raises(ValueError, match="whole number of layers"):
+        af.solve(m, X0, 1.0, solver=af.LayerSolver(0.3))
+    with pytest.raises(ValueError, match="method"):
+        af.AdaptiveSolver(method="rk4")
