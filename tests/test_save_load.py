@@ -166,3 +166,17 @@ def test_to_xarray(tmp_path):
     assert ds.attrs["frame"] == "rescaled" and json.loads(ds.attrs["statuses"]) == ["ok"] * 3
     one = af.simulate(model, x0[0], 1.0).to_xarray()
     assert one["z"].dims == ("time", "token", "coord")
+
+
+def test_extra_metadata_never_replaces_the_runs_own_keys(tmp_path):
+    """save(p, frame=...) used to overwrite the run's frame: the reload then converted
+    with the wrong frame. Now the run's own keys are refused as extra keys, by name."""
+    m = af.Attention(np.eye(2), np.eye(2), np.eye(2))
+    traj = af.simulate(m, np.random.default_rng(0).normal(size=(4, 2)), 0.5)
+    for key in ("frame", "kernel", "t1", "family"):
+        with pytest.raises(ValueError, match=key):
+            traj.save(tmp_path / "r.npz", **{key: "x"})
+    assert not (tmp_path / "r.npz").exists()
+    back = af.Trajectory.load(traj.save(tmp_path / "r.npz", note="kept", seed=3))
+    assert back.saved_metadata["note"] == "kept" and back.saved_metadata["seed"] == 3
+    np.testing.assert_array_equal(np.asarray(back.x), np.asarray(traj.x))

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
-import os
-import tempfile
 import warnings
 from functools import cached_property
 from pathlib import Path
@@ -19,8 +16,8 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .. import _checks
-from .._meta import run_metadata
-from .base import AbstractModel
+from . import _trajectory_io as _io
+from ._trajectory_io import FORMAT_VERSION
 from .frames import AbstractTime, Continuous, Layers, normalize_rows
 
 __all__ = ["Trajectory", "SimulationError", "Status", "STATUS_CODES", "FORMAT_VERSION"]
@@ -55,9 +52,6 @@ _BY_CODE = {c: s for s, c in _CODES.items()}
 # The vocabulary as plain strings, in code order (kept for older callers).
 STATUS_CODES = tuple(str(_BY_CODE[c]) for c in range(len(_BY_CODE)))
 
-# Version of the ``.npz`` layout written by ``Trajectory.save`` (``metadata["format"]``).
-FORMAT_VERSION = 1
-
 
 @eqx.filter_jit
 def _logit_rows(model, xs):
@@ -81,19 +75,6 @@ def _safe_matmul(a: np.ndarray, M: np.ndarray) -> np.ndarray:
         vote = np.sign(np.where(np.isinf(terms), np.sign(terms), 0.0).sum(-1))
         out = np.where(nan, np.where(vote < 0, -np.inf, np.inf), out)
     return out
-
-
-def _model_family(name: str) -> type[AbstractModel]:
-    """The model class registered as ``name`` (``AbstractModel.family``)."""
-    from . import isotropic as _isotropic  # noqa: F401  (defines the built-in families)
-    from . import model as _models  # noqa: F401
-    from . import transformer as _transformer  # noqa: F401
-    from .base import family_class
-
-    try:
-        return family_class(name)
-    except ValueError as exc:
-        raise ValueError(f"in the saved run: {exc}") from None
 
 
 class SimulationError(RuntimeError):
@@ -639,31 +620,9 @@ class Trajectory:
 
     # --------------------------------------------------------------- saving
     def metadata(self, **extra) -> dict:
-        """Everything needed to reproduce and judge this run, JSON-serialisable."""
-        m = self.model
-        if self.stacked:
-            raise ValueError(
-                "the weights were stacked (one model per system): save or describe one "
-                "system at a time, traj.system(i).save(path)."
-            )
-        meta = {
-            "frame": self.frame,
-            "coords": self.coords,
-            "solver": self.solver,
-            "t1": self.t1,
-            "status": self.status,
-            "statuses": list(self.statuses),
-            "t_stop": [float(t) for t in self.t_stop],
-            "n": self.n,
-            "d": self.d,
-            "batch": len(self.statuses) if self.batched else None,
-            "dtype": np.dtype(self._y.dtype).name,
-            **m.describe(),  # the model family, its weights and settings
-            "stats": {k: np.asarray(v).tolist() for k, v in self.stats.items()},
-            "versions": run_metadata(),
-        }
-        meta.update(extra)
-        return meta
+        """Everything needed to reproduce and judge this run, JSON-serialisable; ``extra``
+        keys are added (never replacing the run's own keys: ``ValueError``)."""
+        return _io.metadata(self, **extra)
 
     def save(self, path, **extra) -> Path:
         """Write the run to an ``.npz`` file that ``Trajectory.load`` reads back bit for bit.
@@ -679,56 +638,7 @@ class Trajectory:
         Returns:
             The path written.
         """
-        path = Path(path)
-        if path.is_dir():
-            raise ValueError(
-                f"path {str(path)!r} is a directory; give a file name such "
-                f"as {str(path / 'run.npz')!r}."
-            )
-        if path.suffix != ".npz":
-            path = path.with_name(path.name + ".npz")
-        meta = self.metadata(**extra)  # before any file is touched: fails early
-        m = self.model
-        arrays = {
-            "ts": np.asarray(self.ts),
-            "x": np.asarray(self.x),
-            "reached": np.asarray(self.reached),
-            "state": np.asarray(self._y),
-            "t_stop": np.asarray(self.t_stop),
-        }
-        if self.has_z:
-            arrays["z"] = np.asarray(self.z)
-        arrays.update({f"model.{k}": np.asarray(v) for k, v in m.arrays().items()})
-        if self._to_x is not None:
-            arrays["to_x"] = np.asarray(self._to_x)
-        if self.x0 is not None:
-            arrays["x0"] = np.asarray(self.x0)
-        for k, v in self.stats.items():
-            arrays[f"stats.{k}"] = np.asarray(v)
-        meta["format"] = FORMAT_VERSION
-        meta["trajectory"] = {
-            "batched": self.batched,
-            "coords": self.coords,
-            "t1": self.t1,
-            "statuses": list(self.statuses),
-            # statistics held as Python numbers (the rest are numpy values)
-            "stats_python": [
-                k
-                for k, v in self.stats.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)
-            ],
-        }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                payload: dict[str, Any] = {"metadata": json.dumps(meta), **arrays}
-                np.savez_compressed(fh, **payload)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return _io.save(self, path, **extra)
 
     @classmethod
     def load(cls, path) -> Trajectory:
@@ -738,70 +648,7 @@ class Trajectory:
 
         A run saved in float64 needs x64 on (``jax.config.update("jax_enable_x64",
         True)``) to be read back without rounding; loading it with x64 off raises."""
-        path = Path(path)
-        if not path.is_file():
-            raise ValueError(
-                f"path {str(path)!r} is not a file written by Trajectory.save (an .npz)."
-            )
-        try:
-            with np.load(path, allow_pickle=False) as f:
-                data = {k: f[k] for k in f.files}
-        except Exception as exc:
-            raise ValueError(f"cannot read {str(path)!r} as an .npz file: {exc}") from None
-        if "metadata" not in data or "state" not in data:
-            raise ValueError(
-                f"{str(path)!r} was not written by Trajectory.save of this "
-                f"attnflow (no metadata/state arrays); re-save the run."
-            )
-        meta = json.loads(str(data.pop("metadata")))
-        if meta.get("format") != FORMAT_VERSION:
-            raise ValueError(
-                f"{str(path)!r} has format {meta.get('format')!r}; this "
-                f"attnflow reads format {FORMAT_VERSION}."
-            )
-        state = data["state"]
-        if state.dtype == np.float64 and not jax.config.read("jax_enable_x64"):
-            raise ValueError(
-                f"{str(path)!r} holds a float64 run and JAX's x64 mode is off, so it would "
-                f"be rounded to float32; enable it first: "
-                f"jax.config.update('jax_enable_x64', True)."
-            )
-        info = meta["trajectory"]
-        family = _model_family(meta.get("family", ""))
-        model = family.from_saved(
-            meta, {k.removeprefix("model."): v for k, v in data.items() if k.startswith("model.")}
-        )
-        python = set(info.get("stats_python", ()))
-        stats = {}
-        for k, v in data.items():
-            if k.startswith("stats."):
-                name = k.removeprefix("stats.")
-                stats[name] = v.item() if name in python else (v[()] if v.ndim == 0 else v)
-        to_x = data.get("to_x")
-        x0 = data.get("x0")
-        traj = cls(
-            ts=jnp.asarray(data["ts"]),
-            frame=meta["frame"],
-            model=model,
-            stats=stats,
-            solver=meta["solver"],
-            statuses=tuple(info["statuses"]),
-            reached=np.asarray(data["reached"], bool),
-            t_stop=data["t_stop"],
-            t1=float(info["t1"]),
-            batched=bool(info["batched"]),
-            coords=info["coords"],
-            _y=jnp.asarray(state),
-            _to_x=None if to_x is None else jnp.asarray(to_x),
-            x0=None if x0 is None else jnp.asarray(x0),
-            saved_metadata=meta,
-            discretisation=(
-                Layers(float(meta["solver"]["dt"]))
-                if meta["solver"].get("method") == "euler"
-                else Continuous()
-            ),
-        )
-        return traj
+        return _io.load(cls, path)
 
     def to_xarray(self):
         """The states as an ``xarray.Dataset`` with data variables ``z`` and ``x``, dims
@@ -810,31 +657,7 @@ class Trajectory:
         metadata as attributes (nested values as JSON strings, so the dataset can be
         written with ``to_netcdf``). Needs the ``xarray`` extra
         (``pip install "attnflow[xarray]"``)."""
-        try:
-            import xarray as xr
-        except ImportError:
-            raise ImportError("to_xarray needs xarray: pip install 'attnflow[xarray]'.") from None
-        dims = ("system", "time", "token", "coord") if self.batched else ("time", "token", "coord")
-        sys_dims = ("system",) if self.batched else ()
-        reached = self.reached if self.batched else np.asarray(self.reached)
-        data_vars = {
-            "x": (dims, np.asarray(self.x)),
-            "reached": (sys_dims + ("time",), np.asarray(reached)),
-            "t_stop": (sys_dims, np.asarray(self.t_stop if self.batched else self.t_stop[0])),
-        }
-        if self.has_z:
-            data_vars["z"] = (dims, np.asarray(self.z))
-        meta = self.metadata()
-        attrs = {
-            k: (
-                v if isinstance(v, (str, int, float)) and not isinstance(v, bool) else json.dumps(v)
-            )
-            for k, v in meta.items()
-        }
-        coords = {"time": np.asarray(self.ts)}
-        if self.batched:
-            coords["system"] = np.arange(len(self.statuses))
-        return xr.Dataset(data_vars, coords=coords, attrs=attrs)
+        return _io.to_xarray(self)
 
     def __repr__(self) -> str:
         shape = tuple(self._y.shape) if self.batched else tuple(self._y.shape[1:])
