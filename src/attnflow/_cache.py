@@ -22,6 +22,9 @@ programs compile in tenths of a second each, and together they are most of its w
 
 JAX refuses to write a program that holds host callbacks (``jax.debug.callback``,
 ``jax.pure_callback``, progress bars); such a program is compiled again in every process.
+Equinox's runtime checks are such callbacks unless ``EQX_ON_ERROR`` says otherwise:
+``enable_compilation_cache`` sets it to ``nan`` when equinox is not imported yet and the
+variable is unset (see its docstring).
 
 Below every layer: this module imports no module of attnflow, and JAX only inside the
 functions that need it.
@@ -89,6 +92,14 @@ def enable_compilation_cache(
     compilation, and a later call changes the directory only for programs compiled after
     it (the cache is reopened). Safe to call more than once.
 
+    The adaptive solve holds two runtime checks of diffrax (the saved times increase and
+    lie in ``[0, t1]``), host callbacks under equinox's default ``EQX_ON_ERROR=raise``,
+    and JAX writes no program with a host callback. ``simulate`` checks the same two
+    things on the host before every solve, so when equinox is not imported yet and
+    ``EQX_ON_ERROR`` is unset this call sets it to ``nan`` (equinox's runtime checks then
+    return NaN instead of calling the host), and the solve is cached too. Set
+    ``EQX_ON_ERROR`` yourself to choose otherwise.
+
     Args:
         path: the directory (created if missing). None: ``$ATTNFLOW_CACHE_DIR``, else
             ``$XDG_CACHE_HOME/attnflow/jax`` or ``~/.cache/attnflow/jax``.
@@ -112,6 +123,8 @@ def enable_compilation_cache(
         return None
     directory = cache_dir(path)
     directory.mkdir(parents=True, exist_ok=True)
+    if "equinox" not in sys.modules:
+        os.environ.setdefault("EQX_ON_ERROR", "nan")
     import jax
 
     settings: dict[str, Any] = {
