@@ -104,9 +104,9 @@ from typing import Any
 import numpy as np
 from jaxtyping import Shaped
 
-from .. import _checks, _parallel
-from .._meta import run_metadata
-from .._parallel import blas_threads, map_devices
+from ... import _checks, _parallel
+from ..._meta import run_metadata
+from ..._parallel import blas_threads, map_devices
 
 __all__ = [
     "Sweep",
