@@ -393,7 +393,7 @@ def test_manifest_without_hard_links_is_still_exclusive(tmp_path, monkeypatch):
     def no_link(src, dst):
         raise PermissionError("hard links not supported here")
 
-    monkeypatch.setattr(S.os, "link", no_link)
+    monkeypatch.setattr(os, "link", no_link)  # the store links through os.link
     out = tmp_path / "run"
     assert S.run(logged(tmp_path, size=4, shard_size=2), out).complete
     with pytest.raises(ValueError, match="different sweep"):

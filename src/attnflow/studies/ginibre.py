@@ -71,8 +71,9 @@ from typing import Any
 import numpy as np
 from jaxtyping import Float, Shaped
 
-from .. import _checks
+from .. import _checks, _parallel
 from . import sweep as _sweep
+from .sweep.store import present as _shards_present
 
 __all__ = [
     "GinibreEstimate",
@@ -483,7 +484,7 @@ def _auto_workers(workers: int | None, seconds: float) -> int:
     ``AUTO_POOL_SECONDS`` of one core (a pool costs a few seconds to start), else 1."""
     if workers is not None:
         return workers
-    return _sweep._resolve_workers(None) if seconds > AUTO_POOL_SECONDS else 1
+    return _parallel.resolve_workers(None) if seconds > AUTO_POOL_SECONDS else 1
 
 
 def default_shard_size(d: int) -> int:
@@ -769,7 +770,7 @@ def ginibre_curve(
 def _is_complete(path: Path, sw: _sweep.Sweep) -> bool:
     if not (path / _sweep.MANIFEST).is_file():
         return False
-    present = _sweep._present(path)
+    present = _shards_present(path)
     return all(sw.shard_range(k) in present for k in range(sw.n_shards))
 
 
