@@ -72,6 +72,8 @@ import numpy as np
 from jaxtyping import Float, Shaped
 
 from .. import _checks, _parallel
+from .._stats import INTERVALS as INTERVALS
+from .._stats import binomial_interval, check_level, interval_name
 from . import sweep as _sweep
 from .sweep.store import present as _shards_present
 
@@ -94,84 +96,10 @@ TAG = 0x67696E69  # "gini": namespaces this study's random streams
 KERNEL_VERSION = 1  # bump when the per-sample numbers change; part of a sweep's identity
 BORDERLINE_FACTOR = 1000.0
 PAPER_D, PAPER_FRACTION = 128, 0.14  # Geshkovski et al. 2023: "about 14%" at d = 128
-INTERVALS = ("wilson", "clopper-pearson")
 BACKENDS = ("numpy", "jax")
 _EPS = float(np.finfo(np.float64).eps)
 _BATCH_ELEMS = 1 << 21  # matrix entries per internal batch: 16 MB of float64
 AUTO_POOL_SECONDS = 20.0
-
-
-# ------------------------------------------------------------------ intervals
-def binomial_interval(
-    count: int, samples: int, *, level: float = 0.95, method: str = "wilson"
-) -> tuple[float, float]:
-    """Two-sided confidence interval for a binomial proportion (scipy).
-
-    Args:
-        count: successes, 0 <= count <= samples.
-        samples: trials, >= 1.
-        level: confidence level in (0, 1), 0.95 by default.
-        method: ``"wilson"``: the Wilson score interval, the textbook one without
-            continuity correction: the roots ``p`` of ``(count/samples - p)^2 = z^2 p
-            (1 - p) / samples`` (``scipy.stats.binomtest(...).proportion_ci(method=
-            "wilson")``; scipy's ``"wilsoncc"`` would add the continuity correction).
-            ``"clopper-pearson"`` (alias ``"exact"``): the exact interval, ``P(X >= count
-            | low) = P(X <= count | high) = (1 - level)/2``, i.e. the beta quantiles
-            ``low = B^-1(alpha/2; count, samples - count + 1)``, ``high = B^-1(1 -
-            alpha/2; count + 1, samples - count)`` (``scipy.stats.beta.ppf`` / ``.isf``,
-            exact to the last bits; ``binomtest``'s ``method="exact"`` finds the same
-            roots with ``brentq`` to an absolute 2e-12 only, which is a relative error of
-            1e-5 for a bound near 1e-7). Conservative.
-
-    Returns:
-        ``(low, high)`` with ``0 <= low <= count/samples <= high <= 1`` (exactly 0 for
-        ``count = 0`` and 1 for ``count = samples``).
-    """
-    from scipy.stats import beta, binomtest
-
-    count = _checks.integer("count", count, lo=0)
-    samples = _checks.integer("samples", samples, lo=1)
-    if count > samples:
-        raise ValueError(f"count must be <= samples; got {count} > {samples}.")
-    level = _level(level)
-    method = _interval_name(method)
-    n, k = samples, count
-    if method == "wilson":
-        ci = binomtest(k, n).proportion_ci(confidence_level=level, method="wilson")
-        low, high = float(ci.low), float(ci.high)
-    else:
-        alpha = 1.0 - level
-        low = float(beta.ppf(alpha / 2, k, n - k + 1)) if k > 0 else 0.0
-        high = float(beta.isf(alpha / 2, k + 1, n - k)) if k < n else 1.0
-    p = k / n
-    # the exact end points; rounding must not push an end past p or out of [0, 1]
-    low = 0.0 if k == 0 else min(max(low, 0.0), p)
-    high = 1.0 if k == n else max(min(high, 1.0), p)
-    return low, high
-
-
-def _level(level: Any) -> float:
-    return _checks.number(
-        "level",
-        level,
-        lo=0.0,
-        hi=1.0,
-        lo_open=True,
-        hi_open=True,
-        what="strictly between 0 and 1 (e.g. 0.95)",
-    )
-
-
-def _interval_name(method: str) -> str:
-    m = str(method).lower().replace("_", "-")
-    if m in ("exact", "clopper", "cp"):
-        m = "clopper-pearson"
-    if m not in INTERVALS:
-        raise ValueError(
-            f"interval must be one of {INTERVALS} ('exact' is an alias of "
-            f"'clopper-pearson'); got {method!r}."
-        )
-    return m
 
 
 # -------------------------------------------------------------------- results
@@ -251,7 +179,7 @@ def summarize(
 ) -> GinibreEstimate:
     """A ``GinibreEstimate`` from the per-sample arrays of ``ginibre_kernel``."""
     n = int(np.asarray(arrays["spectral"]).shape[0])
-    interval = _interval_name(interval)
+    interval = interval_name(interval)
     k = int(np.count_nonzero(arrays["spectral"]))
     low, high = binomial_interval(k, n, level=level, method=interval)
     return GinibreEstimate(
@@ -508,8 +436,8 @@ def _check_common(
     d = _checks.integer("d", d, lo=1)
     samples = _checks.integer("samples", samples, lo=1)
     seed = _checks.integer("seed", seed, lo=0)
-    level = _level(level)
-    interval = _interval_name(interval)
+    level = check_level(level)
+    interval = interval_name(interval)
     tol = (
         d * _EPS
         if tol is None

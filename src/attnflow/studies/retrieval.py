@@ -54,9 +54,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
+from .._stats import binomial_interval
 from ..analysis.dispersion import bound_tight, dispersion
 from ..dynamics import kernels as _kernels
-from .ginibre import binomial_interval
 
 __all__ = [
     "RetrievalConfig",
