@@ -4,8 +4,8 @@ the README's ten lines in a fresh process and a session of commands (``classify
 the compilation cache, with an empty one (the run that fills it) and with the filled one.
 
 Every number is the wall time of a fresh process (the best of ``--repeats`` where the
-run is cheap). For the ten lines and the session the child process also counts, with ``jax.monitoring``
-listeners, the programs JAX compiles: ``programs`` (compilation requests),
+run is cheap). For the ten lines and the session the child process also counts, with
+``jax.monitoring`` listeners, the programs JAX compiles: ``programs`` (compilation requests),
 ``compiled`` (by XLA) and ``from_cache`` (read from the persistent cache), and the
 seconds spent in XLA compilation or cache reads. The machine's load is recorded before
 and after.

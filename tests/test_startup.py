@@ -97,13 +97,6 @@ def test_cli_help_version_and_usage_errors_import_no_jax(tmp_path):
     assert codes["--bogus"] == 2 and codes["simulate --frame rescled"] == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the comma lists --d (ginibre) and --n (dispersion) are checked by "
-    "attnflow.studies.ginibre.parse_dims, whose module imports attnflow.studies.sweep "
-    "-> attnflow._parallel, and attnflow/_parallel.py imports jaxtyping.Array at the top "
-    "(an annotation), which imports JAX",
-)
 def test_comma_list_usage_errors_import_no_jax():
     p = python(
         """

@@ -42,12 +42,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import numpy as np
-from jaxtyping import Array, Shaped
 
 from . import _checks
+
+if TYPE_CHECKING:
+    from jaxtyping import Array, Shaped
 
 __all__ = [
     "WORKER_ENV",

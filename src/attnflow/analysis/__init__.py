@@ -4,26 +4,74 @@ matrix's rank and leaders (``rank``), softmax dispersion (``dispersion``), clust
 energies of tokens on the sphere (``sphere``). Analyses ask a
 trajectory for its attention and logits; they never run a simulation of their own."""
 
-from .dispersion import DispersionReport, dispersion, dispersion_scan
-from .observe import Observation, observe_limit
-from .rank import RankTrack, boolean_distance, rank_of, track_rank
-from .regimes import (
-    LABELS,
-    Label,
-    LeadingEigenvalue,
-    Regime,
-    leading_eigenvalue,
-    predict_regime,
-    spectral_structure,
-)
-from .sphere import (
-    clustered_fraction,
-    count_clusters,
-    equiangular_curve,
-    equiangular_time,
-    interaction_energy,
-    wendel_probability,
-)
+import importlib as _importlib
+import typing as _typing
+
+# Each public name and the submodule it lives in, imported on first use (``predict_regime``
+# needs numpy only; ``rank`` and ``dispersion`` bring JAX and scipy).
+_WHERE = {
+    **dict.fromkeys(("DispersionReport", "dispersion", "dispersion_scan"), ".dispersion"),
+    **dict.fromkeys(("Observation", "observe_limit"), ".observe"),
+    **dict.fromkeys(("RankTrack", "boolean_distance", "rank_of", "track_rank"), ".rank"),
+    **dict.fromkeys(
+        (
+            "LABELS",
+            "Label",
+            "LeadingEigenvalue",
+            "Regime",
+            "leading_eigenvalue",
+            "predict_regime",
+            "spectral_structure",
+        ),
+        ".regimes",
+    ),
+    **dict.fromkeys(
+        (
+            "clustered_fraction",
+            "count_clusters",
+            "equiangular_curve",
+            "equiangular_time",
+            "interaction_energy",
+            "wendel_probability",
+        ),
+        ".sphere",
+    ),
+}
+
+if _typing.TYPE_CHECKING:
+    from .dispersion import DispersionReport, dispersion, dispersion_scan
+    from .observe import Observation, observe_limit
+    from .rank import RankTrack, boolean_distance, rank_of, track_rank
+    from .regimes import (
+        LABELS,
+        Label,
+        LeadingEigenvalue,
+        Regime,
+        leading_eigenvalue,
+        predict_regime,
+        spectral_structure,
+    )
+    from .sphere import (
+        clustered_fraction,
+        count_clusters,
+        equiangular_curve,
+        equiangular_time,
+        interaction_energy,
+        wendel_probability,
+    )
+
+
+def __getattr__(name: str) -> _typing.Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(_WHERE[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "DispersionReport",

@@ -49,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -509,10 +510,10 @@ def predict_regime(
         A ``Regime``. ``Label.UNCLASSIFIED`` means no proved theorem covers the triple;
         its reason names the failing hypothesis.
     """
-    from ..dynamics.base import AbstractModel
-
+    # a model exists only once the seam is imported: matrices need neither JAX nor it
+    base = sys.modules.get("attnflow.dynamics.base")
     rect = False
-    if isinstance(Q, AbstractModel):
+    if base is not None and isinstance(Q, base.AbstractModel):
         if K is not None or V is not None:
             raise ValueError("pass either a model or Q, K, V, not both.")
         rtol = _checks.number("rtol", rtol, lo=0.0, hi=1.0, lo_open=True, hi_open=True)

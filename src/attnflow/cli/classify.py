@@ -50,7 +50,6 @@ def classify(
     ts = common.save_times(t1, saves, method_s, dt) if do_simulate else None
     if ts is not None:  # the prediction alone is numpy arithmetic, in float64
         common.setup_jax(x64)
-    from ..analysis.observe import observe_limit
     from ..analysis.regimes import Label, predict_regime
 
     Qm, Km, Vm = common.load_weights(V, Q, K, common.default_dim(V, d, 2), seed)
@@ -67,6 +66,8 @@ def classify(
     agree = False
     if ts is not None:
         import attnflow as af
+
+        from ..analysis.observe import observe_limit
 
         tokens = common.initial_tokens("uniform", n, Vm.shape[0], seed, scale)
         frame = "original" if reg.label == Label.ORIGIN else "rescaled"
