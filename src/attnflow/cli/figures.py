@@ -30,6 +30,12 @@ def figures(
         "attnflow (attnflow.experiments)",
     ),
     list_only: bool = typer.Option(False, "--list", help="list the figures and exit"),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="run every script, even those whose saved results match their inputs (the "
+        "attnflow source, the script, --quick and the versions)",
+    ),
     as_json: bool = opt.as_json(),
     jobs: int | None = typer.Option(
         None,
@@ -44,7 +50,9 @@ def figures(
     attnflow.experiments (or of --experiments DIR).
 
     Figures are always computed in float64. A script that fails is reported and the
-    others still run; the exit status is then 1."""
+    others still run; the exit status is then 1. A script whose inputs are unchanged
+    since the last run into the same folder is not run again (its files are kept;
+    --force runs it)."""
     from ..experiments.runner import find_experiments, list_figures, run_figures
 
     if list_only:
@@ -60,13 +68,22 @@ def figures(
         raise common.CLIError(str(exc)) from None
     common.setup_cache(children=True)  # this process and the worker processes
     index = run_figures(
-        out, only=only, quick=quick, experiments=experiments, progress=not as_json, jobs=jobs
+        out,
+        only=only,
+        quick=quick,
+        experiments=experiments,
+        progress=not as_json,
+        jobs=jobs,
+        reuse=not force,
     )
     if as_json:
         common.emit_json(index)
     else:
         for name, res in index["figures"].items():
-            typer.echo(f"{name}: {len(res['figures'])} files in {res['seconds']} s")
+            if res.get("reused"):
+                typer.echo(f"{name}: {len(res['figures'])} files, inputs unchanged: reused")
+            else:
+                typer.echo(f"{name}: {len(res['figures'])} files in {res['seconds']} s")
         for name, why in index.get("skipped", {}).items():
             typer.echo(f"{name}: {why}")
         for name, why in index["failed"].items():

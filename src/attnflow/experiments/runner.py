@@ -8,6 +8,14 @@ external folder of ``fig_*.py`` scripts instead. Each ``fig_*.py`` defines
 imports them in name order, runs them with a progress bar, and writes ``index.json``
 (what was made, how long it took, versions) into the output folder.
 
+A script whose inputs are unchanged since the last run into the same folder is not run
+again: its saved results are reused (``"reused": true`` in the index). The inputs are the
+source of the installed attnflow package and of the script, ``quick``, and the versions of
+the numerical stack (``run_metadata``), hashed into the index's ``"inputs"``; a script
+is run again when any of them changed, when a file it made is missing, or when it made
+no file (a script that found an optional package missing). ``reuse=False``
+(``attnflow figures --force``) runs every script.
+
 Figures are computed in float64: ``run_figures`` turns x64 on for the duration of the call
 and restores the previous setting on return. Run in this process (``jobs=1``) it leaves
 matplotlib's backend and rcParams as it found them; worker processes, which the runner
@@ -17,6 +25,7 @@ gone when the runner dies or is sent SIGTERM), draw with the Agg backend.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -102,6 +111,46 @@ def _run_one(exp_dir: str, name: str, out: str, quick: bool) -> tuple:
         return name, None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
 
 
+def _package_digest() -> str:
+    """sha256 of the attnflow package's Python sources (names and bytes), in name order."""
+    pkg = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for p in sorted(pkg.rglob("*.py")):
+        h.update(str(p.relative_to(pkg)).encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def input_key(exp_dir: Path, name: str, quick: bool, package: str, versions: dict) -> str:
+    """The inputs of one script's results: the package digest, the script's source,
+    ``quick`` and the versions (see the module docstring)."""
+    h = hashlib.sha256(package.encode())
+    h.update((Path(exp_dir) / f"{name}.py").read_bytes())
+    h.update(json.dumps({"quick": bool(quick), "versions": versions}, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def _reusable(out: Path, quick: bool, keys: dict[str, str]) -> dict:
+    """The results of an earlier run in ``out`` whose inputs equal ``keys[name]`` and
+    whose files all exist."""
+    try:
+        index = json.loads((out / ("index_quick.json" if quick else "index.json")).read_text())
+        previous = dict(index["figures"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+    ok = {}
+    for name, res in previous.items():
+        files = res.get("figures") if isinstance(res, dict) else None
+        if (
+            name in keys
+            and res.get("inputs") == keys[name]
+            and files
+            and all(Path(f).is_file() for f in files)
+        ):
+            ok[name] = {**res, "reused": True}
+    return ok
+
+
 def _previous_seconds(out: Path, quick: bool) -> dict:
     """Seconds per script from an earlier index in ``out`` (to start the longest first)."""
     try:
@@ -135,6 +184,7 @@ def run_figures(
     experiments: str | Path | None = None,
     progress: bool = True,
     jobs: int | None = None,
+    reuse: bool = True,
 ) -> dict:
     """Run the figure scripts; return ``{"figures": {name: result}, "failed": {...},
     "skipped": {name: why}}``.
@@ -154,6 +204,8 @@ def run_figures(
             everything runs in this process. Much of a quick run is single-threaded
             XLA compilation, so two workers on two cores nearly halve it. The longest
             scripts of an earlier run (its ``index.json``) start first.
+        reuse: reuse the saved results of scripts whose inputs are unchanged (see the
+            module docstring); False runs every script.
 
     x64 is on for the duration of the call (figures are computed in float64); the
     previous setting is restored on return. In this process, matplotlib's backend is
@@ -167,13 +219,19 @@ def run_figures(
     jax.config.update("jax_enable_x64", True)
     try:
         return _run_figures(
-            out_dir, only=only, quick=quick, experiments=experiments, progress=progress, jobs=jobs
+            out_dir,
+            only=only,
+            quick=quick,
+            experiments=experiments,
+            progress=progress,
+            jobs=jobs,
+            reuse=reuse,
         )
     finally:
         jax.config.update("jax_enable_x64", x64)
 
 
-def _run_figures(out_dir, *, only, quick, experiments, progress, jobs) -> dict:
+def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) -> dict:
     import matplotlib
     from tqdm.auto import tqdm
 
@@ -194,22 +252,30 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs) -> dict:
         raise ValueError(f"jobs must be >= 1; got {jobs}.")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    versions = run_metadata()
+    package = _package_digest()
+    keys = {n: input_key(exp_dir, n, quick, package, versions) for n in names}
+    reused = _reusable(out, quick, keys) if reuse else {}
     before = _previous_seconds(out, quick)
-    order = sorted(names, key=lambda n: -before.get(n, 0.0))
-    results, failed = {}, {}
+    order = sorted((n for n in names if n not in reused), key=lambda n: -before.get(n, 0.0))
+    results, failed = dict(reused), {}
     bar = tqdm(total=len(names), desc="attnflow figures", unit="fig", disable=not progress)
     t_all = time.perf_counter()
 
+    bar.update(len(reused))
+
     def record(name, res, err):
         if err is None:
-            results[name] = res
+            results[name] = {**res, "inputs": keys[name]}
         else:
             failed[name] = err.splitlines()[0]
             print(err, file=sys.stderr)
         bar.set_postfix_str(name)
         bar.update(1)
 
-    if jobs == 1 or len(names) <= 1:
+    if not order:
+        pass
+    elif jobs == 1 or len(order) <= 1:
         # rcParams as a fresh worker has them (the caller's own settings must not reach
         # the figures), and as the caller had them again on return
         with matplotlib.rc_context():
@@ -221,7 +287,7 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs) -> dict:
         # spawned workers, one BLAS thread each, that exit if this process dies; SIGTERM
         # stops them with it
         with (
-            _parallel.process_pool(min(jobs, len(names)), initializer=_init_worker) as pool,
+            _parallel.process_pool(min(jobs, len(order)), initializer=_init_worker) as pool,
             _parallel.shutdown_on_sigterm(pool),
         ):
             futures = [pool.submit(_run_one, str(exp_dir), n, str(out), quick) for n in order]
@@ -236,7 +302,7 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs) -> dict:
         "figures": results,
         "failed": failed,
         "skipped": skipped,
-        "versions": run_metadata(),
+        "versions": versions,
     }
     (out / ("index_quick.json" if quick else "index.json")).write_text(
         json.dumps(index, indent=2, default=str)
