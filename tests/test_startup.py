@@ -336,3 +336,18 @@ def test_figures_hand_the_cache_to_worker_processes(monkeypatch, tmp_path):
         _common.restore_jax()
     assert "JAX_COMPILATION_CACHE_DIR" not in os.environ
     assert jax.config.values["jax_compilation_cache_dir"] == before
+
+
+def test_the_dispersion_function_survives_its_submodules_import():
+    """``attnflow.analysis`` is lazy, and its function ``dispersion`` shares its name with
+    the submodule ``dispersion``: importing the submodule first must not replace the
+    function on the package (as importing a submodule normally does)."""
+    code = (
+        "from attnflow.analysis.dispersion import DispersionReport\n"
+        "from attnflow.analysis import dispersion\n"
+        "import attnflow as af\n"
+        "assert callable(dispersion) and af.dispersion is dispersion\n"
+        "assert af.analysis.dispersion is dispersion\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr

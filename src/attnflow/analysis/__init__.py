@@ -5,6 +5,8 @@ energies of tokens on the sphere (``sphere``). Analyses ask a
 trajectory for its attention and logits; they never run a simulation of their own."""
 
 import importlib as _importlib
+import sys as _sys
+import types as _types
 import typing as _typing
 
 # Each public name and the submodule it lives in, imported on first use (``predict_regime``
@@ -59,6 +61,20 @@ if _typing.TYPE_CHECKING:
         interaction_energy,
         wendel_probability,
     )
+
+
+class _Package(_types.ModuleType):
+    """The package's own module class: the function ``dispersion`` shares its name with
+    the submodule ``dispersion``, and importing a submodule binds it on its package;
+    the function is bound instead, whoever imports the submodule first."""
+
+    def __setattr__(self, name: str, value: _typing.Any) -> None:
+        if name == "dispersion" and isinstance(value, _types.ModuleType):
+            value = value.dispersion
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> _typing.Any:
