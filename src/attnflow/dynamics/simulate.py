@@ -46,6 +46,8 @@ from .frames import (
     make_frame,
 )
 from .model import _warn_float64_cast
+from .solve import ICOEFF, PCOEFF, status_code
+from .solve import log_limit as _log_limit
 from .trajectory import Status, Trajectory
 
 __all__ = ["simulate", "SOLVERS"]
@@ -60,13 +62,6 @@ SOLVERS = {
     "heun": diffrax.Heun,
 }
 _FIXED = ("euler", "euler-ode")
-
-# Logits are stopped this factor (in log) below the largest finite float.
-_LOG_MARGIN = 4.0
-
-
-def _log_limit(dtype) -> float:
-    return float(np.log(np.finfo(np.dtype(dtype)).max)) - _LOG_MARGIN
 
 
 # --------------------------------------------------------------------------- checks
@@ -140,12 +135,6 @@ def _check_tolerances(rtol, atol) -> tuple[float, float]:
 
 
 # --------------------------------------------------------------------- adaptive path
-# Step-size control: the classical I controller (diffrax's defaults pcoeff=0, icoeff=1;
-# scipy's RK45 does the same). A PI controller (0.3, 0.3) took 9% fewer steps on the
-# n = 1024, d = 64 benchmark, but made a batched solve and the same systems solved one
-# by one take different steps (accept/reject decisions at an error ratio ~1 flip on
-# the rounding of batched matmuls), so it is not the default.
-PCOEFF, ICOEFF = 0.0, 1.0
 
 
 @eqx.filter_jit
@@ -188,20 +177,7 @@ def _solve_adaptive(
         assert sol.ts is not None and sol.ys is not None  # both save streams were asked for
         (ts_saved, ts_stop), (ys, ys_stop) = sol.ts, sol.ys
         t_stop, y_stop = ts_stop[0], ys_stop[0]
-        finite = jnp.all(jnp.isfinite(y_stop))
-        code = jnp.where(
-            res == diffrax.RESULTS.successful,
-            Status.OK.code,
-            jnp.where(
-                res == diffrax.RESULTS.event_occurred,
-                jnp.where(finite, Status.OVERFLOW.code, Status.NONFINITE.code),
-                jnp.where(
-                    res == diffrax.RESULTS.max_steps_reached,
-                    Status.MAX_STEPS.code,
-                    Status.FAILED.code,
-                ),
-            ),
-        )
+        code = status_code(res, y_stop)
         stats = {
             "num_steps": sol.stats["num_steps"],
             "num_accepted_steps": sol.stats["num_accepted_steps"],
