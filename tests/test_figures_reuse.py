@@ -8,7 +8,7 @@ from pathlib import Path
 
 from attnflow.experiments.runner import run_figures
 
-SCRIPT = '''
+SCRIPT = """
 from pathlib import Path
 
 def make(out_dir, quick=False):
@@ -17,7 +17,7 @@ def make(out_dir, quick=False):
     fig = Path(out_dir) / "fig_tiny.txt"
     fig.write_text("{label}")
     return {{"figures": [fig]}}
-'''
+"""
 
 
 def _runs(out: Path) -> int:

@@ -243,12 +243,14 @@ def test_arguments_are_checked():
 
 
 def test_parse_dims():
-    assert G.parse_dims("2,4,8,...,256") == [2, 4, 8, 16, 32, 64, 128, 256]
-    assert G.parse_dims("8, 16, 24, ..., 48") == [8, 16, 24, 32, 40, 48]
-    assert G.parse_dims("3,5") == [3, 5]
+    from attnflow.cli._parse import parse_dims
+
+    assert parse_dims("2,4,8,...,256") == [2, 4, 8, 16, 32, 64, 128, 256]
+    assert parse_dims("8, 16, 24, ..., 48") == [8, 16, 24, 32, 40, 48]
+    assert parse_dims("3,5") == [3, 5]
     for bad in ("2,4,...,16", "2,4,8,...,100", "x", "0", "2,4,8,..."):
         with pytest.raises(ValueError, match="--d"):
-            G.parse_dims(bad)
+            parse_dims(bad)
 
 
 # ------------------------------------------------------------------------ CLI

@@ -113,3 +113,33 @@ def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
     monkeypatch.setitem(globals(), "PKG", tmp_path / "attnflow")
     found = [(_resolve(n), _layer(_resolve(n))) for n, _ in _imports(bad)]
     assert ("attnflow.analysis.rank", 1) in found
+
+
+# Modules still over the size limit, each with its size when the limit came in: they
+# may shrink, not grow; a module that drops under the limit leaves the list.
+MAX_LINES = 600
+OVER_LIMIT = {
+    "analysis/rank.py": 817,
+    "dynamics/simulate.py": 783,
+    "analysis/regimes.py": 782,
+    "studies/ginibre.py": 701,
+    "studies/retrieval.py": 686,
+    "experiments/fig_leaders.py": 672,
+    "dynamics/trajectory.py": 668,
+    "plotting/draw.py": 659,
+    "studies/heads.py": 612,
+}
+
+
+def test_no_module_over_the_size_limit():
+    over, shrunk = [], []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = str(path.relative_to(PKG))
+        n = len(path.read_text().splitlines())
+        allowed = OVER_LIMIT.get(rel, MAX_LINES)
+        if n > allowed:
+            over.append(f"{rel}: {n} lines (limit {allowed})")
+        if rel in OVER_LIMIT and n <= MAX_LINES:
+            shrunk.append(rel)
+    assert not over, "modules over their size limit:\n" + "\n".join(over)
+    assert not shrunk, f"under {MAX_LINES} lines now, remove from OVER_LIMIT: {shrunk}"

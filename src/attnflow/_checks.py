@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -200,3 +201,27 @@ def _writable_parent(name: str, folder: Path) -> None:
         )
     if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
         raise ValueError(f"{name}: cannot write in {str(probe)!r} (permission denied).")
+
+
+# Set once the float32 cast has been reported (the warning is given once per process).
+_CAST_WARNED = False
+
+
+def warn_float64_cast(*inputs: Any, stacklevel: int = 3) -> None:
+    """Warn, once per process, when float64 user arrays are about to be cast to float32
+    because JAX's x64 mode is off."""
+    global _CAST_WARNED
+    if _CAST_WARNED:
+        return
+    import jax  # here: the other checks need no JAX
+
+    if jax.config.read("jax_enable_x64"):
+        return
+    if any(getattr(a, "dtype", None) == np.float64 for a in inputs):
+        _CAST_WARNED = True
+        warnings.warn(
+            "float64 input cast to float32 because JAX's x64 mode is off; enable it with "
+            "jax.config.update('jax_enable_x64', True) or --x64",
+            UserWarning,
+            stacklevel=stacklevel,
+        )

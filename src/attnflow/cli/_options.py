@@ -175,7 +175,7 @@ def _check_kernels(value: str) -> str:
 def _dims_list(value: str) -> str:
     """A parse-time check of a comma list of sizes (``--d`` of ginibre, ``--n`` of
     dispersion): '2,4,8' or '2,4,8,...,256'."""
-    from ..studies.ginibre import parse_dims
+    from ._parse import parse_dims
 
     try:
         parse_dims(value)

@@ -107,7 +107,7 @@ def dispersion(
     \b
     Example (figure 1 of fig_dispersion, softmax column):
       attnflow dispersion --n 16,32,64,...,16384 --s 0.3607"""
-    from ..studies.ginibre import parse_dims
+    from ._parse import parse_dims
 
     names = kernels.split(",")
     ns = parse_dims(n)

@@ -128,7 +128,8 @@ def ginibre(
     Example:
       attnflow ginibre --d 2,4,8,...,256 --samples 4000 --out runs/ginibre --progress
     """
-    from ..studies.ginibre import ginibre_curve, parse_dims
+    from ..studies.ginibre import ginibre_curve
+    from ._parse import parse_dims
 
     interval_s, backend_s = common.value(interval), common.value(backend)
     ds = parse_dims(d)

@@ -12,7 +12,6 @@ In matrix form (tokens as rows): ``dX = P X V^T`` and ``dZ = (P Z - Z) V^T``.
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
 import equinox as eqx
@@ -22,31 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
+from .. import _checks
 from . import kernels as _kernels
 from .base import AbstractKernelAttention, saved_kernel_params
 from .propagator import Propagator
 
 __all__ = ["Attention", "kernel_and_mask", "describe_kernel", "saved_kernel"]
-
-
-# Set once the float32 cast has been reported (the warning is given once per process).
-_CAST_WARNED = False
-
-
-def _warn_float64_cast(*inputs, stacklevel: int = 3) -> None:
-    """Warn, once per process, when float64 user arrays are about to be cast to float32
-    because JAX's x64 mode is off."""
-    global _CAST_WARNED
-    if _CAST_WARNED or jax.config.read("jax_enable_x64"):
-        return
-    if any(getattr(a, "dtype", None) == np.float64 for a in inputs):
-        _CAST_WARNED = True
-        warnings.warn(
-            "float64 input cast to float32 because JAX's x64 mode is off; enable it with "
-            "jax.config.update('jax_enable_x64', True) or --x64",
-            UserWarning,
-            stacklevel=stacklevel,
-        )
 
 
 def _is_concrete(x) -> bool:
@@ -233,7 +213,7 @@ class Attention(AbstractKernelAttention):
             np.result_type(np.float32, *(a.dtype for a in (Qa, Ka, Va)))
         )
         # 5: past equinox's module constructor, to the line that built the model
-        _warn_float64_cast(Qa, Ka, Va, stacklevel=5)
+        _checks.warn_float64_cast(Qa, Ka, Va, stacklevel=5)
         # an overflowing cast is reported just below, naming the matrix; not as numpy's warning
         with np.errstate(over="ignore"):
             self.Q = jnp.asarray(Qa, dtype=dtype)

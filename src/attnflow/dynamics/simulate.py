@@ -45,7 +45,6 @@ from .frames import (
     Unskipped,
     make_frame,
 )
-from .model import _warn_float64_cast
 from .solve import ICOEFF, PCOEFF, status_code
 from .solve import log_limit as _log_limit
 from .trajectory import Status, Trajectory
@@ -658,7 +657,7 @@ def simulate(
         rtol, atol = _check_tolerances(rtol, atol)
         max_steps = _checks.integer("max_steps", max_steps, lo=1, hi=MAX_STEPS_LIMIT)
     dtype = model.dtype
-    _warn_float64_cast(x0)
+    _checks.warn_float64_cast(x0)
     x0j = jnp.asarray(x0, dtype=dtype)
     if not batched:
         x0j = x0j[None]

@@ -36,7 +36,7 @@ from jaxtyping import Array, Float
 from .. import _checks
 from . import kernels as _kernels
 from .base import AbstractAttentionSystem, AbstractModel, family_class
-from .model import Attention, _warn_float64_cast, describe_kernel, kernel_and_mask, saved_kernel
+from .model import Attention, describe_kernel, kernel_and_mask, saved_kernel
 from .propagator import Propagator
 
 __all__ = ["MultiHeadAttention", "FeedForward", "Block", "ACTIVATIONS", "single_head"]
@@ -168,7 +168,7 @@ class MultiHeadAttention(AbstractModel):
             raise ValueError(f"W must be a (d, d) = ({d}, {d}) matrix; got shape {Wa.shape}.")
         arrays = (Qa, Ka, Va) if Wa is None else (Qa, Ka, Va, Wa)
         dtype = _dtype(*arrays)
-        _warn_float64_cast(*arrays, stacklevel=5)
+        _checks.warn_float64_cast(*arrays, stacklevel=5)
         self.Q = _cast("Q", Qa, dtype)
         self.K = _cast("K", Ka, dtype)
         self.V = _cast("V", Va, dtype)
@@ -364,7 +364,7 @@ class FeedForward(AbstractModel):
             )
         self.activation = _checks.choice("activation", activation, ACTIVATIONS)
         dtype = _dtype(W1a, b1a, W2a, b2a)
-        _warn_float64_cast(W1a, b1a, W2a, b2a, stacklevel=5)
+        _checks.warn_float64_cast(W1a, b1a, W2a, b2a, stacklevel=5)
         self.W1 = _cast("W1", W1a, dtype)
         self.b1 = _cast("b1", b1a, dtype)
         self.W2 = _cast("W2", W2a, dtype)
