@@ -49,7 +49,8 @@ def model_family(name: str) -> type[AbstractModel]:
 
 
 def metadata(self: Trajectory, **extra) -> dict:
-    """Everything needed to reproduce and judge this run, JSON-serialisable."""
+    """``Trajectory.metadata``: the run's JSON-ready description plus ``extra`` keys,
+    which never replace the run's own (``ValueError``)."""
     m = self.model
     if self.stacked:
         raise ValueError(
@@ -83,19 +84,7 @@ def metadata(self: Trajectory, **extra) -> dict:
 
 
 def save(self: Trajectory, path, **extra) -> Path:
-    """Write the run to an ``.npz`` file that ``Trajectory.load`` reads back bit for bit.
-
-    The file holds ``ts``, ``z``, ``x`` and ``reached`` (plain arrays for any reader),
-    the solver's own state and coordinates, the initial tokens ``x0``, where each
-    system stopped, the model's weights and kernel parameters, the statistics, and a
-    JSON ``metadata`` string (``Trajectory.metadata``: solver, tolerances, status,
-    seed and other ``extra`` keys, versions, x64). Missing parent folders are
-    created; ``.npz`` is appended when ``path`` has another suffix or none. The file
-    is written to a temporary name and renamed, so a crash never leaves half a file.
-
-    Returns:
-        The path written.
-    """
+    """``Trajectory.save``: write the run to an atomic ``.npz`` (see the method)."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(
@@ -149,12 +138,7 @@ def save(self: Trajectory, path, **extra) -> Path:
 
 
 def load(cls: type[Trajectory], path) -> Trajectory:
-    """Read a run written by ``Trajectory.save``: every array, the batch, the
-    statuses, the statistics and the metadata come back bit for bit (the metadata is
-    in ``traj.saved_metadata``).
-
-    A run saved in float64 needs x64 on (``jax.config.update("jax_enable_x64",
-    True)``) to be read back without rounding; loading it with x64 off raises."""
+    """``Trajectory.load``: read a run written by ``save``, bit for bit (see the method)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"path {str(path)!r} is not a file written by Trajectory.save (an .npz).")
@@ -220,12 +204,7 @@ def load(cls: type[Trajectory], path) -> Trajectory:
 
 
 def to_xarray(self: Trajectory):
-    """The states as an ``xarray.Dataset`` with data variables ``z`` and ``x``, dims
-    ``(system, time, token, coord)`` (``system`` only for a batch), the saved times
-    as the ``time`` coordinate, ``reached`` and ``t_stop`` per system, and the run's
-    metadata as attributes (nested values as JSON strings, so the dataset can be
-    written with ``to_netcdf``). Needs the ``xarray`` extra
-    (``pip install "attnflow[xarray]"``)."""
+    """``Trajectory.to_xarray``: the states as an ``xarray.Dataset`` (see the method)."""
     try:
         import xarray as xr
     except ImportError:

@@ -20,7 +20,7 @@ from jaxtyping import Array, Float
 
 from . import kernels as _kernels
 from .base import AbstractKernelAttention
-from .model import Attention, describe_kernel, saved_kernel
+from .model import Attention, describe_head, head_arrays, saved_kernel
 from .propagator import Propagator
 
 __all__ = ["IsotropicAttention"]
@@ -101,27 +101,14 @@ class IsotropicAttention(AbstractKernelAttention):
     def value_map(self, u: Array) -> Array:
         return u
 
+    def value_matrix(self) -> Array:
+        return self.V
+
     def describe(self) -> dict:
-        kern = describe_kernel(self.kernel, self.mask)
-        mask = {"mask": kern.pop("mask")} if "mask" in kern else {}
-        eye = np.asarray(self.V).tolist()
-        return {
-            "family": "IsotropicAttention",
-            "beta": float(self.beta),
-            **kern,
-            "propagator": self.propagator.method,
-            "block": self.block,
-            "rectangular": False,
-            "Q": eye,
-            "K": eye,
-            "V": eye,
-            **mask,
-        }
+        return describe_head(self)  # the identity written as Q, K and V
 
     def arrays(self) -> dict:
-        out = {"Q": self.V, "K": self.V, "V": self.V, "beta": self.beta}
-        out.update({f"kernel_params.{k}": v for k, v in self.kernel_params.items()})
-        return out
+        return head_arrays(self)
 
     @classmethod
     def from_saved(cls, description: dict, arrays: dict) -> IsotropicAttention:

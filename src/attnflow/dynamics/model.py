@@ -26,7 +26,14 @@ from . import kernels as _kernels
 from .base import AbstractKernelAttention, saved_kernel_params
 from .propagator import Propagator
 
-__all__ = ["Attention", "kernel_and_mask", "describe_kernel", "saved_kernel"]
+__all__ = [
+    "Attention",
+    "kernel_and_mask",
+    "describe_kernel",
+    "describe_head",
+    "head_arrays",
+    "saved_kernel",
+]
 
 
 def _is_concrete(x) -> bool:
@@ -95,6 +102,37 @@ def describe_kernel(kernel: _kernels.AbstractKernel, mask: Any) -> dict:
         out["kernel_settings"] = kernel.settings()
     if mask is not None:
         out["mask"] = mask.describe()
+    return out
+
+
+def describe_head(model: AbstractKernelAttention) -> dict:
+    """The saved form of a one-head kernel family: its ``family``, beta, kernel and mask,
+    propagator method, tiling, and ``Q``, ``K`` (``query_key_maps``) and ``V`` as lists."""
+    kern = describe_kernel(model.kernel, model.mask)
+    mask = {"mask": kern.pop("mask")} if "mask" in kern else {}
+    Q, K = model.query_key_maps()
+    V = model.value_matrix()
+    assert V is not None  # a kernel head's value map is u V^T
+    return {
+        "family": model.family,
+        "beta": float(model.beta),
+        **kern,
+        "propagator": model.propagator.method,
+        "block": model.block,
+        "rectangular": tuple(Q.shape) != tuple(V.shape),
+        "Q": np.asarray(Q).tolist(),
+        "K": np.asarray(K).tolist(),
+        "V": np.asarray(V).tolist(),
+        **mask,
+    }
+
+
+def head_arrays(model: AbstractKernelAttention) -> dict:
+    """The arrays of a one-head kernel family: ``Q``, ``K``, ``V``, ``beta`` and the
+    kernel's parameters (``kernel_params.<name>``)."""
+    Q, K = model.query_key_maps()
+    out = {"Q": Q, "K": K, "V": model.value_matrix(), "beta": model.beta}
+    out.update({f"kernel_params.{k}": v for k, v in model.kernel_params.items()})
     return out
 
 
@@ -306,27 +344,15 @@ class Attention(AbstractKernelAttention):
         """``u V^T``: the averaged values mapped by V."""
         return u @ self.V.T
 
+    def value_matrix(self) -> Array:
+        return self.V
+
     # ---------------------------------------------------------------- saved form
     def describe(self) -> dict:
-        kern = describe_kernel(self.kernel, self.mask)
-        mask = {"mask": kern.pop("mask")} if "mask" in kern else {}
-        return {
-            "family": "Attention",
-            "beta": float(self.beta),
-            **kern,
-            "propagator": self.propagator.method,
-            "block": self.block,
-            "rectangular": tuple(self.Q.shape) != tuple(self.V.shape),
-            "Q": np.asarray(self.Q).tolist(),
-            "K": np.asarray(self.K).tolist(),
-            "V": np.asarray(self.V).tolist(),
-            **mask,
-        }
+        return describe_head(self)
 
     def arrays(self) -> dict:
-        out = {"Q": self.Q, "K": self.K, "V": self.V, "beta": self.beta}
-        out.update({f"kernel_params.{k}": v for k, v in self.kernel_params.items()})
-        return out
+        return head_arrays(self)
 
     @classmethod
     def from_saved(cls, description: dict, arrays: dict) -> Attention:
