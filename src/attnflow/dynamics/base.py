@@ -364,11 +364,10 @@ class AbstractKernelAttention(AbstractAttentionSystem):
         """The rows ``rows`` alone for a row-wise kernel (``O(len(rows) m)`` memory; the
         mask's kept logits returned beside the unmasked logits); the full matrices
         otherwise."""
-        q, k = self.kernel.prepare(q, k)
         if not self.kernel.rowwise:
-            L = _kernels.logits(q, k, self.beta)
-            L = L if self.mask is None else self.mask.apply(L)
+            L = self._masked_logits(q, k)
             return self.kernel.weights(L)[rows], L[rows], None
+        q, k = self.kernel.prepare(q, k)
         L = _kernels.logits(q[rows], k, self.beta)
         if self.mask is None:
             return self.kernel.weights(L), L, None

@@ -1,4 +1,5 @@
-"""Integrate the particle system: the one place that calls diffrax.
+"""Integrate the particle system: the validating host driver (``solve`` is the compiled
+core beside it; the two share the solver table, the status mapping and the guard).
 
 ``simulate`` validates its input in Python, then runs one compiled solve for the whole
 batch: ``jax.vmap`` of ``diffrax.diffeqsolve`` for the adaptive methods (every system
@@ -45,21 +46,12 @@ from .frames import (
     Unskipped,
     make_frame,
 )
-from .solve import ICOEFF, PCOEFF, status_code
+from .solve import ICOEFF, PCOEFF, SOLVERS, status_code
 from .solve import log_limit as _log_limit
 from .trajectory import Status, Trajectory
 
 __all__ = ["simulate", "SOLVERS"]
 
-# name -> diffrax solver class (adaptive, with an embedded error estimate)
-SOLVERS = {
-    "adaptive": diffrax.Tsit5,
-    "tsit5": diffrax.Tsit5,
-    "dopri5": diffrax.Dopri5,
-    "dopri8": diffrax.Dopri8,
-    "bosh3": diffrax.Bosh3,
-    "heun": diffrax.Heun,
-}
 _FIXED = ("euler", "euler-ode")
 
 

@@ -40,7 +40,10 @@ from .trajectory import Status
 
 __all__ = ["solve", "Solution", "AdaptiveSolver", "LayerSolver"]
 
-_METHODS = {
+# name -> diffrax solver class (adaptive, with an embedded error estimate); simulate's
+# ``method`` names, "adaptive" being Tsit5
+SOLVERS = {
+    "adaptive": diffrax.Tsit5,
     "tsit5": diffrax.Tsit5,
     "dopri5": diffrax.Dopri5,
     "dopri8": diffrax.Dopri8,
@@ -85,9 +88,10 @@ def status_code(result: Any, y_stop: Array) -> Array:
 
 
 class AdaptiveSolver(eqx.Module):
-    """An adaptive Runge-Kutta solve: ``method`` (``"tsit5"``, ``"dopri5"``,
-    ``"dopri8"``, ``"bosh3"``, ``"heun"``) with tolerances ``rtol``, ``atol`` and at most
-    ``max_steps`` steps (``simulate``'s defaults)."""
+    """An adaptive Runge-Kutta solve: ``method`` (a name of ``SOLVERS``: ``"tsit5"``,
+    ``"dopri5"``, ``"dopri8"``, ``"bosh3"``, ``"heun"``; ``"adaptive"`` is Tsit5) with
+    tolerances ``rtol``, ``atol`` and at most ``max_steps`` steps (``simulate``'s
+    defaults)."""
 
     rtol: float = eqx.field(static=True, default=1e-6)
     atol: float = eqx.field(static=True, default=1e-9)
@@ -95,8 +99,8 @@ class AdaptiveSolver(eqx.Module):
     method: str = eqx.field(static=True, default="tsit5")
 
     def __check_init__(self):
-        if self.method not in _METHODS:
-            raise ValueError(f"method must be one of {tuple(_METHODS)}; got {self.method!r}.")
+        if self.method not in SOLVERS:
+            raise ValueError(f"method must be one of {tuple(SOLVERS)}; got {self.method!r}.")
         if not (self.rtol > 0 and self.atol > 0):
             raise ValueError(f"rtol and atol must be > 0; got {self.rtol!r}, {self.atol!r}.")
         if self.max_steps < 1:
@@ -151,7 +155,7 @@ def _adaptive(frame, y0, ts, t1, solver: AdaptiveSolver) -> Solution:
 
     sol = diffrax.diffeqsolve(
         term,
-        _METHODS[solver.method](),
+        SOLVERS[solver.method](),
         t0=jnp.zeros((), ts.dtype),
         t1=t1,
         dt0=None,

@@ -24,7 +24,7 @@ from typing import Any
 from jaxtyping import Array
 
 from ._base import KERNEL_CLASSES, AbstractKernel, parameter
-from ._tiling import BLOCK_ENTRIES, DENSE_MAX_N, attend_with, auto_block
+from ._tiling import BLOCK_ENTRIES, DENSE_MAX_N, attend_with, auto_block, logits
 from ._tiling import check_kernel_mask as _check_kernel_mask
 from .adaptive import (
     ADAPTIVE_MAX_INVERSE_TEMPERATURE,
@@ -208,13 +208,6 @@ def prepare_tokens(kernel: str | AbstractKernel, x: Array) -> Array:
     """The tokens as the kernel's query and key maps see them (``prenorm``: ``x / rms(x)``
     per token); the tokens themselves otherwise."""
     return get(kernel).prepare_tokens(x)
-
-
-def logits(q: Array, k: Array, beta: Any) -> Array:
-    """``beta * q @ k.T``: queries ``(n, p)``, keys ``(m, p)`` -> ``(n, m)``.
-
-    The raw product: for ``qknorm`` pass ``prepare("qknorm", q, k)`` first."""
-    return (beta * q) @ k.T
 
 
 def _with_params(kernel: str | AbstractKernel, params: Mapping | None) -> AbstractKernel:

@@ -17,7 +17,14 @@ from jaxtyping import Array
 from ._base import AbstractKernel
 from .masks import AbstractMask
 
-__all__ = ["attend_with", "auto_block", "check_kernel_mask", "DENSE_MAX_N", "BLOCK_ENTRIES"]
+__all__ = [
+    "attend_with",
+    "auto_block",
+    "check_kernel_mask",
+    "logits",
+    "DENSE_MAX_N",
+    "BLOCK_ENTRIES",
+]
 
 # Above this many tokens ``attend`` never forms the (n, n) matrix: it processes blocks of
 # query rows, each against all keys, so memory is O(n * block).
@@ -41,7 +48,10 @@ def check_kernel_mask(kernel: AbstractKernel, mask: AbstractMask | None) -> None
         raise ValueError(f"kernel {kernel.name!r} takes no mask{why}; use mask=None.")
 
 
-def _logits(q: Array, k: Array, beta: Any) -> Array:
+def logits(q: Array, k: Array, beta: Any) -> Array:
+    """``beta * q @ k.T``: queries ``(n, p)``, keys ``(m, p)`` -> ``(n, m)``.
+
+    The raw product: for ``qknorm`` pass ``prepare("qknorm", q, k)`` first."""
     return (beta * q) @ k.T
 
 
@@ -83,7 +93,7 @@ def attend_with(
         return L if mask is None else mask.apply(L, row0)
 
     if block <= 0 or block >= n:
-        return kernel.weights(masked(_logits(q, k, beta), 0)) @ values
+        return kernel.weights(masked(logits(q, k, beta), 0)) @ values
     nb = -(-n // block)
     pad = nb * block - n
     qb = jnp.pad(q, ((0, pad), (0, 0))).reshape(nb, block, q.shape[-1])
@@ -91,14 +101,14 @@ def attend_with(
     if mask is None:
 
         def tile(qi):
-            return kernel.weights(_logits(qi, k, beta)) @ values
+            return kernel.weights(logits(qi, k, beta)) @ values
 
         out = jax.lax.map(tile, qb)
     else:
 
         def masked_tile(args):
             qi, row0 = args
-            return kernel.weights(masked(_logits(qi, k, beta), row0)) @ values
+            return kernel.weights(masked(logits(qi, k, beta), row0)) @ values
 
         out = jax.lax.map(masked_tile, (qb, jnp.arange(nb) * block))
     return out.reshape(nb * block, values.shape[-1])[:n]
