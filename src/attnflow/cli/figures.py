@@ -45,6 +45,13 @@ def figures(
         "a worker process (default: one per core; 1: "
         "all in this process)",
     ),
+    redraw: bool = typer.Option(
+        False,
+        "--redraw",
+        help="compute nothing: draw the figures again from the data saved in --out (by "
+        "a run with the same --quick and attnflow version), e.g. after changing a "
+        "script's draw(); seconds",
+    ),
 ):
     """Regenerate the figures (PNG + PDF + JSON sidecars) from the fig_*.py scripts of
     attnflow.experiments (or of --experiments DIR).
@@ -52,7 +59,8 @@ def figures(
     Figures are always computed in float64. A script that fails is reported and the
     others still run; the exit status is then 1. A script whose inputs are unchanged
     since the last run into the same folder is not run again (its files are kept;
-    --force runs it)."""
+    --force runs it). --redraw only draws, from the data a run saved in --out: a
+    figure without such data fails, saying what to run."""
     from ..experiments.runner import find_experiments, list_figures, run_figures
 
     if list_only:
@@ -66,7 +74,16 @@ def figures(
         _checks.output_dir("--out", out)
     except ValueError as exc:
         raise common.CLIError(str(exc)) from None
-    common.setup_cache(children=True)  # this process and the worker processes
+    if redraw and force:
+        raise common.CLIError(
+            "--redraw computes nothing and --force computes everything: pass one."
+        )
+    if redraw:
+        import matplotlib
+
+        matplotlib.use("Agg")  # this process draws, and owns its backend
+    else:
+        common.setup_cache(children=True)  # this process and the worker processes
     index = run_figures(
         out,
         only=only,
@@ -75,6 +92,7 @@ def figures(
         progress=not as_json,
         jobs=jobs,
         reuse=not force,
+        redraw=redraw,
     )
     if as_json:
         common.emit_json(index)
@@ -82,6 +100,8 @@ def figures(
         for name, res in index["figures"].items():
             if res.get("reused"):
                 typer.echo(f"{name}: {len(res['figures'])} files, inputs unchanged: reused")
+            elif res.get("redrawn"):
+                typer.echo(f"{name}: {len(res['figures'])} files redrawn in {res['seconds']} s")
             else:
                 typer.echo(f"{name}: {len(res['figures'])} files in {res['seconds']} s")
         for name, why in index.get("skipped", {}).items():

@@ -235,6 +235,40 @@ def _collapse(runs: list[dict], key: str) -> Any:
     return {r.get("name", str(i)): r.get(key) for i, r in enumerate(runs)}
 
 
+def sidecar(
+    *,
+    script: str,
+    quick: bool,
+    runs: list[dict],
+    figures: Sequence[str | os.PathLike[str]] = (),
+    runtime_seconds: float | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The sidecar of a figure as a dict: every parameter of every run, versions, runtime.
+
+    ``runs``: one dict per simulation (``simulate_tokens``'s params plus a ``name`` and
+    whatever was measured). The top-level keys ``seed, n, d, t1, Q, K, V, solver,
+    tolerances`` hold the common value, or ``{run name: value}`` where runs differ.
+    ``figures`` and ``runtime_seconds`` may be left for later: ``_figure.figure`` fills
+    them in once the figure is drawn. ``extra``: more keys, after ``runs``.
+    """
+    from attnflow._meta import run_metadata
+
+    versions = run_metadata()
+    side: dict[str, Any] = {"script": script, "quick": bool(quick)}
+    for key in ("seed", "n", "d", "t1", "Q", "K", "V", "solver", "tolerances"):
+        side[key] = _collapse(runs, key) if runs else None
+    side.update(
+        x64=versions["x64"],
+        versions=versions,
+        runtime_seconds=runtime_seconds,
+        figures=[str(p) for p in figures],
+        runs=runs,
+    )
+    side.update(extra)
+    return side
+
+
 def write_sidecar(
     out_dir: str | os.PathLike[str],
     stem: str,
@@ -246,26 +280,15 @@ def write_sidecar(
     t_start: float,
     **extra: Any,
 ) -> Path:
-    """Write ``stem.json``: every parameter of every run, versions, runtime.
-
-    ``runs``: one dict per simulation (``simulate_tokens``'s params plus a ``name`` and
-    whatever was measured). The top-level keys ``seed, n, d, t1, Q, K, V, solver,
-    tolerances`` hold the common value, or ``{run name: value}`` where runs differ.
-    """
-    from attnflow._meta import run_metadata
-
-    versions = run_metadata()
-    side = {"script": script, "quick": bool(quick)}
-    for key in ("seed", "n", "d", "t1", "Q", "K", "V", "solver", "tolerances"):
-        side[key] = _collapse(runs, key) if runs else None
-    side.update(
-        x64=versions["x64"],
-        versions=versions,
-        runtime_seconds=round(time.perf_counter() - t_start, 2),
-        figures=[str(p) for p in figures],
+    """Write ``stem.json``: ``sidecar(...)`` with the runtime since ``t_start``."""
+    side = sidecar(
+        script=script,
+        quick=quick,
         runs=runs,
+        figures=figures,
+        runtime_seconds=round(time.perf_counter() - t_start, 2),
+        **extra,
     )
-    side.update(extra)
     return write_json(out_dir, stem, jsonable(side), compact=True)
 
 
@@ -398,15 +421,23 @@ def main(
     report: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Standalone use: ``python -m attnflow.experiments.fig_NAME [--quick] [--out
-    figures]`` (the output folder is relative to the working directory). Prints the
-    files written, then ``report(result)`` if given."""
+    figures] [--redraw]`` (the output folder is relative to the working directory;
+    ``--redraw``, for a script registered with ``_figure.figure``: draw again from the
+    data saved in it, computing nothing). Prints the files written, then
+    ``report(result)`` if given."""
     ap = argparse.ArgumentParser(description=(doc or "").strip().partition("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small version, for tests")
     ap.add_argument("--out", type=Path, default=Path("figures"), help="output folder")
+    redraw = getattr(make, "redraw", None)
+    if redraw is not None:
+        ap.add_argument("--redraw", action="store_true", help="draw from the data saved in --out")
     args = ap.parse_args(argv)
     use_agg()
-    setup()
-    res = make(args.out, quick=args.quick)
+    if redraw is not None and args.redraw:
+        res = redraw(args.out, quick=args.quick)
+    else:
+        setup()
+        res = make(args.out, quick=args.quick)
     for p in res["figures"]:
         print(p)
     if "json" in res:

@@ -11,34 +11,38 @@ Panels: (a) d = 2 trajectories x_i(t), coloured by time; (b) the same cloud at l
 zoomed in: it keeps shrinking, slowly; (c) the largest |x_i|, the spread
 max_i |x_i - mean| and |mean| against t (log-log), with a t^{-1/2} line.
 
-Run:  python -m attnflow.experiments.fig_origin [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_origin [--quick] [--out figures] [--redraw]
+
+The look is ``draw`` (matplotlib only, from the saved data); the numbers are ``compute``.
 """
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnflow.experiments import _figure as F
 from attnflow.experiments import _plotting as H
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NAME = "fig_origin"
 SEED, N, DT = 0, 20, 0.1
 
 
-@H.styled()
-def make(out_dir: Path, quick: bool = False) -> dict:
-    """Simulate d = 2 and d = 3 in the original frame, draw, write PNG/PDF/JSON."""
-    plt = H.setup()
-    from matplotlib.collections import LineCollection
-    from matplotlib.colors import Normalize
+def _t1(quick: bool) -> float:
+    return 30.0 if quick else 100.0
 
+
+def compute(quick: bool) -> F.Data:
+    """Simulate d = 2 and d = 3 in the original frame; the curves of panel (c)."""
+    H.setup()
     import attnflow.plotting as AP
 
-    T = 30.0 if quick else 100.0
-    t_start = time.perf_counter()
-    runs, res = [], {}
+    T = _t1(quick)
+    runs, arrays = [], {}
     for d in (2, 3):
         V = -np.eye(d)
         # full: every layer (the log-log panel needs the early times); quick: 121 saves,
@@ -67,7 +71,45 @@ def make(out_dir: Path, quick: bool = False) -> dict:
             spread_times_sqrt_t_T=float(spread[-1] * np.sqrt(ts[-1])),
         )
         runs.append(params)
-        res[d] = dict(x=x, ts=ts, mean=mean, radius=radius, spread=spread, slope=slope, obs=obs)
+        arrays.update({f"d{d}_ts": ts, f"d{d}_mean": mean, f"d{d}_radius": radius})
+        arrays[f"d{d}_spread"] = spread
+        if d == 2:
+            arrays["d2_x"] = x
+    side = H.sidecar(
+        script="attnflow.experiments.fig_origin",
+        quick=quick,
+        runs=runs,
+        theorem="[E] V = -I, Q^T K = I: every x_i (original frame) tends to 0.",
+    )
+    return F.Data(
+        sidecar=side,
+        arrays=arrays,
+        result={"observed": {r["name"]: r["observed"]["label"] for r in runs}},
+    )
+
+
+def draw(data: F.Data) -> dict[str, Figure]:
+    """The three panels, from ``compute``'s data (matplotlib only)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import LineCollection
+    from matplotlib.colors import Normalize
+
+    import attnflow.plotting as AP
+
+    T = _t1(data.quick)
+    a = data.arrays
+    res = {
+        d: dict(
+            ts=a[f"d{d}_ts"],
+            mean=a[f"d{d}_mean"],
+            radius=a[f"d{d}_radius"],
+            spread=a[f"d{d}_spread"],
+            slope=run["spread_loglog_slope_late"],
+            obs=run["observed"],
+        )
+        for d, run in zip((2, 3), data.sidecar["runs"])
+    }
+    res[2]["x"] = a["d2_x"]
 
     fig = plt.figure(figsize=(6.5, 2.6))
     r = res[2]
@@ -171,19 +213,10 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         rf"Euler $dt=0.1$ to $T={T:g}$",
         sub_y=0.925,
     )
-    figures = H.save(fig, out_dir, NAME, quick)
-    out = H.finish(
-        out_dir,
-        NAME,
-        script="attnflow.experiments.fig_origin",
-        quick=quick,
-        runs=runs,
-        figures=figures,
-        t_start=t_start,
-        theorem="[E] V = -I, Q^T K = I: every x_i (original frame) tends to 0.",
-    )
-    return {**out, "observed": {r["name"]: r["observed"]["label"] for r in runs}}
+    return {NAME: fig}
 
+
+make = F.figure(NAME, compute, draw)
 
 if __name__ == "__main__":
     H.main(make, __doc__)

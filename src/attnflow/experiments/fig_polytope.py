@@ -14,31 +14,34 @@ trajectories and the limit polytope (the initial hull as a wire frame); (c) hull
 (d = 2) and volume (d = 3) against t, relative to t = 0: non-increasing.
 Also writes the movies movies/polytope.gif and movies/polytope-3d.gif.
 
-Run:  python -m attnflow.experiments.fig_polytope [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_polytope [--quick] [--out figures] [--redraw]
+
+The look is ``draw`` (matplotlib only, from the saved data); the numbers are ``compute``.
 """
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnflow.experiments import _figure as F
 from attnflow.experiments import _plotting as H
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NAME = "fig_polytope"
 SEED, N, T, DT = 0, 20, 12.0, 0.1
 HULL_TIMES = (0.0, 0.5, 1.0, 2.0, T)
 
 
-@H.styled()
-def make(out_dir: Path, quick: bool = False) -> dict:
-    """Simulate d = 2 and d = 3, draw the figure, write PNG/PDF/JSON and two GIFs."""
-    plt = H.setup()
+def compute(quick: bool) -> F.Data:
+    """Simulate d = 2 and d = 3; the hull measure at every saved time."""
+    H.setup()
     import attnflow.plotting as AP
 
-    t_start = time.perf_counter()
-    runs, trajs = [], {}
+    runs, arrays, trajs = [], {}, {}
     for d in (2, 3):
         traj, params = AP.simulate_tokens(np.eye(d), n=N, seed=SEED, t1=T, dt=DT)
         traj.raise_for_status()
@@ -54,13 +57,38 @@ def make(out_dir: Path, quick: bool = False) -> dict:
             hull_measure_max_increase=float(np.max(np.diff(measure)) / measure[0]),
         )
         runs.append(params)
-        trajs[d] = (ts, z, measure, obs)
-        trajs[f"traj{d}"] = traj
+        arrays.update({f"d{d}_ts": ts, f"d{d}_z": z, f"d{d}_measure": measure})
+        trajs[d] = traj
+    side = H.sidecar(
+        script="attnflow.experiments.fig_polytope",
+        quick=quick,
+        runs=runs,
+        hull_times=list(HULL_TIMES),
+        theorem="[E] V = I, Q^T K positive definite: hull non-increasing, converges to a "
+        "polytope K; every z_i tends to 0 or to the boundary of K.",
+    )
+    return F.Data(
+        sidecar=side,
+        arrays=arrays,
+        result={"observed": {r["name"]: r["observed"]["label"] for r in runs}},
+        # the same runs as the figure (= attnflow animate --case CASE)
+        movies=[(trajs[2], "polytope", "hull"), (trajs[3], "polytope-3d", "hull")],
+    )
+
+
+def draw(data: F.Data) -> dict[str, Figure]:
+    """The three panels, from ``compute``'s data (matplotlib only)."""
+    import matplotlib.pyplot as plt
+
+    import attnflow.plotting as AP
+
+    a = data.arrays
+    obs, obs3 = (run["observed"] for run in data.sidecar["runs"])
 
     fig = plt.figure(figsize=(6.5, 2.9))
     # (a) d = 2
     ax = fig.add_axes((0.06, 0.25, 0.26, 0.58))
-    ts, z, measure, obs = trajs[2]
+    ts, z, measure = a["d2_ts"], a["d2_z"], a["d2_measure"]
     cmap = plt.get_cmap("viridis")
     for j, th in enumerate(HULL_TIMES):
         k = int(np.argmin(np.abs(ts - th)))
@@ -93,7 +121,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     H.panel_label(ax, "a")
     # (b) d = 3
     ax = H.add_axes3d(fig, (0.34, 0.12, 0.34, 0.76))
-    ts3, z3, measure3, obs3 = trajs[3]
+    ts3, z3, measure3 = a["d3_ts"], a["d3_z"], a["d3_measure"]
     AP.draw_trajectories(ax, z3, color="0.45", lw=0.6, ms=2.5)
     AP.draw_hull(ax, z3[-1], color="C0", alpha=0.22, lw=0.4)
     ax.view_init(elev=18, azim=-55)
@@ -119,27 +147,10 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         y=0.985,
         sub_y=0.925,
     )
-    figures = H.save(fig, out_dir, NAME, quick)
+    return {NAME: fig}
 
-    # the same runs as the figure (= attnflow animate --case CASE)
-    movies = H.movies(
-        [(trajs["traj2"], "polytope"), (trajs["traj3"], "polytope-3d")], out_dir, quick, draw="hull"
-    )
-    out = H.finish(
-        out_dir,
-        NAME,
-        script="attnflow.experiments.fig_polytope",
-        quick=quick,
-        runs=runs,
-        figures=figures,
-        t_start=t_start,
-        hull_times=list(HULL_TIMES),
-        movies=movies,
-        theorem="[E] V = I, Q^T K positive definite: hull non-increasing, converges to a "
-        "polytope K; every z_i tends to 0 or to the boundary of K.",
-    )
-    return {**out, "observed": {r["name"]: r["observed"]["label"] for r in runs}}
 
+make = F.figure(NAME, compute, draw)
 
 if __name__ == "__main__":
     H.main(make, __doc__)

@@ -16,6 +16,14 @@ is run again when any of them changed, when a file it made is missing, or when i
 no file (a script that found an optional package missing). ``reuse=False``
 (``attnflow figures --force``) runs every script.
 
+``redraw=True`` (``attnflow figures --redraw``) computes nothing: each script written as
+compute, then draw (``attnflow.experiments._figure``) draws again from the data it saved
+in the output folder, and rewrites its figures and sidecar (the same numbers). A figure
+whose data is missing, was saved by another attnflow version or by a run with the other
+``quick``, or whose script is not written that way, is reported as failed with what to
+run instead; the others are still drawn. JAX is not used, and ``index.json`` is left as
+it was.
+
 Figures are computed in float64: ``run_figures`` turns x64 on for the duration of the call
 and restores the previous setting on return. Run in this process (``jobs=1``) it leaves
 matplotlib's backend and rcParams as it found them; worker processes, which the runner
@@ -145,7 +153,7 @@ def _reusable(out: Path, quick: bool, keys: dict[str, str]) -> dict:
             name in keys
             and res.get("inputs") == keys[name]
             and files
-            and all(Path(f).is_file() for f in files)
+            and all(Path(f).is_file() for f in [*files, *([res["data"]] if "data" in res else [])])
         ):
             ok[name] = {**res, "reused": True}
     return ok
@@ -185,6 +193,7 @@ def run_figures(
     progress: bool = True,
     jobs: int | None = None,
     reuse: bool = True,
+    redraw: bool = False,
 ) -> dict:
     """Run the figure scripts; return ``{"figures": {name: result}, "failed": {...},
     "skipped": {name: why}}``.
@@ -206,13 +215,26 @@ def run_figures(
             scripts of an earlier run (its ``index.json``) start first.
         reuse: reuse the saved results of scripts whose inputs are unchanged (see the
             module docstring); False runs every script.
+        redraw: compute nothing: draw every selected figure again from the data saved
+            in ``out_dir`` (see the module docstring); ``jobs`` and ``reuse`` are
+            ignored. The result has ``"redraw": true``.
 
     x64 is on for the duration of the call (figures are computed in float64); the
     previous setting is restored on return. In this process, matplotlib's backend is
     left alone (the scripts close every figure they draw) and the scripts see
     matplotlib's default rcParams, as a worker does; the caller's are restored on
     return. Worker processes draw with Agg.
+
+    Example:
+        >>> index = run_figures("figures", quick=True, only=["origin"])  # doctest: +SKIP
+        >>> again = run_figures("figures", quick=True, redraw=True)  # doctest: +SKIP
+        >>> again["figures"]["fig_origin"]["redrawn"]  # doctest: +SKIP
+        True
     """
+    if redraw:
+        return _redraw_figures(
+            out_dir, only=only, quick=quick, experiments=experiments, progress=progress
+        )
     import jax
 
     x64 = bool(jax.config.read("jax_enable_x64"))
@@ -231,13 +253,8 @@ def run_figures(
         jax.config.update("jax_enable_x64", x64)
 
 
-def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) -> dict:
-    import matplotlib
-    from tqdm.auto import tqdm
-
-    from .._meta import run_metadata
-
-    exp_dir = find_experiments(experiments)
+def _select(exp_dir: Path, only: list[str] | None, quick: bool) -> tuple[list[str], dict]:
+    """The scripts to run (``only``, else all but the ``LONG`` ones) and the skipped."""
     names = list_figures(exp_dir)
     if only:
         wanted = [o if o.startswith("fig_") else f"fig_{o}" for o in only]
@@ -246,7 +263,66 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) ->
             raise ValueError(f"unknown figure(s) {unknown}; known: {names}.")
         names = [n for n in names if n in wanted]
     skipped = {} if (only or quick) else _long_scripts(exp_dir, names)
-    names = [n for n in names if n not in skipped]
+    return [n for n in names if n not in skipped], skipped
+
+
+def _redraw_one(exp_dir: Path, name: str, out: Path, quick: bool) -> tuple:
+    """Redraw one script from its saved data; ``(name, result, None)`` or ``(name, None,
+    error)``."""
+    t0 = time.perf_counter()
+    try:
+        make = _load(exp_dir, name).make
+        redraw = getattr(make, "redraw", None)
+        if redraw is None:
+            raise ValueError(
+                f"{name} computes and draws in one make(), so it cannot be redrawn; run it "
+                f"without --redraw: attnflow figures{' --quick' if quick else ''} --only "
+                f"{name.removeprefix('fig_')}"
+            )
+        res = dict(redraw(out, quick=quick))
+        res["seconds"] = round(time.perf_counter() - t0, 2)
+        res["figures"] = [str(p) for p in res.get("figures", [])]
+        return name, json.loads(json.dumps({**res, "redrawn": True}, default=str)), None
+    except Exception as exc:  # keep going: one missing data file must not hide the rest
+        return name, None, f"{type(exc).__name__}: {exc}"
+
+
+def _redraw_figures(out_dir, *, only, quick, experiments, progress) -> dict:
+    import matplotlib
+    from tqdm.auto import tqdm
+
+    exp_dir = find_experiments(experiments)
+    names, skipped = _select(exp_dir, only, quick)
+    out = Path(out_dir)
+    results, failed = {}, {}
+    t_all = time.perf_counter()
+    with matplotlib.rc_context():  # as in a run in this process: the defaults, restored
+        matplotlib.rc_file_defaults()
+        for name in tqdm(names, desc="attnflow figures --redraw", unit="fig", disable=not progress):
+            name, res, err = _redraw_one(exp_dir, name, out, quick)
+            if err is None:
+                results[name] = res
+            else:
+                failed[name] = err
+    return {
+        "quick": quick,
+        "redraw": True,
+        "jobs": 1,
+        "seconds": round(time.perf_counter() - t_all, 2),
+        "figures": results,
+        "failed": failed,
+        "skipped": skipped,
+    }
+
+
+def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) -> dict:
+    import matplotlib
+    from tqdm.auto import tqdm
+
+    from .._meta import run_metadata
+
+    exp_dir = find_experiments(experiments)
+    names, skipped = _select(exp_dir, only, quick)
     jobs = default_jobs() if jobs is None else int(jobs)
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1; got {jobs}.")

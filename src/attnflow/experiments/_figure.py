@@ -1,0 +1,280 @@
+"""A figure script as compute, then draw: the registration every converted script ends with.
+
+A script defines two functions and registers them::
+
+    def compute(quick: bool) -> F.Data:       # all the numbers: simulation, analyses (JAX)
+        ...
+        return F.Data(sidecar=H.sidecar(...), arrays={"x": x, ...})
+
+    def draw(data: F.Data) -> dict[str, Figure]:   # matplotlib only: {file stem: figure}
+        ...
+
+    make = F.figure(NAME, compute, draw)          # rc=..., tight=... change the look
+
+    if __name__ == "__main__":
+        H.main(make, __doc__)
+
+Contracts of ``make = figure(name, compute, draw)``:
+
+- ``make(out_dir, quick=False)`` (what the runner and the tests call) runs ``compute``
+  with x64 on and the rc style ``rc`` applied (``_plotting.figure_context``), then
+  ``draw``; it writes each figure as ``STEM.png`` + ``STEM.pdf``, the GIFs of
+  ``Data.movies``, the sidecar ``NAME.json`` and the data file ``NAME.quick.npz`` (quick
+  runs) or ``NAME.full.npz``: the arrays plus, as JSON, the sidecar, the result, the
+  attnflow version and ``quick``. It returns ``{"figures": [paths], "json": sidecar
+  path, "data": npz path, **Data.result}``.
+- ``make.redraw(out_dir, quick=False)`` draws again from that data file, computing
+  nothing (no JAX work), and rewrites the figures and the sidecar; the movies are kept
+  (they are drawn from the trajectories, made by ``make`` only). It raises ``MissingData``,
+  naming the figure, when the file is missing or was written by another attnflow version.
+- ``draw`` gets the same ``Data`` either way: arrays as numpy arrays (read back from the
+  ``.npz`` bit for bit), ``sidecar`` and ``result`` as they read back from JSON (numpy
+  scalars as Python numbers, tuples as lists, non-finite floats as strings). So a
+  redrawn figure is the drawn one, and the redrawn sidecar has the same numbers; only
+  ``runtime_seconds`` (compute time + this drawing) differs.
+- The sidecar is ``Data.sidecar`` with ``"figures"`` set to every file written (PNG,
+  PDF, then GIFs), ``"movies"`` to the GIFs when there are any, and ``"runtime_seconds"``
+  where the key is present (``_plotting.sidecar`` puts it there).
+
+Not a figure script (the runner only runs ``fig_*.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from attnflow.experiments import _plotting as H
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from attnflow.dynamics.trajectory import Trajectory
+
+__all__ = ["Data", "FigureScript", "MissingData", "figure", "data_path"]
+
+_META = "__meta__"
+
+
+class MissingData(FileNotFoundError):
+    """A figure's saved data is missing or stale: run it without ``--redraw``."""
+
+
+@dataclass
+class Data:
+    """What ``compute`` returns and ``draw`` reads.
+
+    Attributes:
+        sidecar: the sidecar JSON, every parameter and measured number
+            (``_plotting.sidecar(...)`` for the usual layout).
+        arrays: the arrays ``draw`` needs, by name (numeric or string numpy arrays; a
+            name is a plain identifier, e.g. ``"d2_x"``).
+        result: more keys of ``make``'s result (plain JSON values), e.g. ``"observed"``.
+        movies: ``(trajectory, case, draw)`` triples that ``make`` turns into
+            ``movies/CASE.gif`` (``_plotting.movies``); not saved, not redrawn.
+        quick: set by ``make``: whether this is a quick run.
+    """
+
+    sidecar: dict[str, Any]
+    arrays: Mapping[str, Any] = field(default_factory=dict)
+    result: dict[str, Any] = field(default_factory=dict)
+    movies: Sequence[tuple[Trajectory, str, str]] = ()
+    quick: bool = False
+
+
+Draw = Callable[[Data], "Mapping[str, Figure]"]
+
+
+def data_path(out_dir: str | os.PathLike[str], name: str, quick: bool) -> Path:
+    """The data file of figure ``name``: ``NAME.quick.npz`` or ``NAME.full.npz``."""
+    return Path(out_dir) / f"{name}.{'quick' if quick else 'full'}.npz"
+
+
+def _plain(obj: Any) -> Any:
+    """``obj`` as it reads back from the sidecar JSON."""
+    return json.loads(json.dumps(H.jsonable(obj), allow_nan=False))
+
+
+def _arrays(arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    out = {}
+    for key, value in arrays.items():
+        a = np.asarray(value)
+        if not key.isidentifier() or key == _META:
+            raise ValueError(f"Data.arrays: {key!r} is not a usable name; use an identifier.")
+        if a.dtype.kind not in "biufcUS":
+            raise ValueError(
+                f"Data.arrays[{key!r}] has dtype {a.dtype}; save numbers or strings "
+                "(put other values in Data.sidecar or Data.result)."
+            )
+        out[key] = a
+    return out
+
+
+class FigureScript:
+    """``make`` of a compute-then-draw script (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        compute: Callable[[bool], Data],
+        draw: Draw,
+        *,
+        rc: Mapping[str, Any] | None = None,
+        tight: bool = False,
+        compact: bool = True,
+    ) -> None:
+        self.name, self.compute, self.draw = name, compute, draw
+        self.rc, self.tight, self.compact = rc, tight, compact
+        self.__doc__ = f"Compute and draw {name}: ``make(out_dir, quick=False) -> dict``."
+
+    def _style(self) -> Mapping[str, Any]:
+        from attnflow.plotting import STYLE
+
+        return STYLE if self.rc is None else self.rc
+
+    def __call__(self, out_dir: str | os.PathLike[str], quick: bool = False) -> dict[str, Any]:
+        """Compute, save the data, draw, write the figures, GIFs and sidecar."""
+        from attnflow._meta import attnflow_version
+
+        out = Path(out_dir)
+        t0 = time.perf_counter()
+        with H.figure_context(self._style()):
+            data = self.compute(bool(quick))
+            data = Data(
+                sidecar=_plain(data.sidecar),
+                arrays=_arrays(data.arrays),
+                result=_plain(data.result),
+                movies=data.movies,
+                quick=bool(quick),
+            )
+            meta = {
+                "name": self.name,
+                "attnflow": attnflow_version(),
+                "quick": bool(quick),
+                "compute_seconds": time.perf_counter() - t0,
+                "movies": [[case, how] for _, case, how in data.movies],
+                "sidecar": data.sidecar,
+                "result": data.result,
+            }
+            path = data_path(out, self.name, quick)
+            out.mkdir(parents=True, exist_ok=True)
+            payload: dict[str, Any] = {**data.arrays, _META: np.array(json.dumps(meta))}
+            np.savez(path, **payload)
+            figures = self._draw(data, out)
+            gifs = [
+                g
+                for traj, case, how in data.movies
+                for g in H.movies([(traj, case)], out, quick, how)
+            ]
+        return self._record(data, out, figures, gifs, time.perf_counter() - t0, path)
+
+    def redraw(self, out_dir: str | os.PathLike[str], quick: bool = False) -> dict[str, Any]:
+        """Draw again from the saved data (no computing); rewrite figures and sidecar.
+
+        Raises:
+            MissingData: no data file of this figure in ``out_dir`` for ``quick``, or
+                one from another attnflow version.
+        """
+        import matplotlib
+
+        from attnflow._meta import attnflow_version
+
+        out = Path(out_dir)
+        path = data_path(out, self.name, quick)
+        again = f"run it without --redraw: attnflow figures{' --quick' if quick else ''} "
+        again += f"--only {self.name.removeprefix('fig_')} --out {out}"
+        if not path.is_file():
+            other = data_path(out, self.name, not quick)
+            hint = f" (there is {other.name}: {'drop' if quick else 'add'} --quick)"
+            raise MissingData(
+                f"{self.name}: no saved data of a {'quick' if quick else 'full'} run in "
+                f"{out} ({path.name} is missing){hint if other.is_file() else ''}; {again}."
+            )
+        t0 = time.perf_counter()
+        with np.load(path, allow_pickle=False) as npz:
+            meta = json.loads(str(npz[_META]))
+            arrays = {k: npz[k] for k in npz.files if k != _META}
+        if meta.get("attnflow") != attnflow_version() or meta.get("quick") != bool(quick):
+            raise MissingData(
+                f"{self.name}: {path} was written by attnflow {meta.get('attnflow')} "
+                f"(quick={meta.get('quick')}); this is attnflow {attnflow_version()} "
+                f"(quick={bool(quick)}); {again}."
+            )
+        gifs = [str(out / "movies" / f"{case}.gif") for case, _ in meta["movies"]]
+        lost = [g for g in gifs if not Path(g).is_file()]
+        if lost:
+            raise MissingData(f"{self.name}: the movie {lost[0]} is missing; {again}.")
+        data = Data(sidecar=meta["sidecar"], arrays=arrays, result=meta["result"], quick=quick)
+        with matplotlib.rc_context(dict(self._style())):  # pyright: ignore[reportArgumentType]
+            figures = self._draw(data, out)
+        seconds = meta["compute_seconds"] + time.perf_counter() - t0
+        return self._record(data, out, figures, gifs, seconds, path)
+
+    def _draw(self, data: Data, out: Path) -> list[Path]:
+        figs = self.draw(data)
+        return [
+            p for stem, fig in figs.items() for p in H.save(fig, out, stem, data.quick, self.tight)
+        ]
+
+    def _record(
+        self,
+        data: Data,
+        out: Path,
+        figures: list[Path],
+        gifs: list[str],
+        seconds: float,
+        path: Path,
+    ) -> dict[str, Any]:
+        side = dict(data.sidecar)
+        if "runtime_seconds" in side:
+            side["runtime_seconds"] = round(seconds, 2)
+        side["figures"] = [*map(str, figures), *gifs]
+        if gifs:
+            side["movies"] = gifs
+        jpath = H.write_json(out, self.name, H.jsonable(side), compact=self.compact)
+        return {
+            "figures": [*figures, *map(Path, gifs)],
+            "json": str(jpath),
+            "data": str(path),
+            **data.result,
+        }
+
+
+def figure(
+    name: str,
+    compute: Callable[[bool], Data],
+    draw: Draw,
+    *,
+    rc: Mapping[str, Any] | None = None,
+    tight: bool = False,
+    compact: bool = True,
+) -> FigureScript:
+    """Tie a script's ``compute`` and ``draw`` into its ``make`` (see the module docstring).
+
+    Args:
+        name: the script's name (``"fig_origin"``): the sidecar is ``NAME.json``, the data
+            ``NAME.quick.npz`` or ``NAME.full.npz``.
+        compute: ``compute(quick) -> Data``: every number, nothing drawn.
+        draw: ``draw(data) -> {stem: figure}``: matplotlib only; each figure is written as
+            ``STEM.png`` and ``STEM.pdf`` (in this order), then closed.
+        rc: the matplotlib rc parameters of the drawing (default the house style,
+            ``attnflow.plotting.STYLE``; ``_plotting.small_text(7)`` for dense figures).
+        tight: crop the figures to their drawn content (``bbox_inches="tight"``).
+        compact: write the sidecar with every innermost list of numbers on one line.
+
+    Returns:
+        the script's ``make``, with ``make.redraw(out_dir, quick)``.
+
+    Example:
+        >>> make = figure("fig_origin", compute, draw)  # doctest: +SKIP
+        >>> make("figures", quick=True)["json"]  # doctest: +SKIP
+        'figures/fig_origin.json'
+    """
+    return FigureScript(name, compute, draw, rc=rc, tight=tight, compact=compact)
