@@ -15,17 +15,22 @@ too (d = 2: the largest angular gap exceeds pi; d = 3: a linear program finds w 
 (c) n = 8 orthogonal tokens in d = 8 follow the equiangular curve: the largest gap
 between simulated inner products and ``equiangular_curve``.
 
-Run:  python -m attnflow.experiments.fig_hemisphere [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_hemisphere [--quick] [--out figures] [--redraw]
+
+The look is ``draw`` (matplotlib only, from the saved data); the numbers are ``compute``.
 """
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnflow.experiments import _figure as F
 from attnflow.experiments import _plotting as H
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NAME = "fig_hemisphere"
 SEED, BETA, DT, THRESHOLD = 0, 1.0, 0.1, 0.999
@@ -49,17 +54,15 @@ def in_open_half_circle(x: np.ndarray) -> bool:
     return bool(gaps.max() > np.pi)
 
 
-@H.styled(H.small_text(7))
-def make(out_dir: Path, quick: bool = False) -> dict:
-    """Run the three parts, draw them and write the sidecar."""
-    plt = H.setup()
+def compute(quick: bool) -> F.Data:
+    """Run the three parts: random starts, the antipodal pair, the orthogonal start."""
+    H.setup()
     import attnflow as af
 
-    t_start = time.perf_counter()
     t1, systems = (20.0, 16) if quick else (200.0, 256)
     ns = (3, 6) if quick else NS
     rng = np.random.default_rng(SEED)
-    runs, curves = [], {}
+    runs = []
     for d in (2, 3):
         I = np.eye(d)
         model = af.Attention(I, I, I, beta=BETA)
@@ -75,7 +78,6 @@ def make(out_dir: Path, quick: bool = False) -> dict:
             hemi.append(float(inside.mean()))
             wendel.append(af.wendel_probability(n, d))
             implied.append(bool(np.all(single[inside])))
-        curves[d] = (one, hemi, wendel)
         runs.append(
             dict(
                 name=f"random starts, d={d}",
@@ -140,6 +142,38 @@ def make(out_dir: Path, quick: bool = False) -> dict:
             orthogonal_start_max_gap_to_equiangular_curve=gap,
         )
     )
+    side = H.sidecar(
+        script="attnflow.experiments.fig_hemisphere",
+        quick=quick,
+        runs=runs,
+        theorem="[P]/[S]: points in an open hemisphere collapse to one cluster; an "
+        "antipodal pair is stationary; Wendel (1962).",
+    )
+    return F.Data(
+        sidecar=side,
+        arrays={"ts": ts, "gamma": gamma, "G": G},
+        result={"orthogonal_gap": gap, "antipodal_moved": moved},
+    )
+
+
+def draw(data: F.Data) -> dict[str, Figure]:
+    """The three panels, from ``compute``'s data (matplotlib only)."""
+    import matplotlib.pyplot as plt
+
+    ts, gamma, G = data.arrays["ts"], data.arrays["gamma"], data.arrays["G"]
+    runs = data.sidecar["runs"]
+    curves = {
+        r["d"]: (
+            r["one_cluster_fraction"],
+            r["hemisphere_fraction_measured"],
+            r["wendel_probability"],
+        )
+        for r in runs[:2]
+    }
+    ns, t1 = runs[0]["n"], runs[0]["t1"]
+    special = runs[2]
+    n, moved, t_anti = special["n"], special["antipodal_pair_max_move"], special["antipodal_t1"]
+    gap = special["orthogonal_start_max_gap_to_equiangular_curve"]
 
     fig, axes = plt.subplots(1, 3, figsize=(6.5, 2.3))
     ax = axes[0]
@@ -167,20 +201,10 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ax.legend(fontsize=6, frameon=False)
     H.panel_label(ax, "c")
     fig.subplots_adjust(top=0.85, bottom=0.18, left=0.08, right=0.98, wspace=0.4)
-    figures = H.save(fig, out_dir, NAME, quick)
-    out = H.finish(
-        out_dir,
-        NAME,
-        script="attnflow.experiments.fig_hemisphere",
-        quick=quick,
-        runs=runs,
-        figures=figures,
-        t_start=t_start,
-        theorem="[P]/[S]: points in an open hemisphere collapse to one cluster; an "
-        "antipodal pair is stationary; Wendel (1962).",
-    )
-    return {**out, "orthogonal_gap": gap, "antipodal_moved": moved}
+    return {NAME: fig}
 
+
+make = F.figure(NAME, compute, draw, rc=H.small_text(7))
 
 if __name__ == "__main__":
     H.main(make, __doc__)

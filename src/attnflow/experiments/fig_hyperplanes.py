@@ -17,17 +17,22 @@ Top row: tokens with the lines / planes {phi_1^* = a}, {= 0} (dotted), {= b}, a 
 the min and max at T. Bottom row: phi_1^*(z_i(t)) for every token, a, 0, b dashed.
 Also writes the movies movies/hyperplanes.gif and movies/hyperplanes-3d.gif.
 
-Run:  python -m attnflow.experiments.fig_hyperplanes [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_hyperplanes [--quick] [--out figures] [--redraw]
+
+The look is ``draw`` (matplotlib only, from the saved data); the numbers are ``compute``.
 """
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from attnflow.experiments import _figure as F
 from attnflow.experiments import _plotting as H
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NAME = "fig_hyperplanes"
 SEED, N, T, DT = 0, 20, 12.0, 0.1
@@ -38,17 +43,15 @@ CASES = [
 ]
 
 
-@H.styled()
-def make(out_dir: Path, quick: bool = False) -> dict:
-    """Simulate the three matrices, draw the figure, write PNG/PDF/JSON and two GIFs."""
-    plt = H.setup()
+def compute(quick: bool) -> F.Data:
+    """Simulate the three matrices; the levels phi_1^*(z_i(t)) and where they end."""
+    H.setup()
     import attnflow as af
     import attnflow.plotting as AP
     from attnflow.io.matrices import PAPER
 
-    t_start = time.perf_counter()
-    runs, res = [], []
-    for name, label in CASES:
+    runs, arrays, trajs = [], {}, []
+    for j, (name, _) in enumerate(CASES):
         V = PAPER[name]
         traj, params = AP.simulate_tokens(V, n=N, seed=SEED, t1=T, dt=DT)
         traj.raise_for_status()
@@ -69,22 +72,49 @@ def make(out_dir: Path, quick: bool = False) -> dict:
             max_phi_increase=float(np.max(np.diff(p.max(axis=1)))),
             min_phi_decrease=float(np.max(-np.diff(p.min(axis=1)))),
         )
+        params["tokens_at_a_0_b"] = {
+            nm: int(np.sum(np.abs(p[-1] - c) <= 1e-3 * max(abs(a), abs(b))))
+            for c, nm in ((a, "a"), (0.0, "0"), (b, "b"))
+        }
         runs.append(params)
-        res.append(
-            dict(
-                name=name,
-                label=label,
-                traj=traj,
-                z=z,
-                p=p,
-                a=a,
-                b=b,
-                phi=phi,
-                ts=np.asarray(traj.ts),
-                obs=obs,
-            )
-        )
+        arrays.update({f"c{j}_z": z, f"c{j}_p": p, f"c{j}_phi": phi, f"c{j}_ts": traj.ts})
+        trajs.append(traj)
+    side = H.sidecar(
+        script="attnflow.experiments.fig_hyperplanes",
+        quick=quick,
+        runs=runs,
+        theorem="[E] lambda_1 real, > 0, simple, <Q phi_1, K phi_1> > 0: at most three "
+        "parallel hyperplanes {phi_1^*(z) = c}, c in {a, 0, b}.",
+    )
+    return F.Data(
+        sidecar=side,
+        arrays=arrays,
+        result={"observed": {r["name"]: r["observed"]["label"] for r in runs}},
+        movies=[(trajs[0], "hyperplanes", "levels"), (trajs[1], "hyperplanes-3d", "levels")],
+    )
 
+
+def draw(data: F.Data) -> dict[str, Figure]:
+    """Tokens and hyperplanes (top), levels against t (bottom), from ``compute``'s data."""
+    import matplotlib.pyplot as plt
+
+    import attnflow.plotting as AP
+
+    a_ = data.arrays
+    res: list[dict[str, Any]] = [
+        dict(
+            label=label,
+            z=a_[f"c{j}_z"],
+            p=a_[f"c{j}_p"],
+            phi=a_[f"c{j}_phi"],
+            ts=a_[f"c{j}_ts"],
+            a=run["a"],
+            b=run["b"],
+            obs=run["observed"],
+            counts=run["tokens_at_a_0_b"],
+        )
+        for j, ((_, label), run) in enumerate(zip(CASES, data.sidecar["runs"]))
+    ]
     fig = plt.figure(figsize=(6.5, 4.7))
     xs = [0.06, 0.385, 0.71]
     for j, r in enumerate(res):
@@ -135,10 +165,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
                 borderaxespad=0.1,
                 handlelength=1.2,
             )
-        counts = {
-            nm: int(np.sum(np.abs(p[-1] - c) <= 1e-3 * max(abs(a), abs(b))))
-            for c, nm in ((a, "a"), (0.0, "0"), (b, "b"))
-        }
+        counts = r["counts"]
         ax.set_title(
             f"tokens at $a$, 0, $b$: {counts['a']}, {counts['0']}, {counts['b']}", fontsize=7, pad=2
         )
@@ -153,7 +180,6 @@ def make(out_dir: Path, quick: bool = False) -> dict:
             color="0.25",
         )
         H.panel_label(ax, "def"[j])
-        runs[j]["tokens_at_a_0_b"] = counts
     H.headline(
         fig,
         r"Hyperplanes: $\lambda_1$ real, positive, simple $\Rightarrow$ "
@@ -164,28 +190,10 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         r"Euler $dt=0.1$, $T=12$",
         sub_y=0.955,
     )
-    figures = H.save(fig, out_dir, NAME, quick)
+    return {NAME: fig}
 
-    movies = H.movies(
-        [(res[0]["traj"], "hyperplanes"), (res[1]["traj"], "hyperplanes-3d")],
-        out_dir,
-        quick,
-        draw="levels",
-    )
-    out = H.finish(
-        out_dir,
-        NAME,
-        script="attnflow.experiments.fig_hyperplanes",
-        quick=quick,
-        runs=runs,
-        figures=figures,
-        t_start=t_start,
-        movies=movies,
-        theorem="[E] lambda_1 real, > 0, simple, <Q phi_1, K phi_1> > 0: at most three "
-        "parallel hyperplanes {phi_1^*(z) = c}, c in {a, 0, b}.",
-    )
-    return {**out, "observed": {r["name"]: r["observed"]["label"] for r in runs}}
 
+make = F.figure(NAME, compute, draw)
 
 if __name__ == "__main__":
     H.main(make, __doc__)

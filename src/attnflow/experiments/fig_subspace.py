@@ -13,31 +13,34 @@ Panels: (a) 3-d trajectories: vertical lines {vertex} x G; (b) the F-parts (z_1,
 and the limit polygon; (c) |z_3 - z_3 of the attended leader| against t (log scale),
 with the slope of the discrete rate log(1 + 0.05 / 0.95) / dt.
 
-Run:  python -m attnflow.experiments.fig_subspace [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_subspace [--quick] [--out figures] [--redraw]
+
+The look is ``draw`` (matplotlib only, from the saved data); the numbers are ``compute``.
 """
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnflow.experiments import _figure as F
 from attnflow.experiments import _plotting as H
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NAME = "fig_subspace"
 SEED, N, T, DT = 0, 20, 12.0, 0.1
 V = np.diag([1.0, 1.0, -0.5])
 
 
-@H.styled()
-def make(out_dir: Path, quick: bool = False) -> dict:
-    """Simulate, draw, write PNG/PDF/JSON."""
-    plt = H.setup()
+def compute(quick: bool) -> F.Data:
+    """Simulate; the leaders, the G-part gaps and their rate, the F-part limit points."""
+    H.setup()
     import attnflow as af
     import attnflow.plotting as AP
 
-    t_start = time.perf_counter()
     traj, params = AP.simulate_tokens(V, n=N, seed=SEED, t1=T, dt=DT)
     traj.raise_for_status()
     z = np.asarray(traj.z)
@@ -70,6 +73,30 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         z3_final_range=[float(z[-1, :, 2].min()), float(z[-1, :, 2].max())],
         x3_final_max=float(np.abs(np.asarray(traj.x)[-1, :, 2]).max()),
     )
+    side = H.sidecar(
+        script="attnflow.experiments.fig_subspace",
+        quick=quick,
+        runs=[params],
+        theorem="[E] paranormal V, Q^T K positive definite: z_i -> (boundary of a "
+        "polytope in F, or 0) x G.",
+    )
+    arrays = dict(z=z, ts=ts, gap=gap, followers=followers, fit=fit, limits=limits)
+    return F.Data(sidecar=side, arrays=arrays, result={"observed": obs.label})
+
+
+def draw(data: F.Data) -> dict[str, Figure]:
+    """The three panels, from ``compute``'s data (matplotlib only)."""
+    import matplotlib.pyplot as plt
+
+    import attnflow.plotting as AP
+
+    a = data.arrays
+    z, ts, gap, followers, fit, limits = (
+        a[k] for k in ("z", "ts", "gap", "followers", "fit", "limits")
+    )
+    F_points = z[-1, :, :2]
+    run = data.sidecar["runs"][0]
+    rate, label = run["G_rate_predicted"], run["observed"]["label"]
 
     fig = plt.figure(figsize=(6.5, 2.75))
     # (a) 3-d
@@ -116,24 +143,14 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         fig,
         r"Paranormal $V=\mathrm{diag}(1,1,-0.5)$: polytope in "
         r"$F=\mathrm{span}(e_1,e_2)$ $\times$ the free subspace $G=\mathrm{span}(e_3)$",
-        rf"observed: {obs.label}; (b) blue: hull of the $F$-parts at $T$, "
+        rf"observed: {label}; (b) blue: hull of the $F$-parts at $T$, "
         r"dashed: at $t=0$; $n=20$, $[-5,5]^3$, $Q=K=I$, Euler $dt=0.1$, $T=12$",
         sub_y=0.93,
     )
-    figures = H.save(fig, out_dir, NAME, quick)
-    out = H.finish(
-        out_dir,
-        NAME,
-        script="attnflow.experiments.fig_subspace",
-        quick=quick,
-        runs=[params],
-        figures=figures,
-        t_start=t_start,
-        theorem="[E] paranormal V, Q^T K positive definite: z_i -> (boundary of a "
-        "polytope in F, or 0) x G.",
-    )
-    return {**out, "observed": obs.label}
+    return {NAME: fig}
 
+
+make = F.figure(NAME, compute, draw)
 
 if __name__ == "__main__":
     H.main(make, __doc__)
