@@ -14,18 +14,24 @@ orthogonal tokens (possible for n <= d) reach <x_i, x_j> = 0.999
 half the pairs are clustered, and, at t = 30, the beta at which the fraction drops
 through 1/2, against log n.
 
-Run:  python -m attnflow.experiments.fig_sphere_phase [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_sphere_phase [--quick] [--out figures] [--redraw]
+
+The look is ``draw`` (matplotlib only, from the saved data); the numbers are ``compute``.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnflow.experiments import _figure as F
 from attnflow.experiments import _plotting as H
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NAME = "fig_sphere_phase"
 SEED, N, DT, EVERY, THRESHOLD = 0, 32, 0.1, 5, 0.999
@@ -50,19 +56,26 @@ def first_time(ts: np.ndarray, frac: np.ndarray, level: float = 0.5) -> list[flo
     return out
 
 
-@H.styled(H.small_text(7))
-def make(out_dir: Path, quick: bool = False) -> dict:
-    """Draw the phase diagrams and write the sidecar."""
-    plt = H.setup()
+def compute(quick: bool) -> F.Data:
+    """Every beta and system of each dimension in one compiled call; the fractions.
+
+    Args:
+        quick: the small version (6 betas, t up to 6, d = 2 and 16, 16 systems).
+
+    Returns:
+        the sidecar (every run's fractions rounded to 4 digits, the crossings) and, for
+        ``draw``, ``betas`` and per dimension ``d{d}_ts``, ``d{d}_fraction`` (unrounded)
+        and ``d{d}_boundary`` (the equiangular curve, where ``n <= d``).
+    """
+    H.setup()
     import attnflow as af
     from attnflow.studies.sphere import phase_diagram
 
-    t_start = time.perf_counter()
     if quick:
         betas, t1, dims, systems = np.linspace(0.1, 9, 6), 6.0, (2, 16), {2: 16, 16: 16}
     else:
         betas, t1, dims, systems = np.linspace(0.1, 9, 90), 30.0, (2, 128), {2: 1024, 128: 1024}
-    runs, panels = [], {}
+    runs, arrays = [], {"betas": betas}
     for d in dims:
         t0 = time.perf_counter()
         pdg = phase_diagram(
@@ -107,16 +120,47 @@ def make(out_dir: Path, quick: bool = False) -> dict:
                 equiangular_time_at_log_n=af.equiangular_time(N, math.log(N), THRESHOLD),
             )
         )
-        panels[d] = (pdg, boundary, beta_half)
-
-    fig, axes = plt.subplots(1, len(dims), figsize=(6.5, 2.6), squeeze=False)
-    for ax, (d, (pdg, boundary, beta_half)) in zip(axes[0], panels.items(), strict=True):
-        mesh = ax.pcolormesh(
-            pdg.ts, betas, pdg.fraction, cmap="RdBu_r", vmin=0, vmax=1, shading="nearest"
-        )
+        arrays[f"d{d}_ts"] = pdg.ts
+        arrays[f"d{d}_fraction"] = pdg.fraction
         if boundary is not None:
-            tb = np.asarray(boundary)
-            keep = tb <= pdg.ts[-1]
+            arrays[f"d{d}_boundary"] = np.asarray(boundary, dtype=np.float64)
+    side = H.sidecar(
+        script="attnflow.experiments.fig_sphere_phase",
+        quick=quick,
+        runs=runs,
+        theorem="[P]: one cluster for almost every start when d >= 3; metastable "
+        "clusters at large beta; the equiangular curve is the orthogonal start's.",
+    )
+    return F.Data(
+        sidecar=side,
+        arrays=arrays,
+        result={"beta_half_at_t1": {r["name"]: r["beta_half_at_t1"] for r in runs}},
+    )
+
+
+def draw(data: F.Data) -> dict[str, Figure]:
+    """One phase diagram per dimension, from ``compute``'s data (matplotlib only).
+
+    Args:
+        data: what ``compute`` returned (or its saved copy).
+
+    Returns:
+        ``{NAME: figure}``.
+    """
+    import matplotlib.pyplot as plt
+
+    a, runs = data.arrays, data.sidecar["runs"]
+    betas = a["betas"]
+    fig, axes = plt.subplots(1, len(runs), figsize=(6.5, 2.6), squeeze=False)
+    for ax, run in zip(axes[0], runs, strict=True):
+        d, beta_half = run["d"], run["beta_half_at_t1"]
+        ts = a[f"d{d}_ts"]
+        mesh = ax.pcolormesh(
+            ts, betas, a[f"d{d}_fraction"], cmap="RdBu_r", vmin=0, vmax=1, shading="nearest"
+        )
+        if f"d{d}_boundary" in a:
+            tb = a[f"d{d}_boundary"]
+            keep = tb <= ts[-1]
             ax.plot(tb[keep], betas[keep], "k-", lw=1, label="equiangular $\\gamma=0.999$")
             ax.legend(loc="upper left", fontsize=6, frameon=False)
         ax.axhline(math.log(N), color="k", ls=":", lw=0.8)
@@ -135,20 +179,10 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         sub_y=0.93,
     )
     fig.subplots_adjust(top=0.8, bottom=0.16, left=0.07, right=0.97, wspace=0.3)
-    figures = H.save(fig, out_dir, NAME, quick)
-    out = H.finish(
-        out_dir,
-        NAME,
-        script="attnflow.experiments.fig_sphere_phase",
-        quick=quick,
-        runs=runs,
-        figures=figures,
-        t_start=t_start,
-        theorem="[P]: one cluster for almost every start when d >= 3; metastable "
-        "clusters at large beta; the equiangular curve is the orthogonal start's.",
-    )
-    return {**out, "beta_half_at_t1": {r["name"]: r["beta_half_at_t1"] for r in runs}}
+    return {NAME: fig}
 
+
+make = F.figure(NAME, compute, draw, rc=H.small_text(7))
 
 if __name__ == "__main__":
     H.main(make, __doc__)
