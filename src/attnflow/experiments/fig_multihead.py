@@ -22,19 +22,24 @@ Every V_h is divided by the spectral radius of the sum (so that ``|lambda_1(sum 
 16 tokens uniform in [-5, 5]^3, the discrete transformer (dt = 0.1) to T = 12 (120
 layers). Agreement is counted among the runs whose observation converged.
 
-Run:  python -m attnflow.experiments.fig_multihead [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_multihead [--quick] [--out figures] [--redraw]
+
+The look is ``draw`` (matplotlib only, from the sidecar's rows and records); the numbers
+are ``compute``.
 """
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from attnflow.experiments import _figure as F
 from attnflow.experiments import _layers as L
 from attnflow.experiments import _plotting as H
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NAME = "fig_multihead"
 SEED, D, N, DT, T = 0, 3, 16, 0.1, 12.0
@@ -228,19 +233,56 @@ def table(rows: list[dict[str, Any]]) -> str:
     return H.markdown_table(header, body)
 
 
-@H.styled()
-def make(out_dir: Path, quick: bool = False) -> dict:
-    """The random-heads agreement study (and the real layer, when installed)."""
-    plt = H.setup()
+def _per_family(quick: bool) -> int:
+    return 2 if quick else 16
 
-    t_start = time.perf_counter()
-    per = 2 if quick else 16
+
+def compute(quick: bool) -> F.Data:
+    """The random-heads agreement study: every sample run and observed, the table."""
+    H.setup()
+    per = _per_family(quick)
     idx = range(per * len(FAMILIES))
     if quick:  # two families, one of each head count
         idx = [i for i in idx if FAMILIES[i % len(FAMILIES)] in ("scalar", "perron")]
     records = [run_sample(i) for i in idx]
     rows = summarise(records)
+    runs = [
+        dict(
+            name="random heads",
+            seed=SEED,
+            n=N,
+            d=D,
+            t1=T,
+            dt=DT,
+            solver="euler (discrete transformer)",
+            Q="random per sample",
+            K="random per sample",
+            V="random per sample",
+            tolerances={"observe_tol": 1e-2, "move_tol": 1e-3},
+            families=list(FAMILIES),
+            per_family=per,
+            stream_key=STREAM,
+        )
+    ]
+    side = H.sidecar(
+        script="attnflow.experiments.fig_multihead",
+        quick=quick,
+        runs=runs,
+        theorem="none: several heads are open in [E]; both predictions are measured",
+        rows=rows,
+        records=records,
+        table=table(rows),
+        layers_definition=L.__doc__.split("Definition")[1].strip() if L.__doc__ else "",
+    )
+    return F.Data(sidecar=side, result={"rows": rows, "records": records})
 
+
+def draw(data: F.Data) -> dict[str, Figure]:
+    """(a) agreement per family, (b) layers to cluster, from the sidecar's rows and
+    records (matplotlib only)."""
+    import matplotlib.pyplot as plt
+
+    rows, records = data.sidecar["rows"], data.sidecar["records"]
     fig = plt.figure(figsize=(6.5, 2.6))
     ax = fig.add_axes((0.08, 0.2, 0.55, 0.6))
     xs = np.arange(len(rows))
@@ -276,40 +318,10 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         f"discrete transformer dt = {DT}, T = {T:g}",
         sub_y=0.925,
     )
-    figures = H.save(fig, out_dir, NAME, quick)
-    runs = [
-        dict(
-            name="random heads",
-            seed=SEED,
-            n=N,
-            d=D,
-            t1=T,
-            dt=DT,
-            solver="euler (discrete transformer)",
-            Q="random per sample",
-            K="random per sample",
-            V="random per sample",
-            tolerances={"observe_tol": 1e-2, "move_tol": 1e-3},
-            families=list(FAMILIES),
-            per_family=per,
-            stream_key=STREAM,
-        )
-    ]
-    out = H.finish(
-        out_dir,
-        NAME,
-        script="attnflow.experiments.fig_multihead",
-        quick=quick,
-        runs=runs,
-        figures=figures,
-        t_start=t_start,
-        theorem="none: several heads are open in [E]; both predictions are measured",
-        rows=rows,
-        records=records,
-        table=table(rows),
-        layers_definition=L.__doc__.split("Definition")[1].strip() if L.__doc__ else "",
-    )
-    return {**out, "rows": rows, "records": records}
+    return {NAME: fig}
+
+
+make = F.figure(NAME, compute, draw)
 
 
 if __name__ == "__main__":
