@@ -394,10 +394,10 @@ def test_cli_rank_error_exit_2(capsys):
 
 
 def test_chunked_evaluation_matches(d1, monkeypatch):
-    import attnflow.analysis.rank as rank_mod
+    from attnflow.analysis import _rank_numerics
 
     _, traj, rt = d1
-    monkeypatch.setattr(rank_mod, "_CHUNK_ELEMENTS", 7 * 10 * 10)  # 7 saved times per chunk
+    monkeypatch.setattr(_rank_numerics, "CHUNK_ELEMENTS", 7 * 10 * 10)  # 7 saved times per chunk
     rc = track_rank(traj)
     np.testing.assert_array_equal(rc.rank, rt.rank)
     np.testing.assert_array_equal(rc.rank_method, rt.rank_method)
@@ -445,11 +445,11 @@ def test_fig_leaders_quick(tmp_path):
 def test_huge_logits_give_exact_rows_not_nan():
     # |logits| ~ 1e20: XLA CPU may fuse q.k - max into an FMA whose rounding error
     # (~ulp/2 ~ 1e4) overflows exp; the rank module pins the argmax and stays exact.
-    from attnflow.analysis.rank import _traj_stats
+    from attnflow.analysis._rank_numerics import traj_stats
 
     model = af.Attention(np.eye(1), np.eye(1), np.eye(1))
     x = np.linspace(-1, 1, 8)[:, None] * 1e10
-    st = _traj_stats(model, np.asarray(x)[None], True)
+    st = traj_stats(model, np.asarray(x)[None], True)
     P = np.asarray(st["P"][0])
     assert np.all(np.isfinite(P))
     np.testing.assert_array_equal(P, np_softmax_rows(np.outer(x, x)))
@@ -481,13 +481,13 @@ def _fit_by_hand(t, y):
 
 @pytest.mark.parametrize("noise", [1e-1, 1e-4, 1e-8, 1e-12])
 def test_fit_equals_the_hand_written_least_squares(noise):
-    from attnflow.analysis.rank import _fit_double_exponential
+    from attnflow.analysis._rank_numerics import fit_double_exponential
 
     rng = np.random.default_rng(int(-math.log10(noise)))
     t = np.linspace(2.0, 9.0, 29)
     y = 1.37 * t + 0.4 + noise * rng.standard_normal(t.size)  # y = log(-log D)
     logD = -np.exp(y)
-    fit = _fit_double_exponential(t, logD, np.ones(t.size, bool), 0.0, 1e-3, 3)
+    fit = fit_double_exponential(t, logD, np.ones(t.size, bool), 0.0, 1e-3, 3)
     slope, icpt, r2, se = _fit_by_hand(t, np.log(-logD))
     assert fit["points"] == t.size and fit["window"] == (2.0, 9.0)
     np.testing.assert_allclose([fit["rate"], fit["intercept"]], [slope, icpt], rtol=1e-14)
@@ -502,9 +502,9 @@ def test_fit_equals_the_hand_written_least_squares(noise):
         scipy_se = float(linregress(t, np.log(-logD)).stderr)  # type: ignore[attr-defined]
         assert abs(scipy_se - se) > 100 * abs(fit["rate_stderr"] - se)
     # two points: a line, no standard error; a constant: no R^2
-    two = _fit_double_exponential(t[:2], logD[:2], np.ones(2, bool), 0.0, 1e-3, 2)
+    two = fit_double_exponential(t[:2], logD[:2], np.ones(2, bool), 0.0, 1e-3, 2)
     assert np.isfinite(two["rate"]) and math.isnan(two["rate_stderr"])
-    flat = _fit_double_exponential(t, np.full(t.size, -50.0), np.ones(t.size, bool), 0.0, 1e-3, 3)
+    flat = fit_double_exponential(t, np.full(t.size, -50.0), np.ones(t.size, bool), 0.0, 1e-3, 3)
     assert flat["rate"] == 0.0 and math.isnan(flat["r2"])
 
 

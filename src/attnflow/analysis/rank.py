@@ -109,15 +109,27 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import numpy.typing as npt
 from jaxtyping import Float, Int, Shaped
-from scipy.stats import linregress
 
 from .. import _checks
+from . import _rank_numerics
+from ._rank_numerics import (
+    NORMS,
+    RANK_METHODS,
+    check_method,
+    check_P,
+    check_threshold,
+    check_tol,
+    fit_double_exponential,
+    last_reached,
+    rank_stack,
+    row_stats,
+    traj_stats,
+)
 
 if TYPE_CHECKING:
     from ..dynamics.trajectory import Trajectory
@@ -132,65 +144,8 @@ __all__ = [
     "RANK_METHODS",
 ]
 
-RANK_METHODS = ("boolean", "svd", "randomized", "none")
-NORMS = ("inf", "l1")
-# Per saved time, P is computed for at most this many matrix entries at once.
-_CHUNK_ELEMENTS = 2**24
 
-
-# ----------------------------------------------------------------------- checks
-def _check_tol(tol: Any) -> float:
-    return _checks.number(
-        "tol",
-        tol,
-        lo=0.0,
-        hi=1.0,
-        lo_open=True,
-        hi_open=True,
-        what="in (0, 1) (relative to the largest singular value)",
-    )
-
-
-def _check_threshold(threshold: Any) -> float:
-    return _checks.positive("leader_threshold", threshold)
-
-
-def _check_method(method: Any) -> str:
-    return _checks.choice("method", method, ("auto", "svd"))
-
-
-def _check_P(P: Any, name: str = "P") -> np.ndarray:
-    arr = _checks.real_array(name, P, shape_hint="(n, n), (r, n) or a stack (..., r, n)")
-    if arr.ndim < 2:
-        raise ValueError(
-            f"{name} must have shape (n, n), (r, n) or a stack (..., r, n); got shape {arr.shape}."
-        )
-    if not np.issubdtype(arr.dtype, np.floating):
-        arr = arr.astype(np.float64)
-    if np.any(arr < 0):
-        raise ValueError(f"{name} has negative entries; an attention matrix has entries in [0, 1].")
-    return arr
-
-
-# ------------------------------------------------------------ per-row statistics
-def _row_stats_np(P: np.ndarray, stochastic: bool):
-    """Argmax, distance to e_argmax (inf and l1), squared l2 distance, per row."""
-    k = np.argmax(P, axis=-1)
-    pk = np.take_along_axis(P, k[..., None], axis=-1)[..., 0]
-    off = P.copy()
-    np.put_along_axis(off, k[..., None], 0.0, axis=-1)
-    s = off.sum(-1)
-    second = off.max(-1) if P.shape[-1] > 1 else np.zeros_like(pk)
-    sq = (off * off).sum(-1)
-    if stochastic:
-        gap = s  # 1 - p_k, exactly, for a row that sums to one
-        d_inf, d_l1 = s, 2.0 * s
-    else:
-        gap = np.abs(1.0 - pk)
-        d_inf, d_l1 = np.maximum(gap, second), gap + s
-    return k, d_inf, d_l1, gap * gap + sq
-
-
+# ------------------------------------------------------------- matrix functions
 def boolean_distance(
     P: Float[npt.ArrayLike, "*b r n"],
     *,
@@ -219,8 +174,8 @@ def boolean_distance(
         row-stochastic matrix has distance exactly 0.
     """
     norm = _checks.choice("norm", norm, NORMS)
-    P = _check_P(P)
-    _, d_inf, d_l1, _ = _row_stats_np(P, bool(stochastic))
+    P = check_P(P)
+    _, d_inf, d_l1, _ = row_stats(P, bool(stochastic))
     d = d_inf if norm == "inf" else d_l1
     return d if per_row else d.max(-1)
 
@@ -234,7 +189,7 @@ def nearest_boolean(P: Float[npt.ArrayLike, "*b r n"]) -> Float[np.ndarray, "*b 
     Returns:
         ``(..., r, n)`` array of 0.0 and 1.0 (ties go to the smallest column index).
     """
-    P = _check_P(P)
+    P = check_P(P)
     k = np.argmax(P, axis=-1)
     B = np.zeros(P.shape, dtype=P.dtype)
     np.put_along_axis(B, k[..., None], 1.0, axis=-1)
@@ -252,94 +207,11 @@ def leaders_of(P: Float[npt.ArrayLike, "r n"], threshold: float = 0.5) -> Int[np
     Returns:
         Sorted ``int`` array of column indices.
     """
-    P = _check_P(P)
+    P = check_P(P)
     if P.ndim != 2:
         raise ValueError(f"P must be one matrix (r, n) here; got shape {P.shape}.")
-    th = _check_threshold(threshold)
+    th = check_threshold(threshold)
     return np.flatnonzero(P.sum(0) > th)
-
-
-# ------------------------------------------------------------------------ rank
-def _certify(k: np.ndarray, fro2: np.ndarray, n_cols: int, tol: float):
-    """Boolean certificate for a stack of matrices.
-
-    Args:
-        k: ``(N, r)`` argmax column of each row; fro2: ``(N, r)`` squared l2 distance of
-        each row to ``e_k``.
-
-    Returns:
-        ``(rank (N,), certified (N,) bool)``.
-    """
-    N, r = k.shape
-    counts = np.zeros((N, n_cols), dtype=np.int64)
-    np.add.at(counts, (np.repeat(np.arange(N), r), k.reshape(-1)), 1)
-    distinct = (counts > 0).sum(-1)
-    cmax = counts.max(-1).astype(np.float64)
-    cmin = np.where(counts > 0, counts, np.iinfo(np.int64).max).min(-1).astype(np.float64)
-    # A little slack for the rounding in the computation of eps itself.
-    eps = np.sqrt(fro2.sum(-1).astype(np.float64)) * (1.0 + 1e-6)
-    ok_small = eps < tol * (np.sqrt(cmax) - eps)
-    ok_large = np.sqrt(cmin) - eps > tol * (np.sqrt(cmax) + eps)
-    return distinct, ok_small & ok_large
-
-
-def _rank_svd(Ps: np.ndarray, tol: float) -> np.ndarray:
-    s = np.linalg.svd(Ps, compute_uv=False)
-    top = s[..., :1]
-    return np.where(top[..., 0] > 0, (s > tol * top).sum(-1), 0)
-
-
-def _rank_randomized(P: np.ndarray, tol: float, cap: int, rng) -> int:
-    """Subspace-iteration estimate of the numerical rank, capped at ``cap``."""
-    r, n = P.shape
-    k = min(cap + 8, r, n)
-    Y = P @ rng.standard_normal((n, k)).astype(P.dtype)
-    for _ in range(2):
-        Y, _ = np.linalg.qr(Y)
-        Y, _ = np.linalg.qr(P.T @ Y)
-        Y = P @ Y
-    Qm, _ = np.linalg.qr(Y)
-    s = np.linalg.svd(Qm.T @ P, compute_uv=False)
-    if s[0] <= 0:
-        return 0
-    return int(min((s > tol * s[0]).sum(), cap))
-
-
-def _rank_stack(
-    Ps: np.ndarray,
-    k: np.ndarray,
-    fro2: np.ndarray,
-    tol: float,
-    *,
-    svd_max_n: int,
-    rank_cap: int,
-    rng,
-    method: str,
-):
-    """Ranks of a stack ``(N, r, n)`` with per-row stats; returns (rank, method codes)."""
-    N, r, n = Ps.shape
-    rank = np.zeros(N, dtype=np.int64)
-    code = np.full(N, RANK_METHODS.index("svd"), dtype=np.int8)
-    if method in ("auto", "boolean"):
-        distinct, cert = _certify(k, fro2, n, tol)
-        rank[cert] = distinct[cert]
-        code[cert] = RANK_METHODS.index("boolean")
-        todo = np.flatnonzero(~cert)
-    else:
-        todo = np.arange(N)
-    if todo.size == 0:
-        return rank, code
-    if method == "svd" or (method in ("auto", "boolean") and max(r, n) <= svd_max_n):
-        step = max(1, _CHUNK_ELEMENTS // (r * n))
-        for a in range(0, todo.size, step):
-            idx = todo[a : a + step]
-            rank[idx] = _rank_svd(Ps[idx], tol)
-        code[todo] = RANK_METHODS.index("svd")
-    else:
-        for i in todo:
-            rank[i] = _rank_randomized(Ps[i], tol, rank_cap, rng)
-        code[todo] = RANK_METHODS.index("randomized")
-    return rank, code
 
 
 def rank_of(
@@ -373,15 +245,15 @@ def rank_of(
         ``(...)`` integer array (a numpy scalar array for one matrix), and the methods if
         asked.
     """
-    tol = _check_tol(tol)
-    method = _check_method(method)
+    tol = check_tol(tol)
+    method = check_method(method)
     svd_max_n = _checks.integer("svd_max_n", svd_max_n, lo=1)
     rank_cap = _checks.integer("rank_cap", rank_cap, lo=1)
-    P = _check_P(P)
+    P = check_P(P)
     lead = P.shape[:-2]
     Ps = P.reshape((-1,) + P.shape[-2:])
-    k, _, _, fro2 = _row_stats_np(Ps, stochastic=bool(np.allclose(Ps.sum(-1), 1.0)))
-    rank, code = _rank_stack(
+    k, _, _, fro2 = row_stats(Ps, stochastic=bool(np.allclose(Ps.sum(-1), 1.0)))
+    rank, code = rank_stack(
         Ps,
         k,
         fro2,
@@ -395,91 +267,6 @@ def rank_of(
     if return_method:
         return rank, np.asarray(RANK_METHODS, dtype=object)[code].reshape(lead).astype(str)
     return rank
-
-
-# -------------------------------------------------------- trajectory statistics
-@eqx.filter_jit
-def _traj_stats(model, x, stochastic: bool):
-    """Tokens ``x`` ``(c, n, d)`` (original frame) -> ``P`` and per-row statistics, all
-    through the model's seam (its own attention, argmax and log-masses)."""
-
-    def one(x):
-        P = model.attention(x)
-        n = P.shape[-1]
-        k = model.attention_argmax(x, P)
-        hot = jax.nn.one_hot(k, n, dtype=bool)
-        off = jnp.where(hot, 0.0, P)
-        s = off.sum(-1)
-        pk = jnp.take_along_axis(P, k[:, None], axis=-1)[:, 0]
-        sq = (off * off).sum(-1)
-        second = off.max(-1)
-        # Cluster of a leader: the tokens that attend it. Mass outside the row's cluster.
-        same = k[None, :] == k[:, None]  # (i, j): token j attends the leader of row i
-        out_mass = jnp.where(same, 0.0, P).sum(-1)
-        log_off = model.attention_log_mass(x, P, ~hot)
-        log_out = model.attention_log_mass(x, P, ~same)
-        gap = s if stochastic else jnp.abs(1.0 - pk)
-        d_inf = s if stochastic else jnp.maximum(gap, second)
-        d_l1 = 2.0 * s if stochastic else gap + s
-        return dict(
-            P=P,
-            k=k,
-            d_inf=d_inf,
-            d_l1=d_l1,
-            fro2=gap * gap + sq,
-            log_off=log_off,
-            out=out_mass,
-            log_out=log_out,
-            colmass=P.sum(0),
-        )
-
-    return jax.vmap(one)(x)
-
-
-def _fit_double_exponential(
-    ts: np.ndarray,
-    logD: np.ndarray,
-    valid: np.ndarray,
-    fit_min: float,
-    fit_max: float,
-    min_points: int,
-) -> dict:
-    """Least-squares line through ``log(-log D)`` on the last run within the window."""
-    nan = float("nan")
-    out = dict(rate=nan, intercept=nan, r2=nan, rate_stderr=nan, window=(nan, nan), points=0)
-    log_lo = -np.inf if fit_min == 0 else math.log(fit_min)
-    inside = valid & (logD <= math.log(fit_max)) & (logD >= log_lo) & np.isfinite(logD)
-    idx = np.flatnonzero(inside)
-    if idx.size == 0:
-        return out
-    # last maximal run of consecutive saved indices
-    breaks = np.flatnonzero(np.diff(idx) != 1)
-    run = idx[breaks[-1] + 1 :] if breaks.size else idx
-    out["points"] = int(run.size)
-    out["window"] = (float(ts[run[0]]), float(ts[run[-1]]))
-    if run.size < min_points:
-        return out
-    t = ts[run].astype(np.float64)
-    y = np.log(-logD[run].astype(np.float64))
-    if np.all(t == t[0]):
-        return out
-    fit: Any = linregress(t, y)
-    slope, intercept, rvalue = float(fit.slope), float(fit.intercept), float(fit.rvalue)
-    # The slope's standard error from the residuals of scipy's line: scipy's own
-    # ``stderr`` is sqrt((1 - r^2) s_yy / s_xx / (m - 2)), whose 1 - r^2 cancels when the
-    # law holds (r^2 = 1 - 1e-10 leaves it ~1e-6 relative accuracy, 1 - 1e-14 none).
-    res = y - (intercept + slope * t)
-    sxx = float(((t - t.mean()) ** 2).sum())
-    out.update(
-        rate=slope,
-        intercept=intercept,
-        # a constant y has no R^2 (scipy reports r = 0 for it)
-        r2=rvalue**2 if np.any(y != y[0]) else nan,
-        rate_stderr=math.sqrt(float((res**2).sum()) / (run.size - 2) / sxx)
-        if run.size > 2
-        else nan,
-    )
-    return out
 
 
 # ----------------------------------------------------------------------- result
@@ -563,7 +350,7 @@ class RankTrack:
     def final_rank(self):
         """Rank at the last reached saved time, ``int`` or ``(b,)``."""
         r = np.where(self.rank >= 0, self.rank, -1)
-        last = _last_reached(r >= 0)
+        last = last_reached(r >= 0)
         out = np.take_along_axis(np.atleast_2d(r), last[:, None], axis=-1)[:, 0]
         return out if self.batched else int(out[0])
 
@@ -609,13 +396,6 @@ class RankTrack:
             f"RankTrack(m={len(self.ts)}, batched={self.batched}, "
             f"final_rank={self.final_rank!r}, tol={self.tol:g}, norm={self.norm!r})"
         )
-
-
-def _last_reached(reached2d) -> np.ndarray:
-    r = np.atleast_2d(reached2d)
-    m = r.shape[-1]
-    idx = m - 1 - np.argmax(r[:, ::-1], axis=-1)
-    return np.where(r.any(-1), idx, 0)
 
 
 # ------------------------------------------------------------------------ main
@@ -666,10 +446,10 @@ def track_rank(
             f"traj must be an attnflow.Trajectory; got {type(traj).__name__}. "
             f"For a plain matrix use rank_of / boolean_distance."
         )
-    tol = _check_tol(tol)
+    tol = check_tol(tol)
     norm = _checks.choice("norm", norm, NORMS)
-    th = _check_threshold(leader_threshold)
-    method = _check_method(method)
+    th = check_threshold(leader_threshold)
+    method = check_method(method)
     svd_max_n = _checks.integer("svd_max_n", svd_max_n, lo=1)
     rank_cap = _checks.integer("rank_cap", rank_cap, lo=1)
     min_fit_points = _checks.integer("min_fit_points", min_fit_points, lo=2)
@@ -703,9 +483,9 @@ def track_rank(
     out_max = np.full((b, m), np.nan, dtype)
     log_out = np.full((b, m), np.nan, np.float64)
     colmass = np.full((b, n), np.nan, dtype)
-    last = _last_reached(reached)
+    last = last_reached(reached)
 
-    chunk = max(1, _CHUNK_ELEMENTS // max(1, n * n))
+    chunk = max(1, _rank_numerics.CHUNK_ELEMENTS // max(1, n * n))
     flat_x = jnp.reshape(x, (b * m, n, x.shape[-1]))
     flat_reached = reached.reshape(-1)
     todo = np.flatnonzero(flat_reached)
@@ -713,12 +493,12 @@ def track_rank(
         idx = todo[a : a + chunk]
         # pad to a fixed chunk size so that one compilation serves every chunk
         pad = np.concatenate([idx, np.full(min(chunk, todo.size) - idx.size, idx[-1])])
-        st = jax.device_get(_traj_stats(model, flat_x[pad], stochastic))
+        st = jax.device_get(traj_stats(model, flat_x[pad], stochastic))
         st = {key: np.asarray(v)[: idx.size] for key, v in st.items()}
         bi, mi = np.divmod(idx, m)
         Pc = np.asarray(st["P"])
         kc = np.asarray(st["k"])
-        r_c, code_c = _rank_stack(
+        r_c, code_c = rank_stack(
             Pc,
             kc,
             np.asarray(st["fro2"]),
@@ -759,11 +539,11 @@ def track_rank(
     settled = reached.any(-1) & (D_last_inf < th / n)
 
     fits = [
-        _fit_double_exponential(ts, logD[i], reached[i], fmin, fmax, min_fit_points)
+        fit_double_exponential(ts, logD[i], reached[i], fmin, fmax, min_fit_points)
         for i in range(b)
     ]
     cfits = [
-        _fit_double_exponential(ts, log_out[i], reached[i], fmin, fmax, min_fit_points)
+        fit_double_exponential(ts, log_out[i], reached[i], fmin, fmax, min_fit_points)
         for i in range(b)
     ]
 
