@@ -15,32 +15,35 @@ Panels: (a) tokens in eigen-coordinates, the proved planes and the conjectured l
 (b) the plane of the two positive coordinates: the tokens converge to <= 3 points, as
 conjectured; (c) the spread of phi_2^* within each group against t (log scale).
 
-Run:  python -m attnflow.experiments.fig_conjecture [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_conjecture [--quick] [--out figures] [--redraw]
+
+The look is ``draw`` (matplotlib only, from the saved data); the numbers are ``compute``.
 """
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnflow.experiments import _figure as F
 from attnflow.experiments import _plotting as H
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NAME = "fig_conjecture"
 SEED, N, T, DT = 0, 20, 30.0, 0.1
 SAVES = 121  # every 2.5 layers (the same shapes as the other figures: one compile)
 
 
-@H.styled()
-def make(out_dir: Path, quick: bool = False) -> dict:
-    """Simulate, draw, write PNG/PDF/JSON."""
-    plt = H.setup()
+def compute(quick: bool) -> F.Data:
+    """Simulate; eigen-coordinates, level groups, the spread of phi_2^* in each."""
+    H.setup()
     import attnflow as af
     import attnflow.plotting as AP
     from attnflow.io.matrices import PAPER
 
-    t_start = time.perf_counter()
     V = PAPER["paper-codim"]
     traj, params = AP.simulate_tokens(V, n=N, seed=SEED, t1=T, dt=DT, saves=SAVES)
     traj.raise_for_status()
@@ -82,6 +85,31 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         phi2_rate_fitted=fits,
         free_coordinate_range=[float(c[-1, :, 0].min()), float(c[-1, :, 0].max())],
     )
+    side = H.sidecar(
+        script="attnflow.experiments.fig_conjecture",
+        quick=quick,
+        runs=[params],
+        status_of_claim="CONJECTURE, not a theorem: codimension-k subspaces for k "
+        "eigenvalues of positive real part. Proved here: the hyperplane "
+        "theorem (codimension 1).",
+    )
+    arrays = dict(c=c, ts=ts, levels=levels, pairs=pairs, spread=spread)
+    return F.Data(sidecar=side, arrays=arrays, result={"observed": obs.label})
+
+
+def draw(data: F.Data) -> dict[str, Figure]:
+    """The three panels, from ``compute``'s data (matplotlib only)."""
+    import matplotlib.pyplot as plt
+
+    import attnflow.plotting as AP
+
+    c, ts, levels, pairs, spread = (
+        data.arrays[k] for k in ("c", "ts", "levels", "pairs", "spread")
+    )
+    run = data.sidecar["runs"][0]
+    a, b, rate = run["a"], run["b"], run["phi2_rate_predicted"]
+    predicted, observed = run["predicted"]["label"], run["observed"]["label"]
+    late = ts >= T / 2
 
     fig = plt.figure(figsize=(6.5, 3.0))
     # (a) 3-d, eigen-coordinates: x = free (-0.222), y = phi_2^*, z = phi_1^*
@@ -141,26 +169,15 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         r"$Q=K=I$, $n=20$, $x_0$ uniform in $[-5,5]^3$, Euler $dt=0.1$, $T=30$"
         "\n"
         r"proved (hyperplane theorem): $\leq 3$ planes $\varphi_1^*\in\{a,0,b\}$; "
-        rf"predict_regime: {reg.label}; observe_limit: {obs.label}",
+        rf"predict_regime: {predicted}; observe_limit: {observed}",
         sub_y=0.94,
         title_kw={"color": "C3"},
         linespacing=1.4,
     )
-    figures = H.save(fig, out_dir, NAME, quick)
-    out = H.finish(
-        out_dir,
-        NAME,
-        script="attnflow.experiments.fig_conjecture",
-        quick=quick,
-        runs=[params],
-        figures=figures,
-        t_start=t_start,
-        status_of_claim="CONJECTURE, not a theorem: codimension-k subspaces for k "
-        "eigenvalues of positive real part. Proved here: the hyperplane "
-        "theorem (codimension 1).",
-    )
-    return {**out, "observed": obs.label}
+    return {NAME: fig}
 
+
+make = F.figure(NAME, compute, draw)
 
 if __name__ == "__main__":
     H.main(make, __doc__)

@@ -20,17 +20,25 @@ authors plotted; (b) speed max_i |c_i(t + dt) - c_i(t)| / dt of every coordinate
 coloured by mu; (c) the leading coordinate of every token; (d) spread over tokens at T
 against mu: modal state vs projection of traj.z. The runtime is printed and stored.
 
-Run:  python -m attnflow.experiments.fig_paper128 [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_paper128 [--quick] [--out figures] [--redraw]
+
+The look is ``draw`` (matplotlib only, from the saved data: the mean and spread over tokens
+of every coordinate, the leading coordinate of every token, the speeds); the numbers are
+``compute``.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnflow.experiments import _figure as F
 from attnflow.experiments import _plotting as H
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NAME = "fig_paper128"
 SEED, T, DT, SCALE = 0, 15.0, 0.1, 0.5
@@ -52,16 +60,12 @@ def modal_coordinates(traj) -> tuple[np.ndarray, np.ndarray, str]:
     return np.asarray(traj.z, np.float64) @ np.linalg.inv(T).T, mu, "projection of traj.z"
 
 
-@H.styled()
-def make(out_dir: Path, quick: bool = False) -> dict:
-    """Run the experiment (printing its runtime), draw, write PNG/PDF/JSON."""
-    plt = H.setup()
-    from matplotlib.colors import Normalize
-
+def compute(quick: bool) -> F.Data:
+    """Run the experiment (printing its runtime); the modal coordinates' statistics."""
+    H.setup()
     import attnflow.plotting as AP
     from attnflow.io.matrices import paper_128
 
-    t_start = time.perf_counter()
     d = 32 if quick else 128
     V = paper_128(SEED, d=d)
     traj, params = AP.simulate_tokens(V, n=d, seed=SEED, t1=T, dt=DT, scale=SCALE)
@@ -130,6 +134,47 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         ),
     )
 
+    params["V"] = V.tolist()
+    side = H.sidecar(
+        script="attnflow.experiments.fig_paper128",
+        quick=quick,
+        runs=[params],
+        V=f"attnflow.matrices.paper_128(seed={SEED}, d={d}); the matrix is runs[0].V",
+        runtime_simulation_seconds={"first_call_with_compile": first, "compiled_run": run_only},
+    )
+    arrays = dict(
+        ts=ts,
+        mu=mu,
+        # mean and std over tokens of every coordinate, the leading one of every token
+        c_mean=np.stack([c[:, :, j].mean(axis=1) for j in range(d)], axis=1),
+        c_std=np.stack([c[:, :, j].std(axis=1) for j in range(d)], axis=1),
+        c_lead=c[:, :, lead],
+        speed=speed,
+        std_T=std_T,
+        std_T_proj=std_T_proj,
+    )
+    return F.Data(
+        sidecar=side,
+        arrays=arrays,
+        result={"runtime_seconds": first, "compiled_run_seconds": run_only},
+    )
+
+
+def draw(data: F.Data) -> dict[str, Figure]:
+    """The four panels, from ``compute``'s data (matplotlib only)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import Normalize
+
+    a = data.arrays
+    ts, mu, speed, std_T, std_T_proj = (a[k] for k in ("ts", "mu", "speed", "std_T", "std_T_proj"))
+    d = len(mu)
+    lead = d - 1
+    neg = mu < 0
+    pos = (mu > 0) & (np.arange(d) != lead)
+    leaders_final = data.sidecar["runs"][0]["leading_coordinate_final_values"]
+    runtime = data.sidecar["runtime_simulation_seconds"]
+    first, run_only = runtime["first_call_with_compile"], runtime["compiled_run"]
+
     fig = plt.figure(figsize=(6.5, 4.9))
     cmap = plt.get_cmap("coolwarm")
     norm = Normalize(-mu[:-1].max(), mu[:-1].max())
@@ -137,7 +182,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ax = fig.add_axes((0.08, 0.55, 0.38, 0.33))
     reps = [0, int(np.flatnonzero(neg)[-1]), int(np.flatnonzero(pos)[0]), lead - 1, lead]
     for j in reps:
-        m, s = c[:, :, j].mean(axis=1), c[:, :, j].std(axis=1)
+        m, s = a["c_mean"][:, j], a["c_std"][:, j]
         col = "k" if j == lead else cmap(norm(mu[j]))
         ax.plot(ts, m, color=col, lw=1.0, label=rf"$\mu={mu[j]:.2f}$")
         ax.fill_between(ts, m - s, m + s, color=col, alpha=0.15, lw=0)
@@ -173,7 +218,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     H.panel_label(ax, "b", x=-0.16)
     # (c) leading coordinate of every token
     ax = fig.add_axes((0.08, 0.08, 0.38, 0.33))
-    ax.plot(ts, c[:, :, lead], color="0.3", lw=0.4, alpha=0.7)
+    ax.plot(ts, a["c_lead"], color="0.3", lw=0.4, alpha=0.7)
     ax.set_xlabel("$t$", labelpad=1)
     ax.set_ylabel(rf"leading coordinate ($\mu={mu[lead]:.2f}$)")
     ax.set_title(
@@ -210,21 +255,10 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         rf"({run_only:.2f} s once compiled)",
         sub_y=0.953,
     )
-    figures = H.save(fig, out_dir, NAME, quick)
-    params["V"] = V.tolist()
-    out = H.finish(
-        out_dir,
-        NAME,
-        script="attnflow.experiments.fig_paper128",
-        quick=quick,
-        runs=[params],
-        figures=figures,
-        t_start=t_start,
-        V=f"attnflow.matrices.paper_128(seed={SEED}, d={d}); the matrix is runs[0].V",
-        runtime_simulation_seconds={"first_call_with_compile": first, "compiled_run": run_only},
-    )
-    return {**out, "runtime_seconds": first, "compiled_run_seconds": run_only}
+    return {NAME: fig}
 
+
+make = F.figure(NAME, compute, draw)
 
 if __name__ == "__main__":
     H.main(make, __doc__)
