@@ -13,18 +13,23 @@ angles 0, 1.4, 3.0 and 4.5 rad (jitter 0.02 rad). Measured: the cluster count
 log t; the plateaus (maximal runs of saves with a constant count) and the adaptive
 solver's step count, against the ``t / dt`` layers fixed steps of dt = 0.1 would need.
 
-Run:  python -m attnflow.experiments.fig_metastability [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_metastability [--quick] [--out figures] [--redraw]
+
+The look is ``draw`` (matplotlib only, from the saved data); the numbers are ``compute``.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnflow.experiments import _figure as F
 from attnflow.experiments import _plotting as H
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NAME = "fig_metastability"
 SEED, N, D, THRESHOLD, RTOL, ATOL = 0, 32, 2, 0.9999, 1e-8, 1e-10
@@ -51,13 +56,20 @@ def grouped_start(rng: np.random.Generator) -> np.ndarray:
     return np.stack([np.cos(ang), np.sin(ang)], axis=-1)
 
 
-@H.styled(H.small_text(7))
-def make(out_dir: Path, quick: bool = False) -> dict:
-    """Draw the staircases and write the sidecar."""
-    plt = H.setup()
+def compute(quick: bool) -> F.Data:
+    """Run every beta and start to ``t1`` (adaptive); the cluster counts and energies.
+
+    Args:
+        quick: the small version (beta = 9, t to 50, two random starts, 20 saves).
+
+    Returns:
+        the sidecar (every run's counts, energies rounded to 6 digits, plateaus, step
+        counts) and, for ``draw``, the save times ``ts`` and per run ``i`` (the sidecar's
+        ``runs[i]``) ``r{i}_counts`` and the unrounded ``r{i}_energy``, ``(systems, saves)``.
+    """
+    H.setup()
     import attnflow as af
 
-    t_start = time.perf_counter()
     betas = (9.0,) if quick else (9.0, 12.0)
     t1 = 50.0 if quick else 1e5
     ts = np.concatenate([[0.0], np.logspace(-1, math.log10(t1), 20 if quick else 140)])
@@ -66,7 +78,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         "random": rng.standard_normal((2 if quick else 4, N, D)),
         "separated": grouped_start(rng)[None],
     }
-    runs, curves = [], []
+    runs, arrays = [], {"ts": ts}
     I = np.eye(D)
     for beta in betas:
         model = af.Attention(I, I, I, beta=beta)
@@ -75,6 +87,8 @@ def make(out_dir: Path, quick: bool = False) -> dict:
             counts = af.count_clusters(traj, threshold=THRESHOLD)  # (b, m)
             energy = 2 * beta * af.interaction_energy(traj, beta) / math.exp(beta)
             steps = np.asarray(traj.stats["num_steps"]).tolist()
+            arrays[f"r{len(runs)}_counts"] = counts
+            arrays[f"r{len(runs)}_energy"] = energy
             runs.append(
                 dict(
                     name=f"beta={beta:g}, {kind}",
@@ -98,14 +112,38 @@ def make(out_dir: Path, quick: bool = False) -> dict:
                     fixed_layers_needed_at_dt_0_1=int(round(t1 / 0.1)),
                 )
             )
-            curves.append((beta, kind, counts, energy))
+    side = H.sidecar(
+        script="attnflow.experiments.fig_metastability",
+        quick=quick,
+        runs=runs,
+        theorem="[S] metastability: clusters persist for times exponentially long in beta.",
+    )
+    final = {r["name"]: r["clusters"][..., -1] for r in runs}
+    return F.Data(sidecar=side, arrays=arrays, result={"final_clusters": final})
 
+
+def draw(data: F.Data) -> dict[str, Figure]:
+    """The staircases of the cluster count and of the energy, one column per beta, from
+    ``compute``'s data (matplotlib only).
+
+    Args:
+        data: what ``compute`` returned (or its saved copy).
+
+    Returns:
+        ``{NAME: figure}``.
+    """
+    import matplotlib.pyplot as plt
+
+    a, runs = data.arrays, data.sidecar["runs"]
+    ts = a["ts"]
+    betas = list(dict.fromkeys(r["beta"] for r in runs))
     fig, axes = plt.subplots(2, len(betas), figsize=(6.5, 3.8), squeeze=False, sharex=True)
     for col, beta in enumerate(betas):
         ax_c, ax_e = axes[0, col], axes[1, col]
-        for b, kind, counts, energy in curves:
-            if b != beta:
+        for i, run in enumerate(runs):
+            if run["beta"] != beta:
                 continue
+            kind, counts, energy = run["start"], a[f"r{i}_counts"], a[f"r{i}_energy"]
             style = "-" if kind == "random" else "--"
             for s in range(counts.shape[0]):
                 colour = f"C{s}" if kind == "random" else "k"
@@ -128,19 +166,10 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         sub_y=0.94,
     )
     fig.subplots_adjust(top=0.85, bottom=0.1, left=0.09, right=0.98, hspace=0.25, wspace=0.25)
-    figures = H.save(fig, out_dir, NAME, quick)
-    out = H.finish(
-        out_dir,
-        NAME,
-        script="attnflow.experiments.fig_metastability",
-        quick=quick,
-        runs=runs,
-        figures=figures,
-        t_start=t_start,
-        theorem="[S] metastability: clusters persist for times exponentially long in beta.",
-    )
-    return {**out, "final_clusters": {r["name"]: r["clusters"][..., -1] for r in runs}}
+    return {NAME: fig}
 
+
+make = F.figure(NAME, compute, draw, rc=H.small_text(7))
 
 if __name__ == "__main__":
     H.main(make, __doc__)
