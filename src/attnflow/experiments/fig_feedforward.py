@@ -29,19 +29,24 @@ reached its predicted label. "Not converged" is reported apart (the tested quant
 moves at t1). Layers to cluster: ``attnflow.experiments._layers`` (the first layer from
 which the single-linkage count of the levels phi_1*(z), or of z, stays final).
 
-Run:  python -m attnflow.experiments.fig_feedforward [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_feedforward [--quick] [--out figures] [--redraw]
+
+The look is ``draw`` (matplotlib only, from the saved tokens and the sidecar); the
+numbers are ``compute``.
 """
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from attnflow.experiments import _figure as F
 from attnflow.experiments import _layers as L
 from attnflow.experiments import _plotting as H
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NAME = "fig_feedforward"
 SEED, N, DT, M = 0, 20, 0.1, 8
@@ -192,14 +197,25 @@ def table(rows: list[dict[str, Any]]) -> str:
     return H.markdown_table(header, body)
 
 
-@H.styled()
-def make(out_dir: Path, quick: bool = False) -> dict:
-    """The three panels on the paper's set-up and the sweep; PNG/PDF/JSON."""
-    plt = H.setup()
+def _t1(quick: bool) -> float:
+    return 6.0 if quick else 12.0
+
+
+def _per_cell(quick: bool) -> int:
+    return 2 if quick else 16
+
+
+def _key(name: str) -> str:
+    """The array name of a panel's run: "attention", "+ relu" -> "relu"."""
+    return name.removeprefix("+ ")
+
+
+def compute(quick: bool) -> F.Data:
+    """The three runs on the paper's set-up and the sweep."""
+    H.setup()
     import attnflow as af
 
-    t_start = time.perf_counter()
-    T = 6.0 if quick else 12.0
+    T = _t1(quick)
     V = np.asarray(V_PAPER)
     x0 = np.random.default_rng(SEED).uniform(-5, 5, (N, 2))
     W1, b1, W2, b2 = ff_weights(np.random.default_rng(FF_SEED), 2, 1.0)
@@ -210,7 +226,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ts = np.arange(int(round(T / DT)) + 1) * DT
     left = af.spectral_structure(V).phi1_left
     assert left is not None
-    runs, panels = [], {}
+    runs, arrays = [], {"x0": x0, "left": left}
     for name, model in models.items():
         traj = af.simulate(model, x0, T, ts=ts, frame="rescaled", method="euler", dt=DT)
         traj.raise_for_status()
@@ -243,21 +259,55 @@ def make(out_dir: Path, quick: bool = False) -> dict:
                 **lay,
             )
         )
-        panels[name] = (z, x)
+        arrays[f"z_{_key(name)}"] = z
 
     # the sweep
     n_cells = len(FAMILIES) * len(ACTS) * len(EPS)
-    per_cell = 2 if quick else 16
+    per_cell = _per_cell(quick)
     # quick: the hyperplane family at eps = 1 only (cells 6 .. 11 hold the hyperplanes)
     keep = range(per_cell * n_cells)
     if quick:
         keep = [i for i in keep if sample_cell(i) == ("hyperplanes", sample_cell(i)[1], 1.0)]
     records = [run_sample(sample(i)) for i in keep]
     rows = summarise(records)
+    side = H.sidecar(
+        script="attnflow.experiments.fig_feedforward",
+        quick=quick,
+        runs=runs,
+        theorem="none: the feed-forward transformer is open in [E]; survival is measured",
+        survive_definition=(
+            "observe_limit(block run).label == predict_regime(attention alone).label, "
+            "among the samples where observe_limit(attention alone) gave that label"
+        ),
+        layers_definition=L.__doc__.split("Definition")[1].strip() if L.__doc__ else "",
+        sweep={
+            "families": list(FAMILIES),
+            "activations": list(ACTS),
+            "eps": list(EPS),
+            "per_cell": per_cell,
+            "n": SWEEP_N,
+            "hidden": M,
+            "seed": SEED,
+            "stream_key": SWEEP_TAG,
+            "rows": rows,
+            "records": records,
+        },
+        table=table(rows),
+    )
+    return F.Data(sidecar=side, arrays=arrays, result={"rows": rows})
 
+
+def draw(data: F.Data) -> dict[str, Figure]:
+    """Panels (a-c) from the saved tokens, (d) from the sweep's rows (matplotlib only)."""
+    import matplotlib.pyplot as plt
+
+    a, runs = data.arrays, data.sidecar["runs"]
+    rows, per_cell = data.sidecar["sweep"]["rows"], data.sidecar["sweep"]["per_cell"]
+    x0, left, T = a["x0"], a["left"], _t1(data.quick)
+    panels = {r["name"]: a[f"z_{_key(r['name'])}"] for r in runs}
     fig = plt.figure(figsize=(6.5, 4.6))
-    lim = 1.15 * max(np.abs(panels[k][0][-1]).max() for k in ("attention", "+ tanh"))
-    for j, (name, (z, _)) in enumerate(panels.items()):
+    lim = 1.15 * max(np.abs(panels[k][-1]).max() for k in ("attention", "+ tanh"))
+    for j, (name, z) in enumerate(panels.items()):
         ax = fig.add_axes((0.06 + 0.33 * j, 0.56, 0.25, 0.33))
         r = runs[j]
         zz = z[-1]
@@ -314,36 +364,10 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         f"m = {M} hidden units",
         sub_y=0.95,
     )
-    figures = H.save(fig, out_dir, NAME, quick)
-    out = H.finish(
-        out_dir,
-        NAME,
-        script="attnflow.experiments.fig_feedforward",
-        quick=quick,
-        runs=runs,
-        figures=figures,
-        t_start=t_start,
-        theorem="none: the feed-forward transformer is open in [E]; survival is measured",
-        survive_definition=(
-            "observe_limit(block run).label == predict_regime(attention alone).label, "
-            "among the samples where observe_limit(attention alone) gave that label"
-        ),
-        layers_definition=L.__doc__.split("Definition")[1].strip() if L.__doc__ else "",
-        sweep={
-            "families": list(FAMILIES),
-            "activations": list(ACTS),
-            "eps": list(EPS),
-            "per_cell": per_cell,
-            "n": SWEEP_N,
-            "hidden": M,
-            "seed": SEED,
-            "stream_key": SWEEP_TAG,
-            "rows": rows,
-            "records": records,
-        },
-        table=table(rows),
-    )
-    return {**out, "rows": rows}
+    return {NAME: fig}
+
+
+make = F.figure(NAME, compute, draw)
 
 
 if __name__ == "__main__":
