@@ -42,21 +42,35 @@ with its own rounding tolerance, in the Ginibre study (``attnflow.studies.ginibr
 
 ``observe_limit`` (``attnflow.analysis.observe``) measures the end of a trajectory
 against the conclusion of the theorem that matches V's spectral structure.
+
+The records (``Label``, ``Hypothesis``, ``LeadingEigenvalue``, ``SpectralStructure``,
+``Regime``) are defined in ``_regime_types``, ``sort_spectrum`` and the scale-safe
+helpers in ``_spectra``; every name above is importable from here.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import math
 import sys
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from jaxtyping import Bool, Complex, Float, Int
+from jaxtyping import Complex, Float
 
 from .. import _checks
+from ._regime_types import Hypothesis, Label, LeadingEigenvalue, Regime, SpectralStructure
+from ._spectra import (
+    TINY,
+    balanced,
+    conjecture_note,
+    qk_facts,
+    real_matrix,
+    sort_spectrum,
+    sorted_spectrum,
+    spectrum_text,
+    unscale,
+)
 
 __all__ = [
     "Label",
@@ -70,22 +84,6 @@ __all__ = [
     "spectral_structure",
     "predict_regime",
 ]
-
-
-class Label(enum.StrEnum):
-    """The geometry of a limit: predicted (``predict_regime``) or observed
-    (``observe_limit``; only an observation is ever ``NOT_CONVERGED``).
-
-    Members are strings (``Label.POLYTOPE == "polytope"``): they compare equal to the
-    plain names, format as them and are written to JSON as them."""
-
-    POLYTOPE = "polytope"
-    HYPERPLANES = "hyperplanes"
-    SUBSPACE = "subspace"
-    ORIGIN = "origin"
-    UNCLASSIFIED = "unclassified"
-    NOT_CONVERGED = "not-converged"
-
 
 #: The labels a prediction can take, in the order of the module table's theorems.
 LABELS: tuple[Label, ...] = (
@@ -106,82 +104,8 @@ THEOREMS = {
     "free subspace G",
 }
 
-# Largest entries inside this range are used as they are; outside it a matrix is scaled
-# by a power of two first (exact), so that squares and products of entries stay finite
-# and normal (the range of LAPACK's own scaling, with room for d^2 terms).
-_SAFE_EXPONENT = 400
-_TINY = float(np.finfo(np.float64).tiny)
-
 
 # ---------------------------------------------------------------- the one decision
-def sort_spectrum(eigenvalues: Complex[npt.ArrayLike, "*b d"]) -> Complex[np.ndarray, "*b d"]:
-    """Eigenvalues sorted by decreasing modulus, ties broken by larger real part first
-    (a stable sort: an exact tie of both, such as a conjugate pair, keeps its order).
-
-    Args:
-        eigenvalues: ``(..., d)`` one spectrum or a stack.
-
-    Returns:
-        ``(..., d)`` complex128, sorted along the last axis.
-    """
-    return _sorted(eigenvalues)[0]
-
-
-def _sorted(eigenvalues: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``sort_spectrum`` and the sorted moduli. A stable sort by modulus, then (rows with
-    equal moduli of different real parts only: rare, a conjugate pair is an exact tie of
-    both) the two-key sort."""
-    w = np.asarray(eigenvalues).astype(np.complex128, copy=False)
-    mod = np.abs(w)
-    order = np.argsort(-mod, axis=-1, kind="stable")
-    ws = np.take_along_axis(w, order, axis=-1)
-    ms = np.take_along_axis(mod, order, axis=-1)
-    tie = (ms[..., 1:] == ms[..., :-1]) & (ws.real[..., 1:] != ws.real[..., :-1])
-    redo = np.any(tie, axis=-1)
-    if np.any(redo):
-        order = np.lexsort((-w[redo].real, -mod[redo]), axis=-1)
-        ws[redo] = np.take_along_axis(w[redo], order, axis=-1)
-        ms[redo] = np.take_along_axis(mod[redo], order, axis=-1)
-    return ws, ms
-
-
-@dataclasses.dataclass(frozen=True)
-class LeadingEigenvalue:
-    """The hypotheses on the leading eigenvalue lambda_1 of V, for one spectrum (0-d
-    fields) or a stack (fields of the stack's shape ``...``).
-
-    Attributes:
-        eigenvalues: ``(..., d)`` complex, sorted as ``sort_spectrum`` sorts.
-        lambda1: ``(...)`` complex: the first of them (largest modulus).
-        lambda2_abs: ``(...)`` the largest modulus outside lambda_1's cluster (0 when
-            there is none); for a complex lambda_1 this is its conjugate's.
-        multiplicity: ``(...)`` how many eigenvalues lie in lambda_1's cluster (itself
-            included): within ``cluster_rtol * scale`` of lambda_1 (of its real part
-            when it counts as real).
-        tol: ``(...)`` the absolute tolerance ``rtol * scale`` of the four decisions.
-        real: ``|Im lambda_1| <= tol``.
-        positive: real and ``Re lambda_1 > tol``.
-        simple: ``multiplicity == 1``.
-        dominant: ``|lambda_1| - lambda2_abs > tol``.
-    """
-
-    eigenvalues: Complex[np.ndarray, "*b d"]
-    lambda1: Complex[np.ndarray, "*b"]
-    lambda2_abs: Float[np.ndarray, "*b"]
-    multiplicity: Int[np.ndarray, "*b"]
-    tol: Float[np.ndarray, "*b"]
-    real: Bool[np.ndarray, "*b"]
-    positive: Bool[np.ndarray, "*b"]
-    simple: Bool[np.ndarray, "*b"]
-    dominant: Bool[np.ndarray, "*b"]
-
-    @property
-    def spectral(self) -> Bool[np.ndarray, "*b"]:
-        """The spectral hypothesis of the hyperplane theorem: lambda_1 real, positive,
-        simple and dominant."""
-        return self.real & self.positive & self.simple & self.dominant
-
-
 def leading_eigenvalue(
     eigenvalues: Complex[npt.ArrayLike, "*b d"],
     scale: Float[npt.ArrayLike, "*b"],
@@ -208,7 +132,7 @@ def leading_eigenvalue(
     Returns:
         A ``LeadingEigenvalue`` (``.spectral``: all four hold).
     """
-    w, mod = _sorted(eigenvalues)
+    w, mod = sorted_spectrum(eigenvalues)
     s = np.asarray(scale, np.float64)
     tol = rtol * s
     ctol = (math.sqrt(rtol) if cluster_rtol is None else float(cluster_rtol)) * s
@@ -233,88 +157,7 @@ def leading_eigenvalue(
     )
 
 
-# ------------------------------------------------------------------------ checks
-def _matrix(name: str, A: Any, d: int | None = None, rectangular: bool = False) -> np.ndarray:
-    """A finite real matrix as float64: ``(d, d)``, or ``(p, d)`` when ``rectangular``."""
-    hint = f"(p, {d})" if rectangular else "(d, d)"
-    arr = _checks.real_array(name, A, ndim=2, shape_hint=hint).astype(np.float64)
-    if rectangular:
-        if d is not None and arr.shape[1] != d:
-            raise ValueError(f"{name} must be a (p, {d}) matrix; got shape {arr.shape}.")
-    else:
-        if arr.shape[0] != arr.shape[1]:
-            raise ValueError(f"{name} must be a square (d, d) matrix; got shape {arr.shape}.")
-        if d is not None and arr.shape[0] != d:
-            raise ValueError(f"{name} has shape {arr.shape}; Q, K and V must all be ({d}, {d}).")
-    return arr
-
-
-def _balanced(A: np.ndarray) -> tuple[np.ndarray, int]:
-    """``(A 2^-e, e)``: ``A`` itself (``e = 0``) when its largest ``|entry|`` lies in
-    ``[2^-400, 2^400]``, else scaled by a power of two (exactly) to largest entry in
-    ``[1/2, 1)``. Norms and products of the result neither overflow nor underflow."""
-    amax = float(np.max(np.abs(A)))
-    if amax == 0.0 or 2.0**-_SAFE_EXPONENT <= amax <= 2.0**_SAFE_EXPONENT:
-        return A, 0
-    e = math.frexp(amax)[1]
-    return np.ldexp(A, -e), e
-
-
-def _unscale(x: float, e: int) -> float:
-    """``x 2^e`` (``+-inf`` past the float range)."""
-    with np.errstate(over="ignore", under="ignore"):
-        return float(np.ldexp(x, e))
-
-
 # -------------------------------------------------------------- spectral structure
-@dataclasses.dataclass(frozen=True)
-class Hypothesis:
-    """One hypothesis of a theorem, decided numerically."""
-
-    name: str
-    holds: bool
-    value: float | None = None
-    detail: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class SpectralStructure:
-    """The spectral facts of V that the theorems use.
-
-    Attributes:
-        eigenvalues: ``(d,)`` complex, sorted by decreasing modulus (ties: larger real
-            part first).
-        kind: ``"scalar-positive"`` (V = c I, c > 0), ``"scalar-negative"`` (c < 0),
-            ``"simple"`` (lambda_1 real > 0, simple, dominant), ``"paranormal"``
-            (lambda_1 real > 0, semisimple, multiplicity k >= 2, dominant),
-            or ``"other"``.
-        why: for ``"other"``, which spectral condition fails.
-        lambda1: the leading eigenvalue (complex).
-        F: ``(d, k)`` orthonormal basis of the leading eigenspace (kinds simple,
-            paranormal, scalar-positive), else None.
-        F_coords: ``(k, d)`` the linear map ``z -> coordinates of the F-part of z`` along
-            the invariant complement G (for k = 1: ``phi_1* / phi_1*(phi_1)``), else None.
-        phi1, phi1_left: right and left eigenvectors for a simple lambda_1 (left
-            normalised so that ``phi1_left @ phi1 = 1``), else None.
-        scalar: ``c`` when V = c I, else None.
-        scale: ``max(|lambda_1|, ||V||_2)``.
-        rho_G: the spectral radius outside lambda_1's cluster, where decided.
-        leading: the four hypotheses on lambda_1 (``leading_eigenvalue``), decided for
-            every V (also when ``kind`` stops earlier).
-    """
-
-    eigenvalues: Complex[np.ndarray, " d"]
-    kind: str
-    why: str
-    lambda1: complex
-    F: Float[np.ndarray, "d k"] | None
-    F_coords: Float[np.ndarray, "k d"] | None
-    phi1: Float[np.ndarray, " d"] | None
-    phi1_left: Float[np.ndarray, " d"] | None
-    scalar: float | None
-    scale: float
-    rho_G: float | None
-    leading: LeadingEigenvalue
 
 
 def spectral_structure(V: Float[npt.ArrayLike, "d d"], *, rtol: float = 1e-8) -> SpectralStructure:
@@ -327,13 +170,13 @@ def spectral_structure(V: Float[npt.ArrayLike, "d d"], *, rtol: float = 1e-8) ->
     Returns:
         A ``SpectralStructure``.
     """
-    V = _matrix("V", V)
+    V = real_matrix("V", V)
     rtol = _checks.number("rtol", rtol, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
     d = V.shape[0]
     w = sort_spectrum(np.linalg.eigvals(V))
     normV = float(np.linalg.norm(V, 2))
     lam1 = complex(w[0])
-    scale = max(abs(lam1), normV, _TINY)
+    scale = max(abs(lam1), normV, TINY)
     lead = leading_eigenvalue(w, scale, rtol=rtol)
     tol = rtol * scale
     base: dict[str, Any] = dict(
@@ -348,10 +191,10 @@ def spectral_structure(V: Float[npt.ArrayLike, "d d"], *, rtol: float = 1e-8) ->
         rho_G=None,
         leading=lead,
     )
-    Vs, e = _balanced(V)
+    Vs, e = balanced(V)
     cs = float(np.trace(Vs)) / d
-    if np.linalg.norm(Vs - cs * np.eye(d)) <= rtol * max(float(np.linalg.norm(Vs)), _TINY):
-        c = _unscale(cs, e)
+    if np.linalg.norm(Vs - cs * np.eye(d)) <= rtol * max(float(np.linalg.norm(Vs)), TINY):
+        c = unscale(cs, e)
         if c > tol:
             return SpectralStructure(
                 kind="scalar-positive",
@@ -416,74 +259,6 @@ def spectral_structure(V: Float[npt.ArrayLike, "d d"], *, rtol: float = 1e-8) ->
 
 
 # ---------------------------------------------------------------------- prediction
-@dataclasses.dataclass(frozen=True)
-class Regime:
-    """A prediction of ``predict_regime``.
-
-    Attributes:
-        label: a ``Label`` other than ``NOT_CONVERGED``.
-        theorem: the result of [E] that applies, or None.
-        eigenvalues: V's spectrum (complex), sorted by decreasing modulus.
-        reason: one sentence: which hypotheses hold and which fails.
-        hypotheses: every hypothesis that was decided, in order, with its value.
-        structure: V's spectral structure (``SpectralStructure``).
-        also: other theorems whose hypotheses also hold (less specific ones).
-        rtol: the relative tolerance used.
-    """
-
-    label: Label
-    theorem: str | None
-    eigenvalues: Complex[np.ndarray, " d"]
-    reason: str
-    hypotheses: tuple[Hypothesis, ...]
-    structure: SpectralStructure
-    also: tuple[str, ...] = ()
-    rtol: float = 1e-8
-
-    def to_dict(self) -> dict[str, Any]:
-        """The prediction as plain values (for JSON through ``io.serialize``)."""
-        s = self.structure
-        return {
-            "label": self.label,
-            "theorem": self.theorem,
-            "eigenvalues": self.eigenvalues,
-            "reason": self.reason,
-            "hypotheses": [dataclasses.asdict(h) for h in self.hypotheses],
-            "also": list(self.also),
-            "structure": s.kind,
-            "lambda1": s.lambda1,
-            "phi1": s.phi1,
-            "phi1_left": s.phi1_left,
-            "rtol": self.rtol,
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class _QKFacts:
-    """Q, K scaled by ``2^-shift`` (``_balanced``) and what the theorems ask of them."""
-
-    Q: np.ndarray
-    K: np.ndarray
-    M: np.ndarray  # Q^T K of the scaled matrices
-    pd: Hypothesis
-    scale: float  # ||Q||_2 ||K||_2 of the scaled matrices
-    shift: int  # the unscaled Q^T K is M 2^shift
-
-
-def _qk_facts(Q: np.ndarray, K: np.ndarray, rtol: float) -> _QKFacts:
-    Qs, eq = _balanced(Q)
-    Ks, ek = _balanced(K)
-    M = Qs.T @ Ks
-    S = (M + M.T) / 2
-    scale = max(float(np.linalg.norm(Qs, 2) * np.linalg.norm(Ks, 2)), _TINY)
-    lmin = float(np.linalg.eigvalsh(S).min())
-    pd = Hypothesis(
-        "sym(Q^T K) positive definite",
-        lmin > rtol * scale,
-        lmin / scale,
-        f"smallest eigenvalue of sym(Q^T K) = {_unscale(lmin, eq + ek):.4g}",
-    )
-    return _QKFacts(Qs, Ks, M, pd, scale, eq + ek)
 
 
 def predict_regime(
@@ -535,16 +310,16 @@ def predict_regime(
     elif K is None or V is None:
         raise ValueError("predict_regime needs Q, K and V (or one Attention).")
     rtol = _checks.number("rtol", rtol, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
-    V = _matrix("V", V)
+    V = real_matrix("V", V)
     d = V.shape[0]
     rect = rect or np.ndim(Q) == 2 and np.shape(Q)[0] != np.shape(Q)[1]
-    Q = _matrix("Q", Q, d, rectangular=rect)
-    K = _matrix("K", K, d, rectangular=rect)
+    Q = real_matrix("Q", Q, d, rectangular=rect)
+    K = real_matrix("K", K, d, rectangular=rect)
     if Q.shape != K.shape:
         raise ValueError(f"Q and K must have the same shape; got {Q.shape} and {K.shape}.")
     st = spectral_structure(V, rtol=rtol)
     w = st.eigenvalues
-    qk = _qk_facts(Q, K, rtol)
+    qk = qk_facts(Q, K, rtol)
     pd, qk_scale = qk.pd, qk.scale
     hyps: list[Hypothesis] = []
 
@@ -569,7 +344,7 @@ def predict_regime(
             np.linalg.norm(M - s_scaled * np.eye(d)) <= rtol * max(np.linalg.norm(M), 1e-300)
             and s_scaled > rtol * qk_scale
         )
-        s = _unscale(s_scaled, qk.shift)
+        s = unscale(s_scaled, qk.shift)
         hyps.append(Hypothesis("Q^T K = s I, s > 0", bool(is_id), s))
         if is_id:
             return result(
@@ -584,7 +359,7 @@ def predict_regime(
             f"V = {c:.4g} I but Q^T K is not a positive multiple "
             f"of the identity, which the origin theorem assumes.",
         )
-    pd_min = _unscale((pd.value or 0.0) * qk_scale, qk.shift)
+    pd_min = unscale((pd.value or 0.0) * qk_scale, qk.shift)
     if st.kind == "scalar-positive":
         c = st.scalar
         hyps.append(Hypothesis("V = lambda I, lambda > 0", True, c))
@@ -623,7 +398,7 @@ def predict_regime(
     if st.kind == "other":
         if real:
             hyps.append(Hypothesis("lambda_1 > 0", bool(lead.positive), float(l1.real)))
-        conj = _conjecture_note(w, st.scale, rtol)
+        conj = conjecture_note(w, st.scale, rtol)
         return result(Label.UNCLASSIFIED, f"No theorem applies: {st.why}.{conj}")
     rho_G = float(st.rho_G or 0.0)
     hyps.append(Hypothesis("lambda_1 > 0", True, float(l1.real)))
@@ -633,7 +408,7 @@ def predict_regime(
         phi = st.phi1
         val_scaled = float((qk.Q @ phi) @ (qk.K @ phi))
         ok = val_scaled > rtol * qk_scale
-        val = _unscale(val_scaled, qk.shift)
+        val = unscale(val_scaled, qk.shift)
         hyps.append(Hypothesis("<Q phi_1, K phi_1> > 0", ok, val))
         if ok:
             also = []
@@ -645,10 +420,10 @@ def predict_regime(
                 f"and dominant (|lambda_2| = {rho_G:.4g}) and <Q phi_1, K phi_1> = "
                 f"{val:.4g} > 0: the tokens approach at most three parallel "
                 f"hyperplanes phi_1*(x) in {{a, 0, b}}."
-                + _conjecture_note(w, st.scale, rtol, sharpen=True),
+                + conjecture_note(w, st.scale, rtol, sharpen=True),
                 also,
             )
-        conj = _conjecture_note(w, st.scale, rtol)
+        conj = conjecture_note(w, st.scale, rtol)
         return result(
             Label.UNCLASSIFIED,
             f"lambda_1 = {l1.real:.4g} is simple and dominant but "
@@ -691,10 +466,6 @@ def predict_regime(
     )
 
 
-def _spectrum_text(w: np.ndarray) -> str:
-    return "[" + ", ".join(f"{complex(v).real:.4g}{complex(v).imag:+.4g}i" for v in w) + "]"
-
-
 def _not_softmax(head: Any, V: np.ndarray, rtol: float) -> Regime:
     """One head whose weights are not plain unmasked softmax: unclassified, naming what
     the head computes instead."""
@@ -708,7 +479,7 @@ def _not_softmax(head: Any, V: np.ndarray, rtol: float) -> Regime:
         reason=(
             f"{what}: no theorem of [E] covers this attention (the four regimes are "
             f"proved for unmasked softmax attention). Spectrum of V: "
-            f"{_spectrum_text(st.eigenvalues)} (spectral structure {st.kind!r})."
+            f"{spectrum_text(st.eigenvalues)} (spectral structure {st.kind!r})."
         ),
         hypotheses=(Hypothesis("unmasked softmax attention", False),),
         structure=st,
@@ -733,7 +504,7 @@ def _predict_family(model: Any, rtol: float) -> Regime:
     parts = []
     for i, Vh in enumerate(Vs):
         w = sort_spectrum(np.linalg.eigvals(Vh))
-        parts.append(f"head {i}: {_spectrum_text(w)}")
+        parts.append(f"head {i}: {spectrum_text(w)}")
     what = []
     if h > 1:
         what.append(f"{h} heads")
@@ -751,7 +522,7 @@ def _predict_family(model: Any, rtol: float) -> Regime:
     )
     if h > 0:
         reason += (
-            f" Spectra per head: {'; '.join(parts)}. Summed V: {_spectrum_text(st.eigenvalues)} "
+            f" Spectra per head: {'; '.join(parts)}. Summed V: {spectrum_text(st.eigenvalues)} "
             f"(spectral structure {st.kind!r})."
         )
     return Regime(
@@ -763,20 +534,3 @@ def _predict_family(model: Any, rtol: float) -> Regime:
         structure=st,
         rtol=rtol,
     )
-
-
-def _conjecture_note(w: np.ndarray, scale: float, rtol: float, sharpen: bool = False) -> str:
-    pos = int((np.real(w) > rtol * scale).sum())
-    if pos >= 2 and sharpen:
-        return (
-            f" ({pos} eigenvalues have positive real part: the unproved codimension-k "
-            f"conjecture would sharpen this to at most three parallel affine subspaces "
-            f"of codimension {pos}.)"
-        )
-    if pos >= 2:
-        return (
-            f" ({pos} eigenvalues have positive real part; the unproved codimension-k "
-            f"conjecture would predict at most three parallel affine subspaces of "
-            f"codimension {pos}.)"
-        )
-    return ""
