@@ -19,17 +19,22 @@ Panels: (a) r_k against depth, both architectures; (b) ``log10 log10(1/r_k)`` fo
 attention (a straight line is a doubly exponential collapse; slope log10 3 drawn);
 (c) the residual transformer's z at the end (s = 1), with the initial tokens.
 
-Run:  python -m attnflow.experiments.fig_rank_collapse [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_rank_collapse [--quick] [--out figures] [--redraw]
+
+The look is ``draw`` (matplotlib only, from the saved data); the numbers are ``compute``.
 """
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnflow.experiments import _figure as F
 from attnflow.experiments import _plotting as H
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NAME = "fig_rank_collapse"
 SEED, N, DT, PURE_LAYERS = 0, 20, 0.1, 12
@@ -71,14 +76,28 @@ def settle_layer(z: np.ndarray, tol: float = 1e-2) -> tuple[int, int]:
     return final, int(changed[-1] + 1) if changed.size else 0
 
 
-@H.styled()
-def make(out_dir: Path, quick: bool = False) -> dict:
-    """Run both architectures on the same tokens, draw, write PNG/PDF/JSON."""
-    plt = H.setup()
+def _t1(quick: bool) -> float:
+    """The residual transformer's end time."""
+    return 5.0 if quick else 10.0
+
+
+def compute(quick: bool) -> F.Data:
+    """Run both architectures on the same tokens; the relative residuals and clusters.
+
+    Args:
+        quick: the small version (the residual transformer to T = 5).
+
+    Returns:
+        the sidecar (every run's residuals, collapse layers, growth factor, clusters)
+        and, for ``draw``, per run ``i`` (the sidecar's ``runs[i]``) ``r{i}_pure`` and
+        ``r{i}_res`` (the relative residual at every layer), and for the first run (one
+        head, s = 1) ``x0``, ``z_final`` and, when W's leading eigenvalue is simple,
+        ``phi1_left``.
+    """
+    H.setup()
     import attnflow as af
 
-    T = 5.0 if quick else 10.0
-    t_start = time.perf_counter()
+    T = _t1(quick)
     V = np.asarray(V_PAPER)
     rng = np.random.default_rng(SEED)
     heads = rng.normal(size=(3, 3, 2, 2)) / np.sqrt(2.0)  # Q_h, K_h, V_h for 3 heads
@@ -87,7 +106,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         "3 heads": af.MultiHeadAttention(heads[0], heads[1], heads[2]),
     }
     cases = [("one head", 1.0), ("one head", 5.0), ("3 heads", 1.0)]
-    runs, res = [], {}
+    runs, arrays = [], {}
     for model_name, s in cases:
         model = models[model_name]
         x0 = np.random.default_rng(SEED).uniform(-s, s, (N, 2))
@@ -119,6 +138,12 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         n_cl, settle = settle_layer(measured)
         below = np.flatnonzero(r_pure < COLLAPSED)
         obs = H.observation(resid)
+        arrays[f"r{len(runs)}_pure"] = r_pure
+        arrays[f"r{len(runs)}_res"] = r_res
+        if not runs:  # the tokens of panel (c): one head, s = 1
+            arrays.update(x0=x0, z_final=z[-1])
+            if left is not None:
+                arrays["phi1_left"] = np.asarray(left)
         runs.append(
             dict(
                 name=name,
@@ -144,8 +169,36 @@ def make(out_dir: Path, quick: bool = False) -> dict:
                 residual_observed=obs,
             )
         )
-        res[name] = dict(r_pure=r_pure, r_res=r_res, z=z, x0=x0, st=st)
+    side = H.sidecar(
+        script="attnflow.experiments.fig_rank_collapse",
+        quick=quick,
+        runs=runs,
+        theorem="[D] pure attention: res(X) -> 0 doubly exponentially in depth; "
+        "[E] with the skip connection: clustering (here the hyperplane case).",
+    )
+    result = {
+        "pure_layers_to_collapse": {r["name"]: r["pure_layers_to_collapse"] for r in runs},
+        "residual_clusters": {r["name"]: r["residual_clusters"] for r in runs},
+    }
+    return F.Data(sidecar=side, arrays=arrays, result=result)
 
+
+def draw(data: F.Data) -> dict[str, Figure]:
+    """The three panels, from ``compute``'s data (matplotlib only).
+
+    Args:
+        data: what ``compute`` returned (or its saved copy).
+
+    Returns:
+        ``{NAME: figure}``.
+    """
+    import matplotlib.pyplot as plt
+
+    T = _t1(data.quick)
+    a, runs = data.arrays, data.sidecar["runs"]
+    res = {
+        r["name"]: dict(r_pure=a[f"r{i}_pure"], r_res=a[f"r{i}_res"]) for i, r in enumerate(runs)
+    }
     fig = plt.figure(figsize=(6.5, 2.5))
     colours = {name: f"C{i}" for i, name in enumerate(res)}
     # (a) relative residual against depth
@@ -170,8 +223,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         ok = (r > 1e-15) & (r < 1)
         k = np.arange(r.size)[ok]
         ax.plot(k, np.log10(-np.log10(r[ok])), "-o", ms=2, color=colours[name], lw=1)
-    q = res["one head, s=1"]
-    r = q["r_pure"]
+    r = res["one head, s=1"]["r_pure"]
     ok = np.flatnonzero((r > 1e-15) & (r < 1e-1))
     if ok.size:
         k0 = ok[0]
@@ -182,21 +234,20 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     ax.set_ylabel(r"$\log_{10}\log_{10}(|X_k|/|\mathrm{res}(X_k)|)$", labelpad=1)
     ax.set_title("doubly exponential = straight", pad=3)
     H.panel_label(ax, "b")
-    # (c) the residual transformer's clusters
+    # (c) the residual transformer's clusters (one head, s = 1)
     ax = fig.add_axes((0.745, 0.17, 0.24, 0.64))
-    q = res["one head, s=1"]
-    ax.plot(q["x0"][:, 0], q["x0"][:, 1], "o", ms=2.5, mfc="none", mec="0.5", mew=0.5)
-    ax.plot(q["z"][-1, :, 0], q["z"][-1, :, 1], "o", ms=2.5, color="C0")
-    st = q["st"]
-    ell = st.phi1_left
-    if ell is not None:  # the hyperplanes phi_1*(z) = c through the extreme levels
-        lev = q["z"][-1] @ ell
+    x0, z_final = a["x0"], a["z_final"]
+    ax.plot(x0[:, 0], x0[:, 1], "o", ms=2.5, mfc="none", mec="0.5", mew=0.5)
+    ax.plot(z_final[:, 0], z_final[:, 1], "o", ms=2.5, color="C0")
+    if "phi1_left" in a:  # the hyperplanes phi_1*(z) = c through the extreme levels
+        ell = a["phi1_left"]
+        lev = z_final @ ell
         u = np.array([-ell[1], ell[0]]) / np.linalg.norm(ell)
         for c in (lev.min(), lev.max()):
             p0 = c * ell / (ell @ ell)
             seg = p0[None] + np.outer(np.linspace(-3, 3, 2), u)
             ax.plot(seg[:, 0], seg[:, 1], "-", color="C3", lw=0.6)
-    lim = 1.2 * np.abs(q["z"][-1]).max()
+    lim = 1.2 * np.abs(z_final).max()
     ax.set_xlim(-lim, lim)
     ax.set_ylim(-lim, lim)
     ax.set_xlabel("$z_1$", labelpad=1)
@@ -212,27 +263,13 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         f"n = {N}, d = 2, x0 uniform in [-s, s]^2, Q = K = I, the paper's V; "
         f"no skip: r < 1e-12 after {one['pure_layers_to_collapse']} layers (s = 1), never "
         f"(s = 5); residual, dt = {DT}: {one['residual_observed']['label']}, r = "
-        f"{one['residual_relative_residual_final']:.2f} at T = {T:g}",
+        f"{a['r0_res'][-1]:.2f} at T = {T:g}",
         sub_y=0.925,
     )
-    figures = H.save(fig, out_dir, NAME, quick)
-    out = H.finish(
-        out_dir,
-        NAME,
-        script="attnflow.experiments.fig_rank_collapse",
-        quick=quick,
-        runs=runs,
-        figures=figures,
-        t_start=t_start,
-        theorem="[D] pure attention: res(X) -> 0 doubly exponentially in depth; "
-        "[E] with the skip connection: clustering (here the hyperplane case).",
-    )
-    return {
-        **out,
-        "pure_layers_to_collapse": {r["name"]: r["pure_layers_to_collapse"] for r in runs},
-        "residual_clusters": {r["name"]: r["residual_clusters"] for r in runs},
-    }
+    return {NAME: fig}
 
+
+make = F.figure(NAME, compute, draw)
 
 if __name__ == "__main__":
     H.main(make, __doc__)
