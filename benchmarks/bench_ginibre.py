@@ -69,7 +69,7 @@ def _timed(fn, *args) -> float:
 
 
 def _generate_V(seed: int, d: int, start: int, stop: int):
-    from attnflow.studies.ginibre import _generate_V as gen
+    from attnflow.studies._ginibre_kernel import generate_V as gen
 
     return gen(seed, d, start, stop)
 

@@ -12,6 +12,7 @@ import pytest
 
 import attnflow
 from attnflow.cli import main
+from attnflow.studies import _ginibre_kernel as GK
 from attnflow.studies import ginibre as G
 from attnflow.studies import sweep as S
 
@@ -123,7 +124,7 @@ def test_interval_arguments_are_checked():
 # ---------------------------------------------------------------- decisions
 def _decide(V):
     V = np.asarray(V, dtype=float)[None]
-    return G._analyse(V, 0, 0, V.shape[1] * np.finfo(float).eps, "numpy")
+    return GK.analyse(V, 0, 0, V.shape[1] * np.finfo(float).eps, "numpy")
 
 
 @pytest.mark.parametrize(
@@ -172,13 +173,13 @@ def test_good_triples_against_numpy_eig():
 def test_sample_rebuilds_the_matrices_of_the_study():
     d, seed = 8, 4
     B = G.block_size(d)
-    V = G._generate_V(seed, d, 0, 2 * B + 3)
+    V = GK.generate_V(seed, d, 0, 2 * B + 3)
     for i in (0, 1, B - 1, B, 2 * B + 2):
         Vi, Qi, Ki = G.ginibre_sample(d, i, seed=seed)
         np.testing.assert_array_equal(Vi, V[i])
         assert Qi.shape == Ki.shape == (d, d) and not np.array_equal(Qi, Ki)
     # the documented stream: matrix i mod B of block i // B, row-major standard normals
-    g = S.rng(seed, G.TAG, d, 0, 1)
+    g = S.rng(seed, GK.TAG, d, 0, 1)
     np.testing.assert_array_equal(V[B + 5], g.standard_normal((6, d, d))[5])
 
 
@@ -433,7 +434,7 @@ def test_kernel_decision_equals_the_former_rule_on_random_stacks():
         former = (np.abs(lam.imag) <= a) & (lam.real > a) & (ms[:, 0] - m2 > a)
         lead = leading_eigenvalue(w, fro, rtol=tol, cluster_rtol=tol)
         np.testing.assert_array_equal(lead.spectral, former)
-        np.testing.assert_array_equal(G._analyse(V, 0, 0, tol, "numpy")["spectral"], former)
+        np.testing.assert_array_equal(GK.analyse(V, 0, 0, tol, "numpy")["spectral"], former)
 
 
 def test_ginibre_curve_checks_every_folder_before_computing_any(tmp_path, monkeypatch):

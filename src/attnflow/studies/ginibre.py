@@ -58,23 +58,35 @@ and ``jnp.linalg.eigvals`` exists only on CPU anyway. ``backend="jax"``
 (``jnp.linalg.eigvals`` sharded over all local JAX devices by ``sweep.map_devices``,
 x64 required) is kept for machines where host devices do run concurrently; its
 decisions agree with numpy's. BENCHMARKS.md has the measured ratios.
+
+The per-sample work (the random streams, the decisions, the sweep kernel) is in
+``_ginibre_kernel``; ``block_size``, ``ginibre_kernel`` and ``KERNEL_VERSION`` are
+importable from here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from jaxtyping import Float, Shaped
+from jaxtyping import Float
 
 from .. import _checks, _parallel
 from .._stats import INTERVALS as INTERVALS
 from .._stats import binomial_interval, check_level, interval_name
 from . import sweep as _sweep
+from ._ginibre_kernel import (
+    EPS,
+    KERNEL_VERSION,
+    block_size,
+    generate_QK,
+    generate_V,
+    ginibre_kernel,
+)
 from .sweep.store import present as _shards_present
 
 __all__ = [
@@ -91,13 +103,8 @@ __all__ = [
     "summarize",
 ]
 
-TAG = 0x67696E69  # "gini": namespaces this study's random streams
-KERNEL_VERSION = 1  # bump when the per-sample numbers change; part of a sweep's identity
-BORDERLINE_FACTOR = 1000.0
 PAPER_D, PAPER_FRACTION = 128, 0.14  # Geshkovski et al. 2023: "about 14%" at d = 128
 BACKENDS = ("numpy", "jax")
-_EPS = float(np.finfo(np.float64).eps)
-_BATCH_ELEMS = 1 << 21  # matrix entries per internal batch: 16 MB of float64
 AUTO_POOL_SECONDS = 20.0
 
 
@@ -205,45 +212,6 @@ def summarize(
 
 
 # -------------------------------------------------------------------- samples
-def block_size(d: int) -> int:
-    """Samples per random stream of V: ``clip(2**16 // d**2, 1, 1024)`` (a power of 2
-    for powers of 2; 1 from d = 256 on). Fixed forever: it defines the numbers."""
-    return int(min(1024, max(1, 65536 // (d * d))))
-
-
-def _generate_V(seed: int, d: int, start: int, stop: int) -> np.ndarray:
-    """V for the samples [start, stop): (stop - start, d, d) float64."""
-    B = block_size(d)
-    out = np.empty((stop - start, d, d))
-    for blk in range(start // B, (stop - 1) // B + 1):
-        lo = blk * B
-        s, e = max(lo, start), min(lo + B, stop)
-        g = _sweep.rng(seed, TAG, d, 0, blk)
-        if s == lo:  # the block starts inside the range: draw straight into it
-            g.standard_normal(out=out[s - start : e - start])
-        else:  # skip the first s - lo matrices of the block
-            out[s - start : e - start] = g.standard_normal((e - lo, d, d))[s - lo :]
-    return out
-
-
-def _generate_QK(seed: int, d: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q, K (each (len(indices), d, d)) of the samples ``indices`` (sorted)."""
-    B = block_size(d)
-    p = len(indices)
-    Q, K = np.empty((p, d, d)), np.empty((p, d, d))
-    streams: _sweep.Substreams | None = None
-    cur = -1
-    for j, i in enumerate(indices):
-        blk = int(i) // B
-        if blk != cur:
-            streams, cur = _sweep.Substreams(seed, TAG, d, 1, blk), blk
-        assert streams is not None
-        g = streams[int(i) - blk * B]
-        Q[j] = g.standard_normal((d, d))
-        K[j] = g.standard_normal((d, d))
-    return Q, K
-
-
 def ginibre_sample(
     d: int, index: int, *, seed: int = 0
 ) -> tuple[Float[np.ndarray, "d d"], Float[np.ndarray, "d d"], Float[np.ndarray, "d d"]]:
@@ -252,152 +220,9 @@ def ginibre_sample(
     d = _checks.integer("d", d, lo=1)
     index = _checks.integer("index", index, lo=0)
     seed = _checks.integer("seed", seed, lo=0)
-    V = _generate_V(seed, d, index, index + 1)[0]
-    Q, K = _generate_QK(seed, d, np.array([index]))
+    V = generate_V(seed, d, index, index + 1)[0]
+    Q, K = generate_QK(seed, d, np.array([index]))
     return V, Q[0], K[0]
-
-
-# --------------------------------------------------------------------- kernel
-def _fro(M: np.ndarray) -> np.ndarray:
-    """Frobenius norms of a stack (p, d, d) -> (p,), without temporaries."""
-    return np.sqrt(np.einsum("pij,pij->p", M, M))
-
-
-def _jax_eigvals(V):
-    import jax.numpy as jnp
-
-    return jnp.linalg.eigvals(V)
-
-
-def _eigvals(V: np.ndarray, backend: str) -> np.ndarray:
-    if backend == "jax":
-        w = _sweep.map_devices(_jax_eigvals, V)
-    else:
-        w = np.linalg.eigvals(V)
-    return np.asarray(w).astype(np.complex128, copy=False)
-
-
-def _top_eigenvectors(V: np.ndarray, lam: np.ndarray) -> np.ndarray:
-    """Unit eigenvectors (p, d) of V (p, d, d) for the real, simple eigenvalues lam (p,):
-    two steps of inverse iteration with the shift ``lam (1 + sqrt(eps))`` (never exactly
-    singular; each step shrinks the other components by ``sqrt(eps) lam / gap``),
-    accepted if the residual ``||V x - lam x||`` is below ``1000 d eps ||V||_F``, else
-    (rarely) taken from ``numpy.linalg.eig``."""
-    p, d = V.shape[0], V.shape[1]
-    if d == 1:
-        return np.ones((p, 1))
-    fro = _fro(V)
-    A = V - (lam * (1.0 + math.sqrt(_EPS)))[:, None, None] * np.eye(d)
-    x0 = np.full((p, d, 1), 1.0 / math.sqrt(d))
-    with np.errstate(all="ignore"):
-        try:
-            x = _inverse_iteration(A, x0)
-        except np.linalg.LinAlgError:  # one exactly singular matrix stops numpy's batch
-            x = np.full((p, d), np.nan)
-            for j in range(p):
-                with np.errstate(all="ignore"):
-                    try:
-                        x[j] = _inverse_iteration(A[j : j + 1], x0[j : j + 1])[0]
-                    except np.linalg.LinAlgError:
-                        pass
-        res = np.linalg.norm(np.einsum("pij,pj->pi", V, x) - lam[:, None] * x, axis=1)
-        ok = np.isfinite(res) & (res <= 1e3 * d * _EPS * fro)
-    for j in np.nonzero(~ok)[0]:
-        w, vecs = np.linalg.eig(V[j])
-        k = int(np.argmin(np.abs(w - lam[j])))
-        v = np.real(vecs[:, k])
-        x[j] = v / np.linalg.norm(v)
-    return x
-
-
-def _inverse_iteration(A: np.ndarray, x: np.ndarray, steps: int = 2) -> np.ndarray:
-    for _ in range(steps):
-        x = np.linalg.solve(A, x)
-        x = x / np.linalg.norm(x, axis=1, keepdims=True)
-    return x[:, :, 0]
-
-
-def _analyse(
-    V: Float[np.ndarray, "b d d"], start: int, seed: int, tol: float, backend: str
-) -> dict[str, Shaped[np.ndarray, " b"]]:
-    from ..analysis.regimes import leading_eigenvalue  # here: importing ginibre needs no JAX
-
-    b, d = V.shape[0], V.shape[1]
-    fro = _fro(V)
-    # the one decision of the leading-eigenvalue hypothesis, at the rounding level: the
-    # tolerance a = tol ||V||_F for realness, positivity, the gap and simplicity alike
-    lead = leading_eigenvalue(_eigvals(V, backend), fro, rtol=tol, cluster_rtol=tol)
-    ms = np.abs(lead.eigenvalues)  # moduli, decreasing
-    zeros = np.zeros(b)
-    m1 = ms[:, 0]
-    m2 = ms[:, 1] if d > 1 else zeros
-    m3 = ms[:, 2] if d > 2 else zeros
-    lam = lead.lambda1
-    a = lead.tol
-    wide = BORDERLINE_FACTOR * a
-    real_top = lead.real
-    spectral = lead.spectral
-    borderline = np.where(
-        real_top,
-        (np.abs(np.real(lam)) <= wide) | (m1 - m2 <= wide),
-        (np.abs(np.imag(lam)) <= wide) | (m1 - m3 <= wide),
-    )
-    qk = np.full(b, np.nan)
-    good_id = np.zeros(b, dtype=bool)
-    idx = np.nonzero(spectral)[0]
-    if idx.size:
-        phi = _top_eigenvectors(V[idx], np.real(lam)[idx])
-        good_id[idx] = np.einsum("pi,pi->p", phi, phi) > tol
-        Q, K = _generate_QK(seed, d, start + idx)
-        qphi = np.einsum("pij,pj->pi", Q, phi)
-        kphi = np.einsum("pij,pj->pi", K, phi)
-        qk[idx] = np.einsum("pi,pi->p", qphi, kphi) / (_fro(Q) * _fro(K))
-    with np.errstate(invalid="ignore"):
-        good_gin = spectral & (qk > tol)
-        border_gin = spectral & (np.abs(qk) <= BORDERLINE_FACTOR * tol)
-    return {
-        "lam1": lam,
-        "mod2": m2,
-        "mod3": m3,
-        "fro": fro,
-        "spectral": spectral,
-        "borderline": borderline,
-        "qk": qk,
-        "good_identity": good_id,
-        "good_ginibre": good_gin,
-        "borderline_ginibre": border_gin,
-    }
-
-
-def ginibre_kernel(
-    config: Mapping[str, Any], start: int, stop: int, seed: int
-) -> dict[str, Shaped[np.ndarray, " samples"]]:
-    """Sweep kernel: per-sample results for samples ``[start, stop)``.
-
-    ``config``: ``{"d": int, "tol": float, "backend": "numpy" | "jax", "version": int}``.
-    Returns arrays of leading size ``stop - start``: ``lam1`` (complex, the eigenvalue
-    of largest modulus), ``mod2``, ``mod3`` (the next sorted moduli, 0 if d is too
-    small), ``fro`` (||V||_F), ``spectral``, ``borderline`` (bool), ``qk``
-    (<Q phi, K phi> / (||Q||_F ||K||_F), NaN where the spectral hypothesis fails),
-    ``good_identity``, ``good_ginibre``, ``borderline_ginibre`` (bool). Runs with one
-    OpenBLAS thread (``sweep.blas_threads(1)``).
-    """
-    d, tol, backend = int(config["d"]), float(config["tol"]), str(config["backend"])
-    if int(config.get("version", KERNEL_VERSION)) != KERNEL_VERSION:
-        raise ValueError(
-            f"this sweep was made by ginibre kernel version "
-            f"{config.get('version')}; this attnflow has version "
-            f"{KERNEL_VERSION}. Use a new output directory."
-        )
-    step = max(block_size(d), (_BATCH_ELEMS // (d * d)) // block_size(d) * block_size(d))
-    parts = []
-    s = start
-    with _sweep.blas_threads(1):  # as in sweeps, also when called directly
-        while s < stop:
-            e = min(stop, (s // step + 1) * step)
-            parts.append(_analyse(_generate_V(seed, d, s, e), s, seed, tol, backend))
-            s = e
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 # ------------------------------------------------------------------ front end
@@ -438,7 +263,7 @@ def _check_common(
     level = check_level(level)
     interval = interval_name(interval)
     tol = (
-        d * _EPS
+        d * EPS
         if tol is None
         else _checks.number(
             "tol",
