@@ -18,19 +18,23 @@ and, for the causal runs, the largest deviation of
 ``x_0`` from ``(I + dt V)^k x_0(0)`` relative to ``|x_0|`` (and of the adaptive ODE solve's
 ``x_0`` from ``e^{tV} x_0(0)``, rtol 1e-10, to T = 4; not in the quick run).
 
-Run:  python -m attnflow.experiments.fig_causal [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_causal [--quick] [--out figures] [--redraw]
+
+The look is ``draw`` (matplotlib only, from the saved data); the numbers are ``compute``.
 """
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from attnflow.experiments import _figure as F
 from attnflow.experiments import _layers as L
 from attnflow.experiments import _plotting as H
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NAME = "fig_causal"
 SEED, N, DT, WINDOW = 0, 20, 0.1, 2
@@ -128,21 +132,56 @@ def run_case(
     return rec, states
 
 
-@H.styled()
-def make(out_dir: Path, quick: bool = False) -> dict:
-    """Every regime under every mask; PNG/PDF/JSON."""
-    plt = H.setup()
+def _t1(quick: bool) -> float:
+    """The end time T of every run."""
+    return 6.0 if quick else 12.0
 
-    t_start = time.perf_counter()
-    T = 6.0 if quick else 12.0
+
+def compute(quick: bool) -> F.Data:
+    """Every regime under every mask (``run_case``).
+
+    Args:
+        quick: the small version (T = 6, polytope and hyperplanes only, no ODE check).
+
+    Returns:
+        the sidecar (one record per run) and, for ``draw``, ``r{i}_states``: the saved
+        states of run ``i`` (the sidecar's ``runs[i]``), ``(saves, n, d)``.
+    """
+    H.setup()
+    T = _t1(quick)
     regimes = ["polytope", "hyperplanes"] if quick else list(REGIMES)
-    runs, states = [], {}
+    runs, arrays = [], {}
     for regime in regimes:
         for mask_name in MASKS:
             rec, st = run_case(regime, mask_name, T, ode=not quick)
+            arrays[f"r{len(runs)}_states"] = st
             runs.append(rec)
-            states[rec["name"]] = st
+    side = H.sidecar(
+        script="attnflow.experiments.fig_causal",
+        quick=quick,
+        runs=runs,
+        theorem="none with a mask; token 0 under a causal mask: x_0(t) = e^{tV} x_0(0)",
+        layers_definition=L.__doc__.split("Definition")[1].strip() if L.__doc__ else "",
+    )
+    return F.Data(sidecar=side, arrays=arrays, result={"runs": runs})
 
+
+def draw(data: F.Data) -> dict[str, Figure]:
+    """One panel per regime (columns) and mask (rows), from ``compute``'s data
+    (matplotlib only).
+
+    Args:
+        data: what ``compute`` returned (or its saved copy).
+
+    Returns:
+        ``{NAME: figure}``.
+    """
+    import matplotlib.pyplot as plt
+
+    T = _t1(data.quick)
+    runs = data.sidecar["runs"]
+    states = {r["name"]: data.arrays[f"r{i}_states"] for i, r in enumerate(runs)}
+    regimes = list(dict.fromkeys(r["regime"] for r in runs))
     fig = plt.figure(figsize=(6.5, 1.2 + 1.55 * len(MASKS)))
     nr, nc = len(MASKS), len(regimes)
     for r, mask_name in enumerate(MASKS):
@@ -182,19 +221,10 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         sub_y=0.965,
         size=7.5,
     )
-    figures = H.save(fig, out_dir, NAME, quick)
-    out = H.finish(
-        out_dir,
-        NAME,
-        script="attnflow.experiments.fig_causal",
-        quick=quick,
-        runs=runs,
-        figures=figures,
-        t_start=t_start,
-        theorem="none with a mask; token 0 under a causal mask: x_0(t) = e^{tV} x_0(0)",
-        layers_definition=L.__doc__.split("Definition")[1].strip() if L.__doc__ else "",
-    )
-    return {**out, "runs": runs}
+    return {NAME: fig}
+
+
+make = F.figure(NAME, compute, draw)
 
 
 def table(runs: list[dict[str, Any]]) -> str:
