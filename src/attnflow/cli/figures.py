@@ -78,11 +78,7 @@ def figures(
         raise common.CLIError(
             "--redraw computes nothing and --force computes everything: pass one."
         )
-    if redraw:
-        import matplotlib
-
-        matplotlib.use("Agg")  # this process draws, and owns its backend
-    else:
+    if not redraw:  # --redraw computes nothing: no JAX, no compilation cache
         common.setup_cache(children=True)  # this process and the worker processes
     index = run_figures(
         out,
