@@ -19,19 +19,24 @@ t1 = min(100, 60 / c), for V = -cI) -- and ``observe_limit`` labels each. Where 
 majority observed label differs from the prediction, an inner square shows it (white
 with a dot: the tokens had not settled by t1).
 
-Run:  python -m attnflow.experiments.fig_phase_diagram [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_phase_diagram [--quick] [--out figures] [--redraw]
+
+The look is ``draw`` (matplotlib only, from the saved data); the numbers are ``compute``.
 """
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from attnflow.analysis.regimes import Label
+from attnflow.experiments import _figure as F
 from attnflow.experiments import _plotting as H
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NAME = "fig_phase_diagram"
 SEED, N, BATCH, DT, SAVES = 0, 20, 3, 0.1, 121
@@ -95,28 +100,107 @@ def run_cell(V: np.ndarray, seed: int, batch: int = BATCH) -> dict:
     }
 
 
-@H.styled()
-def make(out_dir: Path, quick: bool = False) -> dict:
-    """Sweep both families, draw the two phase diagrams, write PNG/PDF/JSON."""
-    plt = H.setup()
-    from matplotlib.patches import Patch, Rectangle
+def summarize(cells: list[list[dict]]) -> dict:
+    """Counts over a grid of ``run_cell`` records: cells, how many agree (majority
+    observed = predicted), differ or had not settled, and the predicted and observed
+    labels."""
+    agree = sum(c["majority"] == c["predicted"] for row in cells for c in row)
+    unsettled = sum(
+        c["majority"] != c["predicted"] and c["majority"] == Label.NOT_CONVERGED
+        for row in cells
+        for c in row
+    )
+    n_cells = sum(len(row) for row in cells)
+    return {
+        "cells": n_cells,
+        "agree": agree,
+        "disagree": n_cells - agree - unsettled,
+        "not_settled": unsettled,
+        "predicted_counts": dict(Counter(c["predicted"] for row in cells for c in row)),
+        "observed_counts": dict(Counter(o for row in cells for c in row for o in c["observed"])),
+    }
 
-    from attnflow.plotting import LABEL_COLORS
 
-    t_start = time.perf_counter()
+def compute(quick: bool) -> F.Data:
+    """Sweep both families: predict, simulate and observe every cell.
+
+    Args:
+        quick: the small version (5 x 5 cells, one system per cell).
+
+    Returns:
+        the sidecar (one run per family with every cell and its summary) and, for
+        ``draw``, each family's grid ``a_xs``, ``a_ys``, ``b_xs``, ``b_ys``.
+    """
+    H.setup()
     k = 5 if quick else 15
     batch = BATCH_QUICK if quick else BATCH
     lam = np.linspace(-2.0, 2.0, k)
     rho = np.linspace(0.0, 2.0, k)
     theta = np.linspace(0.0, np.pi, k)
-    grids = {}
+    runs, summary, arrays = [], {}, {}
     for key, xs, ys, build in (
         ("a", lam, lam, lambda x, y: family_a(x, y)),
         ("b", theta, rho, lambda x, y: family_b(y, x)),
     ):
         cells = [[run_cell(build(float(x), float(y)), SEED, batch) for x in xs] for y in ys]
-        grids[key] = dict(xs=xs, ys=ys, cells=cells)
+        summary[key] = summarize(cells)
+        arrays.update({f"{key}_xs": xs, f"{key}_ys": ys})
+        runs.append(
+            {
+                "name": f"family_{key}",
+                "seed": SEED,
+                "n": N,
+                "batch": batch,
+                "d": 2 if key == "a" else 3,
+                "t1": "min(60, max(15, 30 / |lambda_max|)) (rescaled); min(100, 60 / c) for "
+                "V = -cI (original frame); per cell in 'cells'",
+                "Q": "identity",
+                "K": "identity",
+                "V": (
+                    f"S2 diag(lambda_1, lambda_2) S2^-1 (lambda I when equal), S2 = {S2.tolist()}"
+                    if key == "a"
+                    else f"S3 (1 (+) rho R(theta)) S3^-1, S3 = {S3.tolist()}"
+                ),
+                "solver": {"method": "euler", "dt": DT, "saves": SAVES},
+                "tolerances": {
+                    "rtol": None,
+                    "atol": None,
+                    "observe_limit": {"tol": 1e-2, "move_tol": 1e-3},
+                },
+                "x0": f"numpy.random.default_rng({SEED}).uniform(-5, 5, ({batch}, {N}, d))",
+                "grid_x": xs,
+                "grid_y": ys,
+                "grid_x_name": "lambda_1" if key == "a" else "theta",
+                "grid_y_name": "lambda_2" if key == "a" else "rho",
+                "cells": cells,
+                "summary": summary[key],
+            }
+        )
+    side = H.sidecar(
+        script="attnflow.experiments.fig_phase_diagram",
+        quick=quick,
+        runs=runs,
+        summary=summary,
+    )
+    return F.Data(sidecar=side, arrays=arrays, result={"summary": summary})
 
+
+def draw(data: F.Data) -> dict[str, Figure]:
+    """The two phase diagrams, from ``compute``'s data (matplotlib only).
+
+    Args:
+        data: what ``compute`` returned (or its saved copy).
+
+    Returns:
+        ``{NAME: figure}``.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
+
+    from attnflow.plotting import LABEL_COLORS
+
+    runs = data.sidecar["runs"]
+    batch = runs[0]["batch"]
     fig = plt.figure(figsize=(6.5, 3.55))
     rects = {"a": (0.07, 0.25, 0.36, 0.62), "b": (0.58, 0.25, 0.36, 0.62)}
     specs = {
@@ -131,17 +215,16 @@ def make(out_dir: Path, quick: bool = False) -> dict:
             title=r"(b) $d=3$, eigenvalues $1$ and $\rho e^{\pm i\theta}$",
         ),
     }
-    summary = {}
-    for key, g in grids.items():
-        sp = specs[key]
+    for run in runs:
+        key = run["name"].removeprefix("family_")
+        sp, cells, summary = specs[key], run["cells"], run["summary"]
         ax = fig.add_axes(rects[key])
-        xs, ys = g["xs"], g["ys"]
+        xs, ys = data.arrays[f"{key}_xs"], data.arrays[f"{key}_ys"]
         xv = xs / np.pi if key == "b" else xs
         dx, dy = xv[1] - xv[0], ys[1] - ys[0]
-        agree = disagree = unsettled = 0
         for i, y in enumerate(ys):
             for j, x in enumerate(xv):
-                c = g["cells"][i][j]
+                c = cells[i][j]
                 ax.add_patch(
                     Rectangle(
                         (x - dx / 2, y - dy / 2),
@@ -154,12 +237,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
                 )
                 m = c["majority"]
                 if m == c["predicted"]:
-                    agree += 1
                     continue
-                if m == Label.NOT_CONVERGED:
-                    unsettled += 1
-                else:
-                    disagree += 1
                 ax.add_patch(
                     Rectangle(
                         (x - dx / 4, y - dy / 4),
@@ -183,27 +261,17 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         ax.set_xlabel(sp["xlabel"], labelpad=1)
         ax.set_ylabel(sp["ylabel"], labelpad=1)
         ax.set_title(sp["title"], pad=3, fontsize=7.5)
-        n_cells = len(xs) * len(ys)
         ax.text(
             0.5,
             -0.2,
-            f"{agree} of {n_cells} cells agree; {disagree} differ, {unsettled} not settled",
+            f"{summary['agree']} of {summary['cells']} cells agree; {summary['disagree']} "
+            f"differ, {summary['not_settled']} not settled",
             transform=ax.transAxes,
             ha="center",
             va="top",
             fontsize=6.5,
             color="0.25",
         )
-        summary[key] = {
-            "cells": n_cells,
-            "agree": agree,
-            "disagree": disagree,
-            "not_settled": unsettled,
-            "predicted_counts": dict(Counter(c["predicted"] for row in g["cells"] for c in row)),
-            "observed_counts": dict(
-                Counter(o for row in g["cells"] for c in row for o in c["observed"])
-            ),
-        }
     handles = [
         Patch(facecolor=LABEL_COLORS[lab], edgecolor="0.5", lw=0.4, label=lab) for lab in ORDER
     ]
@@ -229,52 +297,10 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         size=8.5,
         sub_size=6.5,
     )
-    figures = H.save(fig, out_dir, NAME, quick)
-    runs = []
-    for key, g in grids.items():
-        runs.append(
-            {
-                "name": f"family_{key}",
-                "seed": SEED,
-                "n": N,
-                "batch": batch,
-                "d": 2 if key == "a" else 3,
-                "t1": "min(60, max(15, 30 / |lambda_max|)) (rescaled); min(100, 60 / c) for "
-                "V = -cI (original frame); per cell in 'cells'",
-                "Q": "identity",
-                "K": "identity",
-                "V": (
-                    f"S2 diag(lambda_1, lambda_2) S2^-1 (lambda I when equal), S2 = {S2.tolist()}"
-                    if key == "a"
-                    else f"S3 (1 (+) rho R(theta)) S3^-1, S3 = {S3.tolist()}"
-                ),
-                "solver": {"method": "euler", "dt": DT, "saves": SAVES},
-                "tolerances": {
-                    "rtol": None,
-                    "atol": None,
-                    "observe_limit": {"tol": 1e-2, "move_tol": 1e-3},
-                },
-                "x0": f"numpy.random.default_rng({SEED}).uniform(-5, 5, ({batch}, {N}, d))",
-                "grid_x": g["xs"],
-                "grid_y": g["ys"],
-                "grid_x_name": "lambda_1" if key == "a" else "theta",
-                "grid_y_name": "lambda_2" if key == "a" else "rho",
-                "cells": g["cells"],
-                "summary": summary[key],
-            }
-        )
-    out = H.finish(
-        out_dir,
-        NAME,
-        script="attnflow.experiments.fig_phase_diagram",
-        quick=quick,
-        runs=runs,
-        figures=figures,
-        t_start=t_start,
-        summary=summary,
-    )
-    return {**out, "summary": summary}
+    return {NAME: fig}
 
+
+make = F.figure(NAME, compute, draw)
 
 if __name__ == "__main__":
     H.main(make, __doc__)
