@@ -22,21 +22,30 @@ Figures (PNG and PDF) and a sidecar JSON with every parameter and number go to o
                                    and d = 3 cases
   fig_leaders.json
 
-Run:  python -m attnflow.experiments.fig_leaders [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_leaders [--quick] [--out figures] [--redraw]
+
+The look is ``draw`` (matplotlib only, from the saved data); the numbers are ``compute``.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
+from attnflow.experiments import _figure as F
+from attnflow.experiments import _leaders as R
 from attnflow.experiments import _plotting as H
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 NAME = "fig_leaders"
+SHOWN = ("d1", "d2_identity", "d2_hyperplane")  # the cases of the heat maps and tokens
+_ARRAY_KEYS = ("ts", "rank", "D", "logD", "logC", "leaders", "attends", "fit", "deep")
+_ARRAY_KEYS += ("order", "heat_k", "heat_P", "z")
 
 # Hyperplane-case value matrices of the clustering paper (also attnflow.matrices.PAPER).
 V_PAPER_2D = [[0.64709742, 0.81911926], [0.61210449, 0.63263484]]
@@ -98,13 +107,6 @@ class _Window(TypedDict):
 DEEP: _Window = {"fit_max": 1e-30, "fit_min": 0.0}
 
 
-def _left_eigvec(V: np.ndarray) -> np.ndarray:
-    w, vl = np.linalg.eig(V.T)
-    i = int(np.argmax(np.real(w)))
-    v = np.real(vl[:, i])
-    return v / np.linalg.norm(v)
-
-
 def _run_case(case: dict, solver: dict) -> dict:
     import attnflow as af
 
@@ -144,7 +146,7 @@ def _order(res: dict, i: int = 0) -> np.ndarray:
         return np.argsort(x0[:, 0])
     lead = rt.attends_to[i, -1]
     V = np.asarray(res["case"]["V"])
-    u = _left_eigvec(V)
+    u = R.left_eigvec(V)
     proj = x0 @ u
     group_key = proj[lead]  # leaders ordered along phi_1^*
     return np.lexsort((proj, group_key))
@@ -175,25 +177,24 @@ def _fmt_sci(v: float) -> str:
     return rf"{mant:.1f}\times10^{{{e}}}"
 
 
-def _fig_heatmaps(results, out_dir: Path, plt, quick: bool) -> list[Path]:
-    show = [r for r in results if r["case"]["key"] in ("d1", "d2_identity", "d2_hyperplane")]
+def _fig_heatmaps(show: list[tuple[dict, dict]]) -> Figure:
+    import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(
         len(show), 5, figsize=(7.2, 1.62 * len(show) + 0.5), constrained_layout=True
     )
     axes = np.atleast_2d(axes)
     im = None
-    for row, res in enumerate(show):
-        rt = res["rt"]
-        order = _order(res)
-        leaders = set(rt.leaders[0].tolist())
+    for row, (case, c) in enumerate(show):
+        order = c["order"]
+        leaders = set(c["leaders"].tolist())
         lead_pos = [p for p, tok in enumerate(order) if tok in leaders]
-        for col, k in enumerate(_heatmap_times(rt)):
+        for col, k in enumerate(c["heat_k"]):
             ax = axes[row, col]
-            P = np.asarray(res["traj"].attention(k))[0][np.ix_(order, order)]
-            im = ax.imshow(P, vmin=0, vmax=1, cmap="magma", interpolation="nearest")
-            D = float(rt.boolean_distance[0, k])
+            im = ax.imshow(c["heat_P"][col], vmin=0, vmax=1, cmap="magma", interpolation="nearest")
+            D = float(c["D"][k])
             ax.set_title(
-                rf"$t={float(rt.ts[k]):.2g}$, rank {int(rt.rank[0, k])}"
+                rf"$t={float(c['ts'][k]):.2g}$, rank {int(c['rank'][k])}"
                 "\n"
                 rf"$D={_fmt_sci(D)}$",
                 fontsize=7,
@@ -203,7 +204,8 @@ def _fig_heatmaps(results, out_dir: Path, plt, quick: bool) -> list[Path]:
             ax.tick_params(axis="x", length=2, pad=1, colors="C3")
             ax.set_yticks([])
             if col == 0:
-                ax.set_ylabel(res["case"]["title"], fontsize=7)
+                ax.set_ylabel(case["title"], fontsize=7)
+    assert im is not None
     cb = fig.colorbar(im, ax=axes, shrink=0.6, aspect=30, pad=0.01)
     cb.set_label(r"$P_{ij}(t)$", fontsize=7)
     cb.ax.tick_params(labelsize=6)
@@ -212,38 +214,39 @@ def _fig_heatmaps(results, out_dir: Path, plt, quick: bool) -> list[Path]:
         "leader); leaders' columns labelled in red",
         fontsize=8,
     )
-    return H.save(fig, out_dir, f"{NAME}_heatmaps", quick=quick)
+    return fig
 
 
-def _fig_rank(results, out_dir: Path, plt, quick: bool) -> list[Path]:
-    k = len(results)
+def _fig_rank(cases: list[tuple[dict, dict]]) -> Figure:
+    import matplotlib.pyplot as plt
+
+    k = len(cases)
     fig, axes = plt.subplots(
         k, 3, figsize=(7.2, 1.45 * k + 0.7), constrained_layout=True, squeeze=False
     )
-    for r, res in enumerate(results):
-        rt, deep = res["rt"], res["deep"]
-        ts = rt.ts
-        lam = rt.lambda_max
+    for r, (case, c) in enumerate(cases):
+        ts, fit, deep = c["ts"], c["fit"], c["deep"]
+        lam = float(fit[5])
         ax = axes[r, 0]
-        ax.step(ts, rt.rank[0], where="post", color="k", lw=1)
-        ax.set_ylim(0, max(int(rt.rank[0].max()), 3) + 1)
-        ax.set_ylabel(res["case"]["title"] + "\n" + r"rank of $P$", fontsize=7)
+        ax.step(ts, c["rank"], where="post", color="k", lw=1)
+        ax.set_ylim(0, max(int(c["rank"].max()), 3) + 1)
+        ax.set_ylabel(case["title"] + "\n" + r"rank of $P$", fontsize=7)
         ax.text(
             0.97,
             0.93,
-            f"final rank {int(rt.rank[0, -1])}, leaders {rt.leaders[0].tolist()}",
+            f"final rank {int(c['rank'][-1])}, leaders {c['leaders'].tolist()}",
             transform=ax.transAxes,
             ha="right",
             va="top",
             fontsize=6,
         )
         ax = axes[r, 1]
-        D = rt.boolean_distance[0]
+        D = c["D"]
         pos = D > 0
         ax.semilogy(ts[pos], D[pos], color="k", lw=1, label="$D(t)$")
-        if np.isfinite(rt.rate[0]):
-            tt = np.linspace(rt.fit_window[0][0], ts[-1], 400)
-            fitD = np.exp(-np.exp(rt.rate[0] * tt + rt.intercept[0]))
+        if np.isfinite(fit[0]):
+            tt = np.linspace(fit[2], ts[-1], 400)
+            fitD = np.exp(-np.exp(fit[0] * tt + fit[1]))
             ok = fitD > 1e-320
             ax.semilogy(tt[ok], fitD[ok], color="C1", lw=1, ls="--", label=r"fit $\exp(-e^{rt+b})$")
         ax.set_ylim(1e-310, 3)
@@ -252,10 +255,10 @@ def _fig_rank(results, out_dir: Path, plt, quick: bool) -> list[Path]:
         if r == 0:
             ax.legend(fontsize=6, loc="lower left")
         ax = axes[r, 2]
-        y = rt.log_boolean_distance[0]
+        y = c["logD"]
         good = y < 0
         ax.plot(ts[good], np.log(-y[good]), color="k", lw=1, label="$D$ (from the logits)")
-        yc = rt.log_cluster_distance[0]
+        yc = c["logC"]
         goodc = np.isfinite(yc) & (yc < math.log(0.5))
         ax.plot(
             ts[goodc],
@@ -264,21 +267,20 @@ def _fig_rank(results, out_dir: Path, plt, quick: bool) -> list[Path]:
             lw=1,
             label="mass outside the leader's cluster",
         )
-        for fit, ls, col in ((rt, "--", "C1"), (deep, ":", "C3")):
-            if np.isfinite(fit.rate[0]):
-                w = fit.fit_window[0]
-                tt = np.array([w[0], w[1]])
-                ax.plot(tt, fit.rate[0] * tt + fit.intercept[0], ls=ls, color=col, lw=1.6)
+        for f, ls, col in ((fit, "--", "C1"), (deep, ":", "C3")):
+            if np.isfinite(f[0]):
+                tt = np.array([f[2], f[3]])
+                ax.plot(tt, f[0] * tt + f[1], ls=ls, color=col, lw=1.6)
         ytop = np.nanmax(np.log(-yc[goodc])) if goodc.any() else np.nanmax(np.log(-y[good]))
         ax.set_ylim(-3, 1.08 * ytop)
         ax.text(
             0.02,
             0.97,
-            rf"$\lambda={lam:.4g}$;  fit: $r/\lambda={rt.rate[0] / lam:.3f}$, "
-            rf"$R^2={rt.r2[0]:.5f}$"
+            rf"$\lambda={lam:.4g}$;  fit: $r/\lambda={fit[0] / lam:.3f}$, "
+            rf"$R^2={fit[4]:.5f}$"
             "\n"
-            rf"deep: $r/\lambda={deep.rate[0] / lam:.3f}$;  "
-            rf"cluster: $r/\lambda={deep.cluster_rate[0] / lam:.2f}$",
+            rf"deep: $r/\lambda={deep[0] / lam:.3f}$;  "
+            rf"cluster: $r/\lambda={deep[4] / lam:.2f}$",
             transform=ax.transAxes,
             va="top",
             fontsize=6,
@@ -298,33 +300,33 @@ def _fig_rank(results, out_dir: Path, plt, quick: bool) -> list[Path]:
         r"red: deep window $D\leq10^{-30}$ (from the logits, to the end)",
         fontsize=7,
     )
-    return H.save(fig, out_dir, f"{NAME}_rank", quick=quick)
+    return fig
 
 
-def _fig_tokens(results, out_dir: Path, plt, quick: bool) -> list[Path]:
-    show = [r for r in results if r["case"]["key"] in ("d1", "d2_identity", "d2_hyperplane")]
+def _fig_tokens(show: list[tuple[dict, dict]]) -> Figure:
+    import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, len(show), figsize=(7.2, 2.6), constrained_layout=True)
     axes = np.atleast_1d(axes)
-    for ax, res in zip(axes, show):
-        rt, traj = res["rt"], res["traj"]
-        z = np.asarray(traj.z)[0]  # (m, n, d)
-        lead_final = rt.attends_to[0, -1]
-        leaders = rt.leaders[0].tolist()
+    for ax, (case, c) in zip(axes, show):
+        z, ts = c["z"], c["ts"]  # (m, n, d), (m,)
+        lead_final = c["attends"]
+        leaders = c["leaders"].tolist()
         colors = {L: f"C{j}" for j, L in enumerate(leaders)}
         if z.shape[-1] == 1:
             for i in range(z.shape[1]):
                 if i in leaders:
                     continue
                 ax.plot(
-                    rt.ts,
+                    ts,
                     z[:, i, 0],
                     color=colors.get(int(lead_final[i]), "0.5"),
                     lw=0.6,
                     alpha=0.7,
                 )
             for L in leaders:
-                ax.plot(rt.ts, z[:, L, 0], color="k", lw=2.2)
-                ax.plot(rt.ts, z[:, L, 0], color=colors[L], lw=1.2, label=f"leader {L}")
+                ax.plot(ts, z[:, L, 0], color="k", lw=2.2)
+                ax.plot(ts, z[:, L, 0], color=colors[L], lw=1.2, label=f"leader {L}")
             ax.set_xlabel("$t$", fontsize=7)
             ax.set_ylabel("$z_i(t)$ (rescaled frame)", fontsize=7)
         else:
@@ -346,13 +348,13 @@ def _fig_tokens(results, out_dir: Path, plt, quick: bool) -> list[Path]:
                     color=colors[L],
                     label=f"leader {L}",
                 )
-            V = np.asarray(res["case"]["V"])
+            V = np.asarray(case["V"])
             lo, hi = z.reshape(-1, 2).min(0), z.reshape(-1, 2).max(0)
             pad = 0.05 * (hi - lo).max()
             ax.set_xlim(lo[0] - pad, hi[0] + pad)
             ax.set_ylim(lo[1] - pad, hi[1] + pad)
             if not np.allclose(V, np.eye(V.shape[0])):
-                u = _left_eigvec(V)
+                u = R.left_eigvec(V)
                 lim = 2 * np.abs(z).max()
                 s = np.linspace(-lim, lim, 2)
                 perp = np.array([-u[1], u[0]])
@@ -363,7 +365,7 @@ def _fig_tokens(results, out_dir: Path, plt, quick: bool) -> list[Path]:
             ax.set_aspect("equal", adjustable="box")
             ax.set_xlabel("$z_1$", fontsize=7)
             ax.set_ylabel("$z_2$", fontsize=7)
-        ax.set_title(res["case"]["title"] + f": leaders {leaders}", fontsize=7)
+        ax.set_title(case["title"] + f": leaders {leaders}", fontsize=7)
         ax.tick_params(labelsize=6)
         ax.legend(fontsize=5.5, loc="best")
     fig.suptitle(
@@ -372,103 +374,7 @@ def _fig_tokens(results, out_dir: Path, plt, quick: bool) -> list[Path]:
         r"$\{\varphi_1^*(z)=\varphi_1^*(z_{\mathrm{leader}})\}$",
         fontsize=7,
     )
-    return H.save(fig, out_dir, f"{NAME}_tokens", quick=quick)
-
-
-def _checks(res: dict, i: int) -> dict:
-    """Independent checks of the leaders, from the tokens alone (numpy, scipy)."""
-    x0 = res["x0"][i]
-    z = np.asarray(res["traj"].z)[i]
-    rt = res["rt"]
-    leaders = set(rt.leaders[i].tolist())
-    V = np.asarray(res["case"]["V"])
-    out = {}
-    if x0.shape[1] == 1:
-        lo, hi = int(np.argmin(x0)), int(np.argmax(x0))
-        x = np.asarray(res["traj"].x)[i, -1, :, 0]
-        out["order_preserved"] = bool(np.all(np.diff(z[:, np.argsort(x0[:, 0]), 0], axis=1) > 0))
-        out["leaders_are_extreme_tokens"] = leaders <= {lo, hi}
-        out["rows_attend_by_sign"] = bool(
-            np.array_equal(rt.attends_to[i, -1], np.where(x > 0, hi, lo))
-        )
-    elif np.allclose(V, np.eye(V.shape[0])):
-        try:
-            from scipy.spatial import ConvexHull
-
-            hull = set(ConvexHull(x0).vertices.tolist())
-            out["leaders_are_initial_hull_vertices"] = leaders <= hull
-            out["initial_hull_vertices"] = len(hull)
-        except ImportError:  # scipy is optional
-            pass
-    else:
-        # Leaders lie on the extreme hyperplanes {phi_1^*(z) = max} and {= min} at the end.
-        # (Which token of a collapsed group leads is decided by lower-order terms, so the
-        # leader need not be the exact argmax of phi_1^*: followers on the same hyperplane
-        # agree with it to about e^{-lambda t}.)
-        u = _left_eigvec(V)
-        p = z[-1] @ u
-        tol = 1e-6 * (p.max() - p.min())
-        on = [min(abs(p[L] - p.max()), abs(p[L] - p.min())) <= tol for L in leaders]
-        out["leaders_on_extreme_hyperplanes"] = bool(all(on))
-        p0 = x0 @ u
-        out["leaders_were_phi1_extremes_at_start"] = leaders == {int(p0.argmin()), int(p0.argmax())}
-    out["rank_equals_number_of_leaders"] = int(rt.final_rank[i]) == len(leaders)
-    return out
-
-
-def _summary(res: dict) -> dict:
-    rt, deep, traj = res["rt"], res["deep"], res["traj"]
-    lam = rt.lambda_max
-    b = len(traj.statuses)
-    per = []
-    for i in range(b):
-        per.append(
-            dict(
-                checks=_checks(res, i),
-                status=traj.statuses[i],
-                final_rank=int(rt.final_rank[i]),
-                leaders=rt.leaders[i].tolist(),
-                leaders_settled=bool(rt.leaders_settled[i]),
-                final_boolean_distance=float(rt.boolean_distance[i][traj.reached[i]][-1]),
-                final_log_boolean_distance=float(rt.log_boolean_distance[i][traj.reached[i]][-1]),
-                rate=float(rt.rate[i]),
-                r2=float(rt.r2[i]),
-                intercept=float(rt.intercept[i]),
-                rate_stderr=float(rt.rate_stderr[i]),
-                fit_window=[float(v) for v in rt.fit_window[i]],
-                fit_points=int(rt.fit_points[i]),
-                deep_rate=float(deep.rate[i]),
-                deep_r2=float(deep.r2[i]),
-                deep_fit_window=[float(v) for v in deep.fit_window[i]],
-                cluster_rate_deep=float(deep.cluster_rate[i]),
-                cluster_r2_deep=float(deep.cluster_r2[i]),
-            )
-        )
-
-    def stats(key, scale=1.0):
-        v = np.array([p[key] for p in per], float) / scale
-        v = v[np.isfinite(v)]
-        if v.size == 0:
-            return None
-        return dict(mean=float(v.mean()), min=float(v.min()), max=float(v.max()), count=int(v.size))
-
-    ranks = [p["final_rank"] for p in per]
-    checks = {}
-    for p in per:
-        for key, v in p["checks"].items():
-            if isinstance(v, bool):
-                checks[key] = checks.get(key, 0) + int(v)
-    return dict(
-        checks_passed={k: f"{v} of {b}" for k, v in checks.items()},
-        lambda_max=lam,
-        seconds=res["seconds"],
-        final_rank_counts={str(r): ranks.count(r) for r in sorted(set(ranks))},
-        rate_over_lambda=stats("rate", lam),
-        r2=stats("r2"),
-        deep_rate_over_lambda=stats("deep_rate", lam),
-        cluster_rate_over_lambda_deep=stats("cluster_rate_deep", lam),
-        systems=per,
-    )
+    return fig
 
 
 # Rank is not the number of clusters (d = 2): both tokens keep the level z^(1) = 1 (one
@@ -508,37 +414,9 @@ def _two_tokens(solver: dict) -> dict:
     )
 
 
-def _rank_vs_clusters(results: list[dict]) -> dict:
-    """Per case with d >= 2: (observe_limit's cluster count, final rank) of every system."""
-    import attnflow as af
+def _fig_clusters(two: dict, rvc: dict) -> Figure:
+    import matplotlib.pyplot as plt
 
-    out = {}
-    for res in results:
-        if res["case"]["d"] < 2:
-            continue
-        traj, rt = res["traj"], res["rt"]
-        from attnflow.experiments import _layers as L
-
-        pairs, settle_t = [], []
-        z_all = np.asarray(traj.z)
-        ts = np.asarray(traj.ts)
-        for i in range(len(traj.statuses)):
-            obs = af.observe_limit(traj, system=i)
-            pairs.append((obs.n_clusters, int(rt.final_rank[i]), str(obs.label)))
-            pts, _ = L.measured(z_all[i], np.asarray(res["case"]["V"]))
-            settle_t.append(float(ts[L.settle(L.cluster_counts(pts))[1]]))
-        agree = sum(c == r for c, r, _ in pairs)
-        out[res["case"]["key"]] = dict(
-            pairs=[list(p) for p in pairs],
-            equal=f"{agree} of {len(pairs)}",
-            time_to_cluster=settle_t,
-            median_time_to_cluster=float(np.median(settle_t)),
-            median_layers_to_cluster_at_dt_0_1=float(np.median(settle_t)) / 0.1,
-        )
-    return out
-
-
-def _fig_clusters(two: dict, rvc: dict, out_dir: Path, plt, quick: bool) -> list[Path]:
     fig, axes = plt.subplots(1, 3, figsize=(7.2, 2.4), constrained_layout=True)
     ax = axes[0]
     z = two["z"]
@@ -578,38 +456,46 @@ def _fig_clusters(two: dict, rvc: dict, out_dir: Path, plt, quick: bool) -> list
     ax.legend(fontsize=5, loc="upper left")
     for a in axes:
         a.tick_params(labelsize=6)
-    return H.save(fig, out_dir, f"{NAME}_clusters", quick=quick)
+    return fig
 
 
-@H.styled(H.small_text(7))
-def make(out_dir: Path, quick: bool = False) -> dict:
-    """Run the cases, write the figures and ``fig_leaders.json`` into ``out_dir``.
+def _case_arrays(res: dict) -> dict[str, np.ndarray]:
+    """What draw needs of one case (system 0 of its batch), as ``KEY_what`` arrays."""
+    rt, deep, traj = res["rt"], res["deep"], res["traj"]
+    out: dict[str, Any] = dict(
+        ts=rt.ts,
+        rank=rt.rank[0],
+        D=rt.boolean_distance[0],
+        logD=rt.log_boolean_distance[0],
+        logC=rt.log_cluster_distance[0],
+        leaders=rt.leaders[0],
+        attends=rt.attends_to[0, -1],
+        # rate, intercept, window start, end, R^2, lambda_max; deep: the same, cluster rate
+        fit=[rt.rate[0], rt.intercept[0], *rt.fit_window[0], rt.r2[0], rt.lambda_max],
+        deep=[deep.rate[0], deep.intercept[0], *deep.fit_window[0], deep.cluster_rate[0]],
+    )
+    if res["case"]["key"] in SHOWN:
+        order, ks = _order(res), _heatmap_times(rt)
+        P = [np.asarray(traj.attention(k))[0][np.ix_(order, order)] for k in ks]
+        out.update(order=order, heat_k=ks, heat_P=np.stack(P), z=np.asarray(traj.z)[0])
+    return {f"{res['case']['key']}_{k}": np.asarray(v) for k, v in out.items()}
 
-    Args:
-        out_dir: directory for the PNG/PDF files and the JSON sidecar (created).
-        quick: a small version for tests, in seconds: 3 cases, 1 seed, 20 tokens to t <= 12, and
-            the discrete transformer (Euler layers, dt = 0.1) instead of the adaptive
-            solver (so its rates are log(1 + lambda dt)/dt).
 
-    Returns:
-        ``{"figures": [paths], "json": path, "summary": {case: numbers}}`` (the
-        per-system numbers are in the JSON file).
-    """
-    plt = H.setup()
+def compute(quick: bool) -> F.Data:
+    """Run the cases and the two-token example; the fits, checks and cluster counts."""
+    H.setup()
     from attnflow._meta import run_metadata
 
     t_start = time.perf_counter()
     cases = _cases(quick)
     solver = SOLVER_QUICK if quick else SOLVER
     results = [_run_case(c, solver) for c in cases]
-    figures = []
-    figures += _fig_heatmaps(results, out_dir, plt, quick)
-    figures += _fig_rank(results, out_dir, plt, quick)
-    figures += _fig_tokens(results, out_dir, plt, quick)
+    arrays = {k: v for r in results for k, v in _case_arrays(r).items()}
     two = _two_tokens(solver)
-    rvc = _rank_vs_clusters(results)
-    figures += _fig_clusters(two, rvc, out_dir, plt, quick)
-    summary = {r["case"]["key"]: _summary(r) for r in results}
+    for k in ("ts", "z", "off_diagonal", "rank"):
+        arrays[f"two_{k}"] = np.asarray(two[k])
+    rvc = R.rank_vs_clusters(results)
+    summary = {r["case"]["key"]: R.summary(r) for r in results}
     sidecar = dict(
         script="attnflow.experiments.fig_leaders",
         quick=bool(quick),
@@ -638,17 +524,36 @@ def make(out_dir: Path, quick: bool = False) -> dict:
             off_diagonal_final=float(two["off_diagonal"][-1]),
         ),
         clusters_against_rank=rvc,
-        figures=[str(p) for p in figures],
+        figures=[],
         seconds=time.perf_counter() - t_start,
     )
-    jpath = H.write_json(out_dir, NAME, H.jsonable(sidecar))
     compact = {k: {kk: vv for kk, vv in v.items() if kk != "systems"} for k, v in summary.items()}
-    return {
-        "figures": figures,
-        "json": jpath,
+    result = {
         "summary": compact,
         "clusters_against_rank": {k: v["equal"] for k, v in rvc.items()},
     }
+    return F.Data(sidecar=sidecar, arrays=arrays, result=result)
+
+
+def draw(data: F.Data) -> dict[str, Figure]:
+    """The four figures from ``compute``'s data (matplotlib only)."""
+    a, side = data.arrays, data.sidecar
+    cases = [
+        (c, {k: a[f"{c['key']}_{k}"] for k in _ARRAY_KEYS if f"{c['key']}_{k}" in a})
+        for c in side["cases"]
+    ]
+    show = [(c, arr) for c, arr in cases if c["key"] in SHOWN]
+    two = dict(side["rank_is_not_clusters"])
+    two.update({k: a[f"two_{k}"] for k in ("ts", "z", "off_diagonal", "rank")})
+    return {
+        f"{NAME}_heatmaps": _fig_heatmaps(show),
+        f"{NAME}_rank": _fig_rank(cases),
+        f"{NAME}_tokens": _fig_tokens(show),
+        f"{NAME}_clusters": _fig_clusters(two, side["clusters_against_rank"]),
+    }
+
+
+make = F.figure(NAME, compute, draw, rc=H.small_text(7), compact=False)
 
 
 def report(res: dict) -> None:
