@@ -148,7 +148,6 @@ MAX_LINES = 600
 OVER_LIMIT = {
     "dynamics/simulate.py": 783,
     "dynamics/trajectory.py": 668,
-    "plotting/draw.py": 659,
 }
 
 

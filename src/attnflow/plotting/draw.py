@@ -1,9 +1,11 @@
 """Drawing the particle system: house style, convex hulls, level sets, GIF movies.
 
 Presentation only: every number drawn comes from ``attnflow.simulate`` and the analyses;
-this module adds the geometry a drawing needs (convex hulls, the section of a hyperplane
-with a box) and the matplotlib calls. The same function draws on 2-d axes (lines) and on
-3-d axes (translucent faces), and ``color`` means the same on both.
+the geometry a drawing needs (convex-hull vertices, the section of a hyperplane with a
+box, bounding boxes, the edge-on camera) is computed in ``_geometry`` (numpy and scipy
+only; its names are importable from here) and this module makes the matplotlib calls.
+The same function draws on 2-d axes (lines) and on 3-d axes (translucent faces), and
+``color`` means the same on both.
 
 matplotlib is imported inside the functions, so ``import attnflow`` never needs it;
 mathtext only (no LaTeX installation). Nothing here switches matplotlib's backend or
@@ -15,7 +17,6 @@ pyplot, so a notebook's backend and settings stay as they were. What the movies 
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,6 +31,7 @@ from jaxtyping import Float, Int
 from .. import _checks
 from ..analysis.regimes import Label
 from ..studies.setups import MOVIE_CASES, case_matrix, simulate_tokens
+from ._geometry import box_section, data_box, edge_on_view, hull_vertices
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist
@@ -107,32 +109,7 @@ def use_style(
     return matplotlib.rc_context({**STYLE, **(rc or {}), **overrides})  # pyright: ignore[reportArgumentType]
 
 
-# -------------------------------------------------------------------- geometry
-def hull_vertices(points: Float[npt.ArrayLike, "k 2"]) -> Int[np.ndarray, " h"]:
-    """Indices of the convex-hull vertices of planar points.
-
-    Args:
-        points: the points.
-
-    Returns:
-        The vertices' indices, counter-clockwise. For degenerate points all indices
-        (fewer than 3 points) or the two extreme points (collinear ones).
-    """
-    pts = np.asarray(points, dtype=np.float64)
-    k = pts.shape[0]
-    if k <= 2:
-        return np.arange(k)
-    from scipy.spatial import ConvexHull, QhullError
-
-    try:
-        return ConvexHull(pts).vertices
-    except (QhullError, ValueError):
-        c = pts - pts.mean(axis=0)
-        u = np.linalg.svd(c, full_matrices=False)[2][0]
-        s = c @ u
-        return np.array([int(np.argmin(s)), int(np.argmax(s))])
-
-
+# ----------------------------------------------------------------------- hulls
 def _closed_hull(points: Float[np.ndarray, "k 2"]) -> Float[np.ndarray, "h+1 2"]:
     """The hull of planar points as a closed polygon (first vertex repeated last)."""
     idx = hull_vertices(points)
@@ -215,57 +192,7 @@ def draw_hull(
     return coll
 
 
-def box_section(
-    phi: Float[npt.ArrayLike, " d"],
-    c: float,
-    lo: Float[npt.ArrayLike, " d"],
-    hi: Float[npt.ArrayLike, " d"],
-) -> Float[np.ndarray, "k d"] | None:
-    """The section of the hyperplane ``{z : phi . z = c}`` with the box ``[lo, hi]``.
-
-    Args:
-        phi: normal of the hyperplane, d = 2 or 3.
-        c: its level.
-        lo: the box's lower corner.
-        hi: the box's upper corner.
-
-    Returns:
-        d = 2: the two end points of a segment; d = 3: the vertices of a convex polygon,
-        in order around it. ``None`` if the hyperplane misses the box.
-    """
-    phi = np.asarray(phi, dtype=np.float64)
-    lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
-    d = phi.shape[0]
-    corners = np.array(list(itertools.product(*zip(lo, hi))))
-    pts = []
-    for i, j in itertools.combinations(range(len(corners)), 2):
-        a, b = corners[i], corners[j]
-        if np.count_nonzero(a != b) != 1:
-            continue
-        fa, fb = phi @ a - c, phi @ b - c
-        if fa == fb:
-            continue
-        s = fa / (fa - fb)
-        if 0.0 <= s <= 1.0:
-            pts.append(a + s * (b - a))
-    if len(pts) < 2:
-        return None
-    pts = np.unique(np.round(np.array(pts), 12), axis=0)
-    if len(pts) < 2:
-        return None
-    if d == 2:
-        u = np.array([-phi[1], phi[0]])
-        s = pts @ u
-        return pts[[int(np.argmin(s)), int(np.argmax(s))]]
-    # order the polygon's vertices by angle in the plane
-    m = pts.mean(axis=0)
-    n = phi / np.linalg.norm(phi)
-    e1 = np.linalg.svd(np.eye(3) - np.outer(n, n))[0][:, 0]
-    e2 = np.cross(n, e1)
-    ang = np.arctan2((pts - m) @ e2, (pts - m) @ e1)
-    return pts[np.argsort(ang)]
-
-
+# ---------------------------------------------------------------------- levels
 def draw_level(
     ax: Axes,
     phi: Float[npt.ArrayLike, " d"],
@@ -337,6 +264,7 @@ def draw_levels(
     return out
 
 
+# ----------------------------------------------------------- paths and boxes
 def draw_trajectories(
     ax: Axes,
     z: Float[npt.ArrayLike, "m n d"],
@@ -383,25 +311,6 @@ def draw_trajectories(
         ax.plot(*[z[-1, :, k] for k in range(d)], "o", ms=ms, color=end_color, ls="none")
 
 
-def data_box(
-    z: Float[npt.ArrayLike, "*points d"], pad: float = 0.06
-) -> tuple[Float[np.ndarray, " d"], Float[np.ndarray, " d"]]:
-    """The padded bounding box of the finite points of ``z``.
-
-    Args:
-        z: points (any leading shape).
-        pad: margin on each side, as a fraction of the box's extent along that axis.
-
-    Returns:
-        ``(lo, hi)``, the box's corners.
-    """
-    pts = np.asarray(z).reshape(-1, np.asarray(z).shape[-1])
-    pts = pts[np.all(np.isfinite(pts), axis=1)]
-    lo, hi = pts.min(axis=0), pts.max(axis=0)
-    span = np.maximum(hi - lo, 1e-12)
-    return lo - pad * span, hi + pad * span
-
-
 def set_box(ax: Axes, lo: Float[npt.ArrayLike, " d"], hi: Float[npt.ArrayLike, " d"]) -> None:
     """Set the limits of ``ax`` to the box ``[lo, hi]`` (x and y; z too on 3-d axes).
 
@@ -415,27 +324,6 @@ def set_box(ax: Axes, lo: Float[npt.ArrayLike, " d"], hi: Float[npt.ArrayLike, "
     ax.set_ylim(lo[1], hi[1])
     if lo.shape[0] == 3:
         _axes3d(ax, "set_box in 3-d").set_zlim(lo[2], hi[2])
-
-
-def edge_on_view(
-    phi: Float[npt.ArrayLike, " 3"], lo: Float[npt.ArrayLike, " 3"], hi: Float[npt.ArrayLike, " 3"]
-) -> tuple[float, float]:
-    """The camera that sees the planes ``{phi . z = c}`` edge-on (as lines).
-
-    Args:
-        phi: normal of the planes.
-        lo: lower corner of the drawn box (matplotlib normalises the box to a cube).
-        hi: its upper corner.
-
-    Returns:
-        ``(elev, azim)`` of a horizontal camera, in degrees.
-    """
-    span = np.maximum(np.asarray(hi) - np.asarray(lo), 1e-12)
-    p = np.asarray(phi, dtype=np.float64) * span  # the normal in normalised coordinates
-    v = np.cross(p, [0.0, 0.0, 1.0])
-    if np.linalg.norm(v) < 1e-12 * np.linalg.norm(p):
-        return 0.0, -60.0
-    return 0.0, float(np.degrees(np.arctan2(v[1], v[0])))
 
 
 # ---------------------------------------------------------------------- movies
