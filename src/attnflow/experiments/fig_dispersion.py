@@ -25,7 +25,10 @@ Calibration ("trained at n = 16"): ssmax uses s = 1/log 16, so that it equals so
 n = 16; in figure 1 qknorm's beta is chosen so that its largest coefficient at n = 16
 equals softmax's. Figure 3 shows qknorm at the same beta as softmax and at 4 times it.
 
-Run:  python -m attnflow.experiments.fig_dispersion [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_dispersion [--quick] [--out figures] [--redraw]
+
+The look is ``draw`` (matplotlib only, from the sidecar's results); the numbers are
+``compute``.
 """
 
 from __future__ import annotations
@@ -33,11 +36,15 @@ from __future__ import annotations
 import json
 import math
 import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnflow.experiments import _figure as F
 from attnflow.experiments import _plotting as H
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NAME = "fig_dispersion"
 KERNEL_ORDER = ("softmax", "qknorm", "ssmax", "adaptive", "sigmoid")
@@ -312,7 +319,9 @@ def _sink(cfg: dict) -> dict:
 
 
 # ------------------------------------------------------------------ plotting
-def _plot_max(data: dict, out_dir: Path, plt, quick: bool = False) -> list[Path]:
+def _plot_max(data: dict) -> Figure:
+    import matplotlib.pyplot as plt
+
     ns = np.asarray(data["ns"], float)
     fig, axes = plt.subplots(2, 3, figsize=(7.0, 4.6), sharex=True, sharey=True)
     axes = axes.ravel()
@@ -368,12 +377,12 @@ def _plot_max(data: dict, out_dir: Path, plt, quick: bool = False) -> list[Path]
         fontsize=7,
     )
     fig.tight_layout()
-    return H.save(fig, out_dir, f"{NAME}_max", quick=quick, tight=True)
+    return fig
 
 
-def _plot_leaders(
-    data: dict, out_dir: Path, plt, t1: float, qk_limit: float | None = None, quick: bool = False
-) -> list[Path]:
+def _plot_leaders(data: dict, t1: float, qk_limit: float | None = None) -> Figure:
+    import matplotlib.pyplot as plt
+
     ns = np.asarray(data["ns"], float)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(7.0, 2.8))
     for i, kern in enumerate(KERNEL_ORDER):
@@ -418,7 +427,9 @@ def _plot_leaders(
         if over_n:
             ax.plot(np.asarray(over_n) * jit, [t1 * 1.04] * len(over_n), "x", color=c, ms=4)
         big = rows[-1]
-        ax2.plot(data["ts"], big["share_median_over_seeds"], color=c, lw=1, label=kern)
+        # a save no seed reached is NaN, "nan" in the sidecar: back to a float
+        share = np.asarray(big["share_median_over_seeds"], dtype=float)
+        ax2.plot(data["ts"], share, color=c, lw=1, label=kern)
     ax.axhline(t1, color="0.6", lw=0.6)
     ax.text(
         ns[0],
@@ -458,10 +469,12 @@ def _plot_leaders(
         fontsize=7,
     )
     fig.tight_layout()
-    return H.save(fig, out_dir, f"{NAME}_leaders", quick=quick, tight=True)
+    return fig
 
 
-def _plot_sink(data: dict, out_dir: Path, plt, quick: bool = False) -> list[Path]:
+def _plot_sink(data: dict) -> Figure:
+    import matplotlib.pyplot as plt
+
     ns = np.asarray(data["ns"], float)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(7.0, 2.8))
     scales = sorted({c["sink_scale"] for c in data["cases"]})
@@ -501,7 +514,7 @@ def _plot_sink(data: dict, out_dir: Path, plt, quick: bool = False) -> list[Path
         fontsize=7,
     )
     fig.tight_layout()
-    return H.save(fig, out_dir, f"{NAME}_sink", quick=quick, tight=True)
+    return fig
 
 
 # ------------------------------------------------------------------ summary
@@ -528,19 +541,9 @@ def _summary(f1: dict, f2: dict, f3: dict) -> dict:
     return s
 
 
-@H.styled(H.small_text(7))
-def make(out_dir: Path, quick: bool = False) -> dict:
-    """Compute the three experiments, write the figures and ``fig_dispersion.json``.
-
-    Args:
-        out_dir: directory for the PNG/PDF files and the JSON sidecar (created).
-        quick: a small version for tests (seconds): fewer n, seeds and sink scales, and
-            a shorter simulation.
-
-    Returns:
-        ``{"figures": [paths as str], "json": path as str, "summary": {...}}``.
-    """
-    plt = H.setup()
+def compute(quick: bool) -> F.Data:
+    """The three experiments and their summary (figure 2's data gets the qknorm limit)."""
+    H.setup()
     from attnflow._meta import run_metadata
 
     t0 = time.perf_counter()
@@ -552,15 +555,9 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     seconds["leaders"] = time.perf_counter() - t0 - seconds["max"]
     f3 = _sink(cfg["sink"])
     seconds["sink"] = time.perf_counter() - t0 - seconds["max"] - seconds["leaders"]
-    figures = []
-    figures += _plot_max(f1, out_dir, plt, quick)
     lc = cfg["leaders"]
     # share > 1/2 needs 1/(1 + (n-1) e^{-delta}) > 1/2 with delta <= 2 beta p (p = d here)
     f2["qknorm_no_leader_above_n"] = 1 + math.exp(2 * lc["beta"] * lc["d"])
-    figures += _plot_leaders(
-        f2, out_dir, plt, lc["t1"], f2["qknorm_no_leader_above_n"], quick=quick
-    )
-    figures += _plot_sink(f3, out_dir, plt, quick)
     summary = _summary(f1, f2, f3)
     sidecar = dict(
         script="attnflow.experiments.fig_dispersion",
@@ -570,11 +567,24 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         versions=run_metadata(),
         summary=summary,
         results=dict(max=f1, leaders=f2, sink=f3),
-        figures=[str(p) for p in figures],
+        figures=[],
         seconds=dict(seconds, total=time.perf_counter() - t0),
     )
-    jpath = H.write_json(out_dir, NAME, H.jsonable(sidecar))
-    return {"figures": [str(p) for p in figures], "json": str(jpath), "summary": summary}
+    return F.Data(sidecar=sidecar, result={"summary": summary})
+
+
+def draw(data: F.Data) -> dict[str, Figure]:
+    """The three figures from the sidecar's results (matplotlib only)."""
+    res, t1 = data.sidecar["results"], data.sidecar["parameters"]["leaders"]["t1"]
+    f2 = res["leaders"]
+    return {
+        f"{NAME}_max": _plot_max(res["max"]),
+        f"{NAME}_leaders": _plot_leaders(f2, t1, f2["qknorm_no_leader_above_n"]),
+        f"{NAME}_sink": _plot_sink(res["sink"]),
+    }
+
+
+make = F.figure(NAME, compute, draw, rc=H.small_text(7), tight=True, compact=False)
 
 
 if __name__ == "__main__":
