@@ -17,19 +17,30 @@ Writes into out_dir: ginibre_fraction.png, ginibre_fraction.pdf, ginibre_fractio
 (every parameter, the versions and every number plotted).
 
 Run:  python -m attnflow.experiments.fig_ginibre [--quick] [--out figures] [--results DIR]
+      [--redraw]
+
+The look is ``draw`` (matplotlib only, from the sidecar's estimates); the numbers are
+``compute``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
+import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from attnflow.experiments import _figure as F
 from attnflow.experiments import _plotting as H
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NAME = "ginibre_fraction"
 SEED = 0
@@ -51,14 +62,15 @@ def samples_for(d: int, quick: bool) -> int:
     return 20_000 if d <= 64 else (6000 if d <= 128 else 1500)
 
 
-def _sample_groups(ests) -> str:
-    """'20,000 ($d\\leq 64$), 12,000 ($d=128$), ...' for the title."""
+def _sample_groups(results: list[dict]) -> str:
+    """'20,000 ($d\\leq 64$), 12,000 ($d=128$), ...' for the title (``results``: the
+    sidecar's estimates)."""
     groups: list[list] = []
-    for e in ests:
-        if groups and groups[-1][0] == e.samples:
-            groups[-1][1].append(e.d)
+    for e in results:
+        if groups and groups[-1][0] == e["samples"]:
+            groups[-1][1].append(e["d"])
         else:
-            groups.append([e.samples, [e.d]])
+            groups.append([e["samples"], [e["d"]]])
     parts = []
     for k, (n, ds) in enumerate(groups):
         if len(groups) == 1:
@@ -111,28 +123,21 @@ def _saved(results: Path | None, d: int, want: int):
     return est, str(path)
 
 
-def plot(ests, out_dir: Path) -> tuple[Path, Path]:
-    """Draw the estimates (a list of ``GinibreEstimate``) into out_dir/NAME.{png,pdf}."""
-    import matplotlib
+def draw(data: F.Data) -> dict[str, Figure]:
+    """The curve from the sidecar's estimates (matplotlib only)."""
     import matplotlib.pyplot as plt
 
-    dims = [e.d for e in ests]
-    # rc_context: `attnflow figures` runs every script in one process, so no rcParams
-    # may leak from one script to the next.
-    with matplotlib.rc_context({"font.size": 10, "axes.titlesize": 10.5, "legend.fontsize": 8.5}):
-        return _draw(plt, ests, dims, out_dir)
-
-
-def _draw(plt, ests, dims, out_dir: Path) -> tuple[Path, Path]:
-    ds = np.array([e.d for e in ests])
-    frac = np.array([e.fraction for e in ests])
-    err = np.array([[e.fraction - e.low for e in ests], [e.high - e.fraction for e in ests]])
-    gfrac = np.array([e.good_ginibre.fraction for e in ests])
+    ests = data.sidecar["results"]
+    dims = [e["d"] for e in ests]
+    ds = np.array(dims)
+    frac = np.array([e["fraction"] for e in ests])
+    err = np.array(
+        [[e["fraction"] - e["low"] for e in ests], [e["high"] - e["fraction"] for e in ests]]
+    )
+    good = [e["good_ginibre"] for e in ests]
+    gfrac = np.array([g["fraction"] for g in good])
     gerr = np.array(
-        [
-            [e.good_ginibre.fraction - e.good_ginibre.low for e in ests],
-            [e.good_ginibre.high - e.good_ginibre.fraction for e in ests],
-        ]
+        [[g["fraction"] - g["low"] for g in good], [g["high"] - g["fraction"] for g in good]]
     )
     fig, ax = plt.subplots(figsize=(6.4, 4.2), constrained_layout=True)
     ax.errorbar(
@@ -200,27 +205,25 @@ def _draw(plt, ests, dims, out_dir: Path) -> tuple[Path, Path]:
     ax.legend(
         [handles[i] for i in order], [labels[i] for i in order], loc="upper right", frameon=False
     )
-    png, pdf = H.save(fig, out_dir, NAME)  # the full resolution, quick or not
-    return png, pdf
+    return {NAME: fig}
 
 
-def make(
-    out_dir: Path, quick: bool = False, results: Path | None = None, workers: int | None = None
-) -> dict:
-    """Compute the curve and write the PNG, PDF and JSON sidecar into ``out_dir``.
+def compute(quick: bool, results: Path | None = None, workers: int | None = None) -> F.Data:
+    """The estimate of every dimension (computed, or read from saved sweeps).
 
-    ``results``: a directory of saved sweeps (``attnflow ginibre --out``) to reuse.
-    ``workers``: worker processes (None: one per core for long dimensions).
-    Returns ``{"figures": [png, pdf], "json": sidecar, "results": [...]}``.
+    Args:
+        quick: the small run (d <= 32, 1,000 samples each).
+        results: a directory of saved sweeps (``attnflow ginibre --out``) to reuse.
+        workers: worker processes (None: one per core for long dimensions).
+
+    Returns:
+        the sidecar (every parameter, the versions and every estimate) as ``Data``.
     """
     import jax
 
-    jax.config.update("jax_enable_x64", True)  # as the CLI does (numbers are numpy float64)
     import attnflow
     from attnflow._meta import run_metadata
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     results = Path(results) if results is not None else None
     dims = DIMS_QUICK if quick else DIMS
     rows = []
@@ -243,8 +246,6 @@ def make(
         )
 
     ests = [r["estimate"] for r in rows]
-    png, pdf = plot(ests, out_dir)
-
     import matplotlib as mpl
 
     side = {
@@ -276,14 +277,44 @@ def make(
         "versions": {**run_metadata(), "matplotlib": mpl.__version__},
         "command": ("python -m attnflow.experiments.fig_ginibre" + (" --quick" if quick else "")),
     }
-    js = H.write_json(out_dir, NAME, H.jsonable(side))
-    return {"figures": [str(png), str(pdf)], "json": str(js), "results": side["results"]}
+    return F.Data(sidecar=side, result={"results": side["results"]})
+
+
+class _Make(F.FigureScript):
+    """``make(out_dir, quick=False, results=None, workers=None)``: the framework's make
+    with this script's two options handed to ``compute``, and its PNG at full
+    resolution in quick runs too."""
+
+    def __call__(
+        self,
+        out_dir: str | os.PathLike[str],
+        quick: bool = False,
+        results: Path | None = None,
+        workers: int | None = None,
+    ) -> dict[str, Any]:
+        self.compute = functools.partial(compute, results=results, workers=workers)
+        return super().__call__(out_dir, quick)
+
+    def _draw(self, data: F.Data, out: Path) -> list[Path]:
+        return [p for stem, fig in self.draw(data).items() for p in H.save(fig, out, stem)]
+
+
+# rc: `attnflow figures` runs every script in one process, so the rc parameters hold for
+# this figure only
+make = _Make(
+    NAME,
+    compute,
+    draw,
+    rc={"font.size": 10, "axes.titlesize": 10.5, "legend.fontsize": 8.5},
+    compact=False,
+)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small run (seconds)")
     ap.add_argument("--out", type=Path, default=Path("figures"), help="output directory")
+    ap.add_argument("--redraw", action="store_true", help="draw from the data saved in --out")
     ap.add_argument(
         "--results",
         type=Path,
@@ -298,8 +329,11 @@ def main() -> None:
     )
     args = ap.parse_args()
     H.use_agg()  # run on its own, the script owns its process
-    out = make(args.out, quick=args.quick, results=args.results, workers=args.workers)
-    for f in out["figures"] + [out["json"]]:
+    if args.redraw:
+        out = make.redraw(args.out, quick=args.quick)
+    else:
+        out = make(args.out, quick=args.quick, results=args.results, workers=args.workers)
+    for f in [*out["figures"], out["json"]]:
         print(f)
 
 
