@@ -17,17 +17,23 @@ number of clusters (``count_clusters``, threshold 0.999) at the end, its median 
 systems, the clustered-pair fraction, and whether the count still changed over the last
 fifth of the run.
 
-Run:  python -m attnflow.experiments.fig_sphere_regimes [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_sphere_regimes [--quick] [--out figures] [--redraw]
+
+The look is ``draw`` (matplotlib only, from the saved data); the numbers are ``compute``.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnflow.experiments import _figure as F
 from attnflow.experiments import _plotting as H
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NAME = "fig_sphere_regimes"
 SEED, N, DT, THRESHOLD = 0, 20, 0.1, 0.999
@@ -48,15 +54,30 @@ def _majority(labels: list[str]) -> str:
     return str(vals[np.argmax(counts)])
 
 
-@H.styled(H.small_text(7))
-def make(out_dir: Path, quick: bool = False) -> dict:
-    """Run every case in every mode, draw the table and write the sidecar (+ markdown)."""
-    plt = H.setup()
+HEADER = ["V", "predicted", "rescaled (observed)", "sphere SA", "post-LN", "pre-LN", "peri-LN"]
+
+
+def _setup(quick: bool) -> tuple[tuple[tuple[str, int], ...], float, int]:
+    """``(cases, t1, systems)`` of a run."""
+    return (CASES[:2], 2.0, 2) if quick else (CASES, 12.0, 16)
+
+
+def compute(quick: bool) -> F.Data:
+    """Run every case in every mode.
+
+    Args:
+        quick: the small version (the first two cases, T = 2, 2 systems).
+
+    Returns:
+        the sidecar: one run per case and ``table``, one row per case with a cell per
+        mode (the label of ``observe_limit`` for ``rescaled``; cluster counts, clustered
+        fraction and whether the count settled for the sphere modes). No arrays: the
+        figure is the table.
+    """
+    H.setup()
     import attnflow as af
 
-    t_start = time.perf_counter()
-    cases = CASES[:2] if quick else CASES
-    t1, systems = (2.0, 2) if quick else (12.0, 16)
+    cases, t1, systems = _setup(quick)
     ts = np.linspace(0.0, t1, 11)
     rng = np.random.default_rng(SEED)
     runs, table = [], []
@@ -106,19 +127,40 @@ def make(out_dir: Path, quick: bool = False) -> dict:
                 row=row,
             )
         )
+    side = H.sidecar(
+        script="attnflow.experiments.fig_sphere_regimes", quick=quick, runs=runs, table=table
+    )
+    return F.Data(sidecar=side, result={"table": table})
 
-    # the table as a figure
-    header = ["V", "predicted", "rescaled (observed)", "sphere SA", "post-LN", "pre-LN", "peri-LN"]
-    cells = []
+
+def cells(table: list[dict]) -> list[list[str]]:
+    """The text of the table's body, one line per case (below ``HEADER``)."""
+    out = []
     for row in table:
         line = [f"{row['V']} (d={row['d']})", row["predicted"], row["rescaled"]["label"]]
         for mode in MODES[1:]:
             c = row[mode]
             line.append(f"{c['clusters_median']:g} cl., frac {c['clustered_fraction_mean']:.2f}")
-        cells.append(line)
-    fig, ax = plt.subplots(figsize=(6.5, 0.5 + 0.28 * len(cells)))
+        out.append(line)
+    return out
+
+
+def draw(data: F.Data) -> dict[str, Figure]:
+    """The table as a figure, from ``compute``'s data (matplotlib only).
+
+    Args:
+        data: what ``compute`` returned (or its saved copy).
+
+    Returns:
+        ``{NAME: figure}``.
+    """
+    import matplotlib.pyplot as plt
+
+    _, t1, systems = _setup(data.quick)
+    body = cells(data.sidecar["table"])
+    fig, ax = plt.subplots(figsize=(6.5, 0.5 + 0.28 * len(body)))
     ax.axis("off")
-    tab = ax.table(cellText=cells, colLabels=header, loc="center", cellLoc="center")
+    tab = ax.table(cellText=body, colLabels=HEADER, loc="center", cellLoc="center")
     tab.auto_set_font_size(False)
     tab.set_fontsize(6)
     tab.scale(1, 1.3)
@@ -127,23 +169,20 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         "sphere modes: median cluster count, mean clustered fraction)",
         fontsize=7,
     )
-    figures = H.save(fig, out_dir, NAME, quick, tight=True)
-    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    md += ["| " + " | ".join(line) + " |" for line in cells]
-    md_path = Path(out_dir) / f"{NAME}.md"
-    md_path.write_text("\n".join(md) + "\n")
-    out = H.finish(
-        out_dir,
-        NAME,
-        script="attnflow.experiments.fig_sphere_regimes",
-        quick=quick,
-        runs=runs,
-        figures=[*figures, md_path],
-        t_start=t_start,
-        table=table,
-    )
-    return {**out, "table": table}
+    return {NAME: fig}
 
+
+class _WithMarkdown(F.FigureScript):
+    """Also writes the table as markdown, ``NAME.md``, listed after the PNG and PDF."""
+
+    def _draw(self, data: F.Data, out: Path) -> list[Path]:
+        figures = super()._draw(data, out)
+        md = out / f"{NAME}.md"
+        md.write_text(H.markdown_table(HEADER, cells(data.sidecar["table"])) + "\n")
+        return [*figures, md]
+
+
+make = _WithMarkdown(NAME, compute, draw, rc=H.small_text(7), tight=True)
 
 if __name__ == "__main__":
     H.main(make, __doc__)
