@@ -210,8 +210,8 @@ def test_x64_is_the_default_from_the_shell():
     p = run_subprocess("simulate", "--n", "3", "--t1", "1", "--saves", "2", "--json")
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout)
-    assert res["metadata"]["versions"]["x64"] is True
-    assert res["metadata"]["dtype"] == "float64"
+    assert res["metadata"]["run"]["versions"]["x64"] is True
+    assert res["metadata"]["run"]["dtype"] == "float64"
     assert "cast to float32" not in p.stderr
 
 
@@ -219,8 +219,8 @@ def test_no_x64_computes_in_float32_without_the_cast_warning():
     p = run_subprocess("simulate", "--n", "3", "--t1", "1", "--saves", "2", "--json", "--no-x64")
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout)
-    assert res["metadata"]["versions"]["x64"] is False
-    assert res["metadata"]["dtype"] == "float32"
+    assert res["metadata"]["run"]["versions"]["x64"] is False
+    assert res["metadata"]["run"]["dtype"] == "float32"
     assert "cast to float32" not in p.stderr  # float32 is what was asked for
 
 

@@ -38,12 +38,15 @@ def test_simulate_json_and_out(tmp_path):
     assert res["status"] == "ok" and res["n"] == 6 and res["d"] == 2
     assert res["ts"] == [0.0, 1.0, 2.0]
     meta = res["metadata"]
-    assert meta["seed"] == 4 and meta["versions"]["x64"] is True
-    assert meta["solver"]["solver"] == "Tsit5" and meta["solver"]["rtol"] == 1e-6
+    assert meta["extra"]["seed"] == 4 and meta["run"]["versions"]["x64"] is True
+    assert meta["run"]["solver"]["solver"] == "Tsit5" and meta["run"]["solver"]["rtol"] == 1e-6
     with np.load(out) as f:
         saved_meta = json.loads(str(f["metadata"]))
         z = f["z"]
-    assert saved_meta["status"] == "ok" and saved_meta["dtype"] == "float64"
+    assert saved_meta["run"]["status"] == "ok" and saved_meta["run"]["dtype"] == "float64"
+    assert saved_meta["extra"] == meta["extra"] and saved_meta["extra"]["command"] == (
+        "attnflow simulate"
+    )
     assert z.shape == (3, 6, 2)
     np.testing.assert_allclose(z[-1], np.array(res["z_final"]), rtol=1e-12)
 
@@ -68,8 +71,8 @@ def test_simulate_matrix_from_file_and_euler(tmp_path):
     )
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout)
-    assert res["metadata"]["V"] == V.tolist()
-    assert res["metadata"]["solver"] == {"method": "euler", "dt": 0.25, "layers": 4}
+    assert res["metadata"]["model"]["V"] == V.tolist()
+    assert res["metadata"]["run"]["solver"] == {"method": "euler", "dt": 0.25, "layers": 4}
 
 
 def run_inprocess(capsys, *args):

@@ -464,7 +464,7 @@ def test_track_rank_uses_kernel_parameters():
     )
     want = (1 - np.asarray(traj.attention(-1)).max(axis=1)).max()
     assert float(af.track_rank(traj).boolean_distance[-1]) == pytest.approx(want, rel=1e-10)
-    assert traj.metadata()["kernel_params"] == {"s": 3.0}
+    assert traj.metadata()["model"]["kernel_params"] == {"s": 3.0}
 
 
 # --------------------------------------------------- the fit and the kernel's softmax

@@ -38,26 +38,14 @@ def _check_round_trip(traj, path, **extra):
         _same(v, back.model.kernel_params[k])
     _same(traj.attention(-1), back.attention(-1))
     meta = back.saved_metadata
-    assert meta["seed"] == 7 and meta["versions"]["x64"] is True
-    assert meta["coords"] == traj.coords
+    assert meta["extra"]["seed"] == 7 and meta["run"]["versions"]["x64"] is True
+    assert meta["run"]["coords"] == traj.coords and meta["format_version"] == 2
     # the metadata written equals the metadata of the run, extras included
-    fresh = traj.metadata(seed=7, **extra)
-    for key in (
-        "frame",
-        "solver",
-        "t1",
-        "status",
-        "statuses",
-        "n",
-        "d",
-        "batch",
-        "dtype",
-        "kernel",
-        "Q",
-        "V",
-        "stats",
-    ):
-        assert meta[key] == json.loads(json.dumps(fresh[key])), key
+    fresh = json.loads(json.dumps(traj.metadata(seed=7, **extra)))
+    for key in ("frame", "solver", "t1", "status", "statuses", "n", "d", "batch", "dtype", "stats"):
+        assert meta["run"][key] == fresh["run"][key], key
+    assert meta["model"] == fresh["model"] and meta["extra"] == fresh["extra"]
+    assert meta["model"]["V"] == np.asarray(traj.model.V).tolist()
     return back
 
 
@@ -82,7 +70,7 @@ def test_round_trip_euler_batch_with_failures(tmp_path):
     assert not traj.ok and "overflow" in traj.status
     back = _check_round_trip(traj, tmp_path / "batch", command="test")  # .npz appended
     assert (tmp_path / "batch.npz").is_file()
-    assert back.saved_metadata["command"] == "test"
+    assert back.saved_metadata["extra"]["command"] == "test"
 
 
 def test_round_trip_standard_coordinates_euler(tmp_path):
@@ -164,19 +152,23 @@ def test_to_xarray(tmp_path):
     np.testing.assert_array_equal(ds["x"].values, np.asarray(traj.x))
     np.testing.assert_array_equal(ds["time"].values, np.asarray(traj.ts))
     assert ds.attrs["frame"] == "rescaled" and json.loads(ds.attrs["statuses"]) == ["ok"] * 3
+    assert ds.attrs["t1"] == 1.0 and json.loads(ds.attrs["solver"])["rtol"] == 1e-6
+    assert json.loads(ds.attrs["model"]) == json.loads(json.dumps(model.describe()))
+    assert json.loads(ds.attrs["extra"]) == {}
+    ds.to_netcdf(tmp_path / "traj.nc")  # every attribute is a string or a number
     one = af.simulate(model, x0[0], 1.0).to_xarray()
     assert one["z"].dims == ("time", "token", "coord")
 
 
 def test_extra_metadata_never_replaces_the_runs_own_keys(tmp_path):
     """save(p, frame=...) used to overwrite the run's frame: the reload then converted
-    with the wrong frame. Now the run's own keys are refused as extra keys, by name."""
+    with the wrong frame. The caller's keys are kept apart, in metadata["extra"]."""
     m = af.Attention(np.eye(2), np.eye(2), np.eye(2))
     traj = af.simulate(m, np.random.default_rng(0).normal(size=(4, 2)), 0.5)
-    for key in ("frame", "kernel", "t1", "family"):
-        with pytest.raises(ValueError, match=key):
-            traj.save(tmp_path / "r.npz", **{key: "x"})
-    assert not (tmp_path / "r.npz").exists()
-    back = af.Trajectory.load(traj.save(tmp_path / "r.npz", note="kept", seed=3))
-    assert back.saved_metadata["note"] == "kept" and back.saved_metadata["seed"] == 3
+    mine = {"frame": "x", "kernel": "x", "t1": "x", "family": "x", "note": "kept", "seed": 3}
+    back = af.Trajectory.load(traj.save(tmp_path / "r.npz", **mine))
+    assert back.saved_metadata["extra"] == mine
+    assert back.frame == "rescaled" and back.t1 == 0.5 and back.model.kernel.name == "softmax"
+    assert back.saved_metadata["run"]["frame"] == "rescaled"
+    assert back.saved_metadata["model"]["family"] == "Attention"
     np.testing.assert_array_equal(np.asarray(back.x), np.asarray(traj.x))

@@ -83,7 +83,7 @@ def test_a_new_family_saves_and_loads(tmp_path):
     back = af.Trajectory.load(traj.save(tmp_path / "lin.npz"))
     assert isinstance(back.model, TokenwiseLinear)
     np.testing.assert_array_equal(np.asarray(back.x), np.asarray(traj.x))
-    assert back.saved_metadata["family"] == "TokenwiseLinear"
+    assert back.saved_metadata["model"] == {"family": "TokenwiseLinear", "A": A.tolist()}
 
 
 def test_attention_is_a_final_family_of_the_seam():

@@ -261,8 +261,8 @@ def test_save_writes_metadata(tmp_path):
     with np.load(tmp_path / "r.npz") as f:
         meta = json.loads(str(f["metadata"]))
         assert f["z"].shape == (2, 4, 2)
-    assert meta["seed"] == 3 and meta["versions"]["x64"] is True
-    assert meta["solver"]["rtol"] == 1e-6 and meta["status"] == "ok"
+    assert meta["extra"]["seed"] == 3 and meta["run"]["versions"]["x64"] is True
+    assert meta["run"]["solver"]["rtol"] == 1e-6 and meta["run"]["status"] == "ok"
 
 
 BAD_SIMULATE = [

@@ -197,6 +197,7 @@ def record(traj) -> dict:
             "state_last": np.asarray(traj.state)[..., -1, :, :].tolist(),
         },
         "attention_last": digest(traj.attention(-1)),
+        "attention_last_values": np.asarray(traj.attention(-1)).tolist(),
         "statuses": [str(s) for s in traj.statuses],
         "status": str(traj.status),
         "frame": traj.frame,

@@ -16,11 +16,15 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .. import _checks
-from . import _trajectory_io as _io
-from ._trajectory_io import FORMAT_VERSION
 from .frames import AbstractTime, Continuous, Layers, normalize_rows
 
-__all__ = ["Trajectory", "SimulationError", "Status", "STATUS_CODES", "FORMAT_VERSION"]
+__all__ = ["Trajectory", "SimulationError", "Status", "STATUS_CODES"]
+
+
+def _file():  # the trajectory files (the io layer), imported when a method needs them
+    from ..io import trajectory_file
+
+    return trajectory_file
 
 
 class Status(enum.StrEnum):
@@ -620,44 +624,40 @@ class Trajectory:
 
     # --------------------------------------------------------------- saving
     def metadata(self, **extra) -> dict:
-        """Everything needed to reproduce and judge this run, JSON-serialisable; ``extra``
-        keys are added (never replacing the run's own keys: ``ValueError``)."""
-        return _io.metadata(self, **extra)
+        """Everything needed to reproduce and judge this run, JSON-serialisable, nested as
+        ``{"run", "model": model.describe(), "extra"}`` (``extra`` never replaces the run)."""
+        return _file().metadata(self, **extra)
 
     def save(self, path, **extra) -> Path:
         """Write the run to an ``.npz`` file that ``Trajectory.load`` reads back bit for bit.
 
-        The file holds ``ts``, ``z``, ``x`` and ``reached`` (plain arrays for any reader),
-        the solver's own state and coordinates, the initial tokens ``x0``, where each
-        system stopped, the model's weights and kernel parameters, the statistics, and a
-        JSON ``metadata`` string (``Trajectory.metadata``: solver, tolerances, status,
-        seed and other ``extra`` keys, versions, x64). Missing parent folders are
-        created; ``.npz`` is appended when ``path`` has another suffix or none. The file
-        is written to a temporary name and renamed, so a crash never leaves half a file.
+        It holds ``ts``, ``z``, ``x`` and ``reached`` (plain arrays for any reader), the
+        solver's state and coordinates, ``x0``, where each system stopped, the model's
+        weights and kernel parameters (each array once), the statistics and a JSON
+        ``metadata`` string (``Trajectory.metadata``: solver, tolerances, status,
+        versions, x64, the model, and ``extra`` keys such as the seed). Missing parent
+        folders are created; ``.npz`` is appended to another suffix or none; a temporary
+        name, then a rename: a crash never leaves half a file.
 
         Returns:
             The path written.
         """
-        return _io.save(self, path, **extra)
+        return _file().save(self, path, **extra)
 
     @classmethod
     def load(cls, path) -> Trajectory:
-        """Read a run written by ``Trajectory.save``: every array, the batch, the
-        statuses, the statistics and the metadata come back bit for bit (the metadata is
-        in ``traj.saved_metadata``).
-
-        A run saved in float64 needs x64 on (``jax.config.update("jax_enable_x64",
-        True)``) to be read back without rounding; loading it with x64 off raises."""
-        return _io.load(cls, path)
+        """Read a run written by ``Trajectory.save`` (this version or 0.1.0): every array,
+        the batch, statuses, statistics, metadata (``traj.saved_metadata``, nested) come
+        back bit for bit; a float64 run needs x64 on, else it raises (to enable it:
+        ``jax.config.update("jax_enable_x64", True)``)."""
+        return _file().load(cls, path)
 
     def to_xarray(self):
-        """The states as an ``xarray.Dataset`` with data variables ``z`` and ``x``, dims
-        ``(system, time, token, coord)`` (``system`` only for a batch), the saved times
-        as the ``time`` coordinate, ``reached`` and ``t_stop`` per system, and the run's
-        metadata as attributes (nested values as JSON strings, so the dataset can be
-        written with ``to_netcdf``). Needs the ``xarray`` extra
-        (``pip install "attnflow[xarray]"``)."""
-        return _io.to_xarray(self)
+        """The states as an ``xarray.Dataset``: ``z``, ``x`` with dims ``(system, time, token,
+        coord)`` (``system`` for a batch only), times as ``time``, ``reached``, ``t_stop``,
+        the metadata as attributes (the run's keys, ``model``, ``extra``; nested values as
+        JSON strings, for ``to_netcdf``). Needs ``pip install "attnflow[xarray]"``."""
+        return _file().to_xarray(self)
 
     def __repr__(self) -> str:
         shape = tuple(self._y.shape) if self.batched else tuple(self._y.shape[1:])

@@ -1,0 +1,408 @@
+"""Trajectory files: what ``Trajectory.save`` writes and ``Trajectory.load`` reads, the
+run's ``metadata`` and ``to_xarray`` (the four methods of ``Trajectory`` call these).
+
+Contract:
+
+- ``save`` writes one ``.npz`` atomically (a temporary name, then a rename) holding plain
+  arrays (``ts``, ``x``, ``z``, ``reached``), the solver's own ``state`` and its
+  coordinates, ``t_stop``, ``x0``, the layer maps ``to_x`` where the frames need them,
+  the statistics held as arrays (``stats.<name>``), the model's arrays
+  (``model.<name>``: ``model.arrays()``) and a JSON string ``metadata``.
+- The metadata (format ``FORMAT``, version ``FORMAT_VERSION``) is nested:
+  ``{"format", "format_version", "run": {...}, "model": {...}, "extra": {...}}``.
+  ``run`` says how the run was computed (``RUN_KEYS``: frame, coordinates, solver and
+  its settings, t1, statuses, where each system stopped, sizes, dtype, statistics,
+  versions); ``model`` is ``model.describe()``; ``extra`` holds the caller's own keys,
+  which can never replace the run's. Each of the model's arrays is stored once: where
+  the description repeats an array of one or more dimensions (the weights), the file
+  holds a reference ``{"array": "model.<name>", "shape", "dtype"}`` in its place.
+- ``load`` reads version 2 and the files of attnflow 0.1.0 (version 1: the metadata
+  flat, ``"format": 1``), every array bit for bit, and rebuilds the model through its
+  registered family (``AbstractModel.family``) from ``describe()`` and ``arrays()``
+  exactly as they were. ``traj.saved_metadata`` is the nested metadata with the
+  references resolved (the weights as lists again): for a version-2 file it equals
+  ``traj.metadata(**extra)`` of the run that was saved. A file of a newer version is
+  refused with the version and the upgrade to make.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._meta import run_metadata
+from ..dynamics.base import AbstractModel, family_class
+from ..dynamics.trajectory import Continuous, Layers  # the time discretisations
+
+if TYPE_CHECKING:
+    from ..dynamics.trajectory import Trajectory
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "READS",
+    "RUN_KEYS",
+    "load",
+    "metadata",
+    "model_family",
+    "save",
+    "to_xarray",
+]
+
+FORMAT = "attnflow.trajectory"  # the "format" of a file written by save
+FORMAT_VERSION = 2  # the layout save writes
+READS = (1, 2)  # the layouts load reads: 1 is that of attnflow 0.1.0
+# The keys of metadata()["run"]: how the run was computed.
+RUN_KEYS = (
+    "frame",
+    "coords",
+    "solver",
+    "t1",
+    "status",
+    "statuses",
+    "t_stop",
+    "n",
+    "d",
+    "batch",
+    "dtype",
+    "stats",
+    "versions",
+)
+_REF_KEYS = {"array", "shape", "dtype"}
+
+
+def model_family(name: str) -> type[AbstractModel]:
+    """The model class registered as ``name`` (``AbstractModel.family``)."""
+    from ..dynamics import isotropic as _isotropic  # noqa: F401  (the built-in families)
+    from ..dynamics import model as _models  # noqa: F401
+    from ..dynamics import transformer as _transformer  # noqa: F401
+
+    try:
+        return family_class(name)
+    except ValueError as exc:
+        raise ValueError(f"in the saved run: {exc}") from None
+
+
+# ------------------------------------------------------------------ metadata
+def metadata(traj: Trajectory, **extra: Any) -> dict:
+    """``Trajectory.metadata``: ``{"run": ..., "model": ..., "extra": extra}``.
+
+    Args:
+        traj: one run (one system or a batch; not stacked weights).
+        **extra: the caller's keys (seed, command, ...), kept apart in ``"extra"``.
+
+    Returns:
+        The nested, JSON-ready description; ``"model"`` is ``traj.model.describe()``,
+        weights included.
+    """
+    if traj.stacked:
+        raise ValueError(
+            "the weights were stacked (one model per system): save or describe one "
+            "system at a time, traj.system(i).save(path)."
+        )
+    run = {
+        "frame": traj.frame,
+        "coords": traj.coords,
+        "solver": traj.solver,
+        "t1": traj.t1,
+        "status": traj.status,
+        "statuses": list(traj.statuses),
+        "t_stop": [float(t) for t in traj.t_stop],
+        "n": traj.n,
+        "d": traj.d,
+        "batch": len(traj.statuses) if traj.batched else None,
+        "dtype": np.dtype(traj._y.dtype).name,
+        "stats": {k: np.asarray(v).tolist() for k, v in traj.stats.items()},
+        "versions": run_metadata(),
+    }
+    return {"run": run, "model": traj.model.describe(), "extra": dict(extra)}
+
+
+def _references(description: Any, arrays: dict[str, np.ndarray], prefix: str = "") -> Any:
+    """``description`` with each entry that repeats one of the model's arrays (one or
+    more dimensions, same values) replaced by a reference to ``model.<name>``."""
+    if not isinstance(description, dict):
+        return description
+    out = {}
+    for key, value in description.items():
+        path = f"{prefix}{key}"
+        arr = arrays.get(path)
+        if arr is not None and arr.ndim >= 1 and _same_values(value, arr):
+            out[key] = {"array": f"model.{path}", "shape": list(arr.shape), "dtype": arr.dtype.name}
+        else:
+            out[key] = _references(value, arrays, f"{path}.")
+    return out
+
+
+def _same_values(value: Any, arr: np.ndarray) -> bool:
+    try:
+        listed = np.asarray(value)
+    except (ValueError, TypeError):  # ragged or not numbers
+        return False
+    return listed.shape == arr.shape and arr.tolist() == listed.tolist()
+
+
+def _resolved(description: Any, data: dict[str, np.ndarray], path: Path) -> Any:
+    """Inverse of ``_references``: each reference replaced by its array as lists."""
+    if isinstance(description, list):
+        return [_resolved(v, data, path) for v in description]
+    if not isinstance(description, dict):
+        return description
+    if set(description) == _REF_KEYS and isinstance(description["array"], str):
+        name = description["array"]
+        if name not in data:
+            raise ValueError(
+                f"{str(path)!r} is damaged: its metadata refers to the array {name!r}, "
+                f"which it does not hold; re-save the run."
+            )
+        return data[name].tolist()
+    return {k: _resolved(v, data, path) for k, v in description.items()}
+
+
+# ---------------------------------------------------------------------- save
+def save(traj: Trajectory, path: str | os.PathLike, **extra: Any) -> Path:
+    """``Trajectory.save``: write the run to an atomic ``.npz`` (see the method).
+
+    Args:
+        traj: the run.
+        path: the file; ``.npz`` is appended when it has another suffix or none.
+        **extra: JSON-serialisable keys of the caller, stored in ``metadata["extra"]``.
+
+    Returns:
+        The path written.
+
+    Example:
+        >>> path = traj.save("runs/a.npz", seed=3)  # doctest: +SKIP
+        >>> Trajectory.load(path).saved_metadata["extra"]  # doctest: +SKIP
+        {'seed': 3}
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(
+            f"path {str(path)!r} is a directory; give a file name such "
+            f"as {str(path / 'run.npz')!r}."
+        )
+    if path.suffix != ".npz":
+        path = path.with_name(path.name + ".npz")
+    meta = metadata(traj, **extra)  # before any file is touched: fails early
+    model_arrays = {k: np.asarray(v) for k, v in traj.model.arrays().items()}
+    arrays = {
+        "ts": np.asarray(traj.ts),
+        "x": np.asarray(traj.x),
+        "reached": np.asarray(traj.reached),
+        "state": np.asarray(traj._y),  # (b, m, n, d), b = 1 for one system
+        "t_stop": np.asarray(traj.t_stop),
+    }
+    if traj.has_z:
+        arrays["z"] = np.asarray(traj.z)
+    arrays.update({f"model.{k}": v for k, v in model_arrays.items()})
+    if traj._to_x is not None:  # the layer maps R^k, when they cannot be recomputed
+        arrays["to_x"] = np.asarray(traj._to_x)
+    if traj.x0 is not None:
+        arrays["x0"] = np.asarray(traj.x0)
+    for k, v in traj.stats.items():
+        if not _python_number(v):  # Python numbers come back from the JSON record
+            arrays[f"stats.{k}"] = np.asarray(v)
+    record = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "run": meta["run"],
+        "model": _references(meta["model"], model_arrays),
+        "extra": meta["extra"],
+    }
+    try:
+        text = json.dumps(record)
+    except TypeError as exc:
+        bad = [k for k, v in extra.items() if not _jsonable(v)]
+        raise ValueError(
+            f"metadata keys {bad or sorted(extra)} cannot be written as JSON ({exc}); "
+            f"pass numbers, strings, lists or dicts of them (e.g. x.tolist())."
+        ) from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            payload: dict[str, Any] = {"metadata": text, **arrays}
+            np.savez_compressed(fh, **payload)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _python_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, (bool, np.generic))
+
+
+def _jsonable(v: Any) -> bool:
+    try:
+        json.dumps(v)
+    except TypeError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------- load
+def _read(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """The JSON metadata and the arrays of a file, checked to be a trajectory file."""
+    if not path.is_file():
+        raise ValueError(f"path {str(path)!r} is not a file written by Trajectory.save (an .npz).")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            data = {k: f[k] for k in f.files}
+    except Exception as exc:
+        raise ValueError(f"cannot read {str(path)!r} as an .npz file: {exc}") from None
+    if "metadata" not in data or "state" not in data:
+        raise ValueError(
+            f"{str(path)!r} was not written by Trajectory.save of attnflow "
+            f"(no metadata/state arrays); re-save the run."
+        )
+    return json.loads(str(data.pop("metadata"))), data
+
+
+def _version(meta: dict, path: Path) -> int:
+    """The layout of a file: 1 (attnflow 0.1.0) or 2; a clear error otherwise."""
+    fmt = meta.get("format")
+    if "format_version" not in meta and fmt == 1 and not isinstance(fmt, bool):
+        return 1
+    version = meta.get("format_version")
+    if fmt != FORMAT or isinstance(version, bool) or not isinstance(version, int):
+        raise ValueError(
+            f"{str(path)!r} is not a trajectory file this attnflow knows (format "
+            f"{fmt!r}, version {version!r}; expected format {FORMAT!r}); it was not "
+            f"written by Trajectory.save."
+        )
+    if version not in READS:
+        raise ValueError(
+            f"{str(path)!r} has trajectory file format version {version}, newer than "
+            f"this attnflow reads (versions {', '.join(map(str, READS))}); upgrade "
+            f"attnflow (pip install --upgrade attnflow) to load it."
+        )
+    return version
+
+
+def _nested_v1(flat: dict, model: AbstractModel) -> dict:
+    """The metadata of a version-1 file (flat: the run's keys, ``model.describe()`` and
+    the caller's keys side by side) in the nested form of version 2."""
+    described = set(model.describe())
+    skip = {"format", "trajectory"}  # the layout's own keys
+    return {
+        "run": {k: flat[k] for k in RUN_KEYS if k in flat},
+        "model": {k: v for k, v in flat.items() if k in described},
+        "extra": {
+            k: v
+            for k, v in flat.items()
+            if k not in described and k not in RUN_KEYS and k not in skip
+        },
+    }
+
+
+def load(cls: type[Trajectory], path: str | os.PathLike) -> Trajectory:
+    """``Trajectory.load``: read a run written by ``save``, bit for bit (see the method).
+
+    Args:
+        cls: ``Trajectory``.
+        path: a file written by ``Trajectory.save`` (this version or 0.1.0).
+
+    Returns:
+        The run, with its metadata (nested) in ``saved_metadata``.
+    """
+    path = Path(path)
+    meta, data = _read(path)
+    version = _version(meta, path)
+    state = data["state"]
+    if state.dtype == np.float64 and not jax.config.read("jax_enable_x64"):
+        raise ValueError(
+            f"{str(path)!r} holds a float64 run and JAX's x64 mode is off, so it would "
+            f"be rounded to float32; enable it first: "
+            f"jax.config.update('jax_enable_x64', True)."
+        )
+    model_arrays = {k.removeprefix("model."): v for k, v in data.items() if k.startswith("model.")}
+    if version == 1:  # describe() merged into the run's keys
+        model = model_family(meta.get("family", "")).from_saved(meta, model_arrays)
+        nested = _nested_v1(meta, model)
+        python = set(meta["trajectory"].get("stats_python", ()))
+        batched = bool(meta["trajectory"]["batched"])
+    else:
+        described = _resolved(meta["model"], data, path)
+        model = model_family(described.get("family", "")).from_saved(described, model_arrays)
+        nested = {"run": meta["run"], "model": described, "extra": meta["extra"]}
+        python = set()  # Python numbers are in the JSON record only
+        batched = nested["run"]["batch"] is not None
+    run = nested["run"]
+    stats: dict[str, Any] = {}
+    for name, value in run["stats"].items():
+        arr = data.get(f"stats.{name}")
+        if arr is None:
+            stats[name] = value
+        elif name in python:
+            stats[name] = arr.item()
+        else:
+            stats[name] = arr[()] if arr.ndim == 0 else arr
+    to_x = data.get("to_x")
+    x0 = data.get("x0")
+    solver = run["solver"]
+    return cls(
+        ts=jnp.asarray(data["ts"]),
+        frame=run["frame"],
+        model=model,
+        stats=stats,
+        solver=solver,
+        statuses=tuple(run["statuses"]),
+        reached=np.asarray(data["reached"], bool),
+        t_stop=data["t_stop"],
+        t1=float(run["t1"]),
+        batched=batched,
+        coords=run["coords"],
+        _y=jnp.asarray(state),
+        _to_x=None if to_x is None else jnp.asarray(to_x),
+        x0=None if x0 is None else jnp.asarray(x0),
+        saved_metadata={"format": FORMAT, "format_version": version, **nested},
+        discretisation=(
+            Layers(float(solver["dt"])) if solver.get("method") == "euler" else Continuous()
+        ),
+    )
+
+
+# ------------------------------------------------------------------- xarray
+def to_xarray(traj: Trajectory):
+    """``Trajectory.to_xarray``: the states as an ``xarray.Dataset`` (see the method).
+
+    The attributes are the run's keys (``metadata()["run"]``: numbers and strings as
+    they are, the rest as JSON strings) and two JSON strings, ``model`` (the model's
+    description, weights included) and ``extra`` (empty here), so that the dataset can
+    be written with ``to_netcdf`` and ``json.loads(ds.attrs["model"])`` gives the
+    description back.
+    """
+    try:
+        import xarray as xr
+    except ImportError:
+        raise ImportError("to_xarray needs xarray: pip install 'attnflow[xarray]'.") from None
+    dims = ("system", "time", "token", "coord") if traj.batched else ("time", "token", "coord")
+    sys_dims = ("system",) if traj.batched else ()
+    data_vars = {
+        "x": (dims, np.asarray(traj.x)),
+        "reached": (sys_dims + ("time",), np.asarray(traj.reached)),
+        "t_stop": (sys_dims, np.asarray(traj.t_stop if traj.batched else traj.t_stop[0])),
+    }
+    if traj.has_z:
+        data_vars["z"] = (dims, np.asarray(traj.z))
+    meta = metadata(traj)
+    attrs: dict[str, Any] = {
+        k: (v if isinstance(v, (str, int, float)) and not isinstance(v, bool) else json.dumps(v))
+        for k, v in meta["run"].items()
+    }
+    attrs["model"] = json.dumps(meta["model"])
+    attrs["extra"] = json.dumps(meta["extra"])
+    coords = {"time": np.asarray(traj.ts)}
+    if traj.batched:
+        coords["system"] = np.arange(len(traj.statuses))
+    return xr.Dataset(data_vars, coords=coords, attrs=attrs)
