@@ -132,11 +132,9 @@ def test_redraw_without_usable_data_fails_naming_the_figure(tiny, tmp_path):
 
     # data saved by another attnflow version
     path = F.data_path(out, "fig_tiny", True)
-    with np.load(path) as npz:
-        arrays = {k: npz[k] for k in npz.files}
-    meta = json.loads(str(arrays["__meta__"]))
-    arrays["__meta__"] = np.array(json.dumps({**meta, "attnflow": "0.0.1"}))
-    np.savez(path, **arrays)
+    meta, arrays = F.read_data(path)
+    assert meta["quick"] is True and meta["sidecar"]["runs"][0]["seed"] == 3
+    F.write_data(path, arrays, {**meta, "attnflow": "0.0.1"})
     why = redraw(True)["failed"]["fig_tiny"]
     assert "written by attnflow 0.0.1" in why and "without --redraw" in why
 

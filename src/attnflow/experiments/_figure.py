@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
 
     from attnflow.dynamics.trajectory import Trajectory
 
-__all__ = ["Data", "FigureScript", "MissingData", "figure", "data_path"]
+__all__ = ["Data", "FigureScript", "MissingData", "figure", "data_path", "read_data", "write_data"]
 
 _META = "__meta__"
 
@@ -95,6 +96,26 @@ Draw = Callable[[Data], "Mapping[str, Figure]"]
 def data_path(out_dir: str | os.PathLike[str], name: str, quick: bool) -> Path:
     """The data file of figure ``name``: ``NAME.quick.npz`` or ``NAME.full.npz``."""
     return Path(out_dir) / f"{name}.{'quick' if quick else 'full'}.npz"
+
+
+def write_data(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+    """Write a data file: the arrays and ``meta`` (plain JSON, as UTF-8 bytes)."""
+    payload: dict[str, Any] = dict(arrays)
+    payload[_META] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(path, **payload)
+
+
+def read_data(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """``(meta, arrays)`` of a data file written by ``make`` (no pickles are read).
+
+    Example:
+        >>> meta, arrays = read_data("figures/fig_origin.full.npz")  # doctest: +SKIP
+        >>> meta["attnflow"], sorted(arrays)[:2]  # doctest: +SKIP
+        ('0.1.0', ['d2_mean', 'd2_radius'])
+    """
+    with np.load(path, allow_pickle=False) as npz:
+        meta = json.loads(npz[_META].tobytes().decode())
+        return meta, {k: npz[k] for k in npz.files if k != _META}
 
 
 def _plain(obj: Any) -> Any:
@@ -165,8 +186,7 @@ class FigureScript:
             }
             path = data_path(out, self.name, quick)
             out.mkdir(parents=True, exist_ok=True)
-            payload: dict[str, Any] = {**data.arrays, _META: np.array(json.dumps(meta))}
-            np.savez(path, **payload)
+            write_data(path, data.arrays, meta)
             figures = self._draw(data, out)
             gifs = [
                 g
@@ -179,8 +199,8 @@ class FigureScript:
         """Draw again from the saved data (no computing); rewrite figures and sidecar.
 
         Raises:
-            MissingData: no data file of this figure in ``out_dir`` for ``quick``, or
-                one from another attnflow version.
+            MissingData: no data file of this figure in ``out_dir`` for ``quick``, one
+                that cannot be read, or one from another attnflow version.
         """
         import matplotlib
 
@@ -198,9 +218,12 @@ class FigureScript:
                 f"{out} ({path.name} is missing){hint if other.is_file() else ''}; {again}."
             )
         t0 = time.perf_counter()
-        with np.load(path, allow_pickle=False) as npz:
-            meta = json.loads(str(npz[_META]))
-            arrays = {k: npz[k] for k in npz.files if k != _META}
+        try:
+            meta, arrays = read_data(path)
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+            raise MissingData(
+                f"{self.name}: {path} cannot be read ({exc}); {again} --force."
+            ) from None
         if meta.get("attnflow") != attnflow_version() or meta.get("quick") != bool(quick):
             raise MissingData(
                 f"{self.name}: {path} was written by attnflow {meta.get('attnflow')} "
