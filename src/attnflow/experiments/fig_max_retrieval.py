@@ -16,17 +16,25 @@ models at width 128 and evaluates 12 rows at n = 16 ... 16,384; see docs/retriev
 for its cost (61 minutes measured on two cores). ``--quick``: width 16, 40 steps,
 n = 16 and 64, softmax and adaptive only.
 
-Run:  python -m attnflow.experiments.fig_max_retrieval [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_max_retrieval [--quick] [--out figures] [--redraw]
+
+The look is ``draw`` (matplotlib only, from the saved data); the numbers are ``compute``.
 """
 
 from __future__ import annotations
 
-import time
+import functools
+import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from attnflow.experiments import _figure as F
 from attnflow.experiments import _plotting as H
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NAME = "fig_max_retrieval"
 # left out of a full `attnflow figures` run (attnflow.experiments.runner): it trains a head
@@ -102,29 +110,81 @@ def run(
     return res
 
 
-@H.styled()
-def make(out_dir: Path, quick: bool = False) -> dict:
-    t_start = time.perf_counter()
-    plt = H.setup()
-    res = run(out_dir, quick=quick, progress=not quick)
-    sizes = np.asarray(res["sizes"])
+def compute(quick: bool, out_dir: str | os.PathLike[str] = "figures") -> F.Data:
+    """Train or reuse a head per kernel and evaluate it (``run``).
+
+    Args:
+        quick: the small version (``quick_setup``: softmax and adaptive, width 16).
+        out_dir: where the study keeps its models (``max_retrieval_models/``) and writes
+            ``max_retrieval.json``; ``make`` passes its own output folder.
+
+    Returns:
+        the sidecar (versions, runtime, the study's path) and, for ``draw``: ``sizes``,
+        ``kernels`` (names, in the study's order), per kernel ``{kernel}_accuracy``,
+        ``{kernel}_interval`` (``(sizes, 2)``) and ``{kernel}_attention`` (on the max
+        item), ``bound`` (the softmax head's bound, when trained), ``width``, and the
+        paper's points ``paper_{name}_n`` and ``paper_{name}_accuracy``.
+    """
+    H.setup()
+    res = run(Path(out_dir), quick=quick, progress=not quick)
+    arrays: dict[str, Any] = {
+        "sizes": np.asarray(res["sizes"]),
+        "kernels": np.asarray(list(res["accuracy"])),
+        "width": np.asarray(res["config"]["width"]),
+    }
+    for kern in res["accuracy"]:
+        arrays[f"{kern}_accuracy"] = np.asarray(res["accuracy"][kern], float)
+        arrays[f"{kern}_interval"] = np.asarray(res["interval"][kern], float)
+        arrays[f"{kern}_attention"] = np.asarray(res["attention_on_max"][kern], float)
+    if "softmax" in res["bound"]:
+        arrays["bound"] = np.asarray(res["bound"]["softmax"], float)
+    for name in ("softmax", "adaptive"):
+        pts = res["paper"][name]
+        arrays[f"paper_{name}_n"] = np.asarray([int(k) for k in pts])
+        arrays[f"paper_{name}_accuracy"] = np.asarray(list(pts.values()), float)
+    side = H.sidecar(
+        script="attnflow.experiments.fig_max_retrieval",
+        quick=quick,
+        runs=[],
+        study=str(Path(out_dir) / "max_retrieval.json"),
+    )
+    return F.Data(sidecar=side, arrays=arrays, result={"accuracy": res["accuracy"]})
+
+
+def draw(data: F.Data) -> dict[str, Figure]:
+    """Accuracy and attention on the max item against n, from ``compute``'s data
+    (matplotlib only).
+
+    Args:
+        data: what ``compute`` returned (or its saved copy).
+
+    Returns:
+        ``{NAME: figure}``.
+    """
+    import matplotlib.pyplot as plt
+
+    a = data.arrays
+    sizes, kernels = a["sizes"], [str(k) for k in a["kernels"]]
     fig, axes = plt.subplots(1, 2, figsize=(7.2, 3.2))
     fig.subplots_adjust(left=0.08, right=0.8, bottom=0.15, top=0.8, wspace=0.3)
     cmap = plt.get_cmap("tab20")
-    for i, kern in enumerate(res["accuracy"]):
+    for i, kern in enumerate(kernels):
         c = cmap(i % 20)
-        acc = np.asarray(res["accuracy"][kern], float)
-        iv = np.asarray(res["interval"][kern], float)
+        acc, iv = a[f"{kern}_accuracy"], a[f"{kern}_interval"]
         axes[0].plot(sizes, 100 * acc, "-o", ms=2.5, lw=1, color=c, label=kern)
         axes[0].fill_between(sizes, 100 * iv[:, 0], 100 * iv[:, 1], color=c, alpha=0.2, lw=0)
-        axes[1].plot(sizes, res["attention_on_max"][kern], "-o", ms=2.5, lw=1, color=c)
+        axes[1].plot(sizes, a[f"{kern}_attention"], "-o", ms=2.5, lw=1, color=c)
     for name, mk in (("softmax", "x"), ("adaptive", "+")):
-        pts = res["paper"][name]
         axes[0].plot(
-            [int(k) for k in pts], list(pts.values()), mk, color="k", ms=5, label=f"paper {name}"
+            a[f"paper_{name}_n"],
+            a[f"paper_{name}_accuracy"],
+            mk,
+            color="k",
+            ms=5,
+            label=f"paper {name}",
         )
-    if "softmax" in res["bound"]:
-        axes[1].plot(sizes, res["bound"]["softmax"], "--", color="0.4", lw=1, label="bound")
+    if "bound" in a:
+        axes[1].plot(sizes, a["bound"], "--", color="0.4", lw=1, label="bound")
     for ax in axes:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("items n")
@@ -134,28 +194,28 @@ def make(out_dir: Path, quick: bool = False) -> dict:
     axes[0].legend(fontsize=5.5, loc="center left", bbox_to_anchor=(2.55, 0.5), frameon=False)
     H.panel_label(axes[0], "a")
     H.panel_label(axes[1], "b")
-    first = next(iter(res["accuracy"]))
+    first = kernels[0]
+    acc = a[f"{first}_accuracy"]
     H.headline(
         fig,
         "One head trained at n = 16 to retrieve the max: accuracy falls with n",
-        f"{first}: {100 * res['accuracy'][first][0]:.1f}% at n = {sizes[0]}, "
-        f"{100 * res['accuracy'][first][-1]:.1f}% at n = {sizes[-1]}; "
-        f"width {res['config']['width']}, {'quick run' if quick else 'full run'}",
+        f"{first}: {100 * acc[0]:.1f}% at n = {sizes[0]}, "
+        f"{100 * acc[-1]:.1f}% at n = {sizes[-1]}; "
+        f"width {a['width']}, {'quick run' if data.quick else 'full run'}",
         sub_y=0.925,
     )
-    figures = H.save(fig, out_dir, NAME, quick)
-    out = H.finish(
-        out_dir,
-        NAME,
-        script="attnflow.experiments.fig_max_retrieval",
-        quick=quick,
-        runs=[],
-        figures=figures,
-        t_start=t_start,
-        study=str(Path(out_dir) / "max_retrieval.json"),
-    )
-    return {**out, "accuracy": res["accuracy"]}
+    return {NAME: fig}
 
+
+class _Study(F.FigureScript):
+    """``make`` whose ``compute`` keeps the trained models in the output folder."""
+
+    def __call__(self, out_dir: str | os.PathLike[str], quick: bool = False) -> dict[str, Any]:
+        self.compute = functools.partial(compute, out_dir=out_dir)
+        return super().__call__(out_dir, quick)
+
+
+make = _Study(NAME, compute, draw)
 
 if __name__ == "__main__":
     H.main(make, __doc__)
