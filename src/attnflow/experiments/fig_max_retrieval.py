@@ -9,6 +9,8 @@ against the set size, for one head trained at n = 16 with each attention kernel.
   max_retrieval.json           sizes, accuracy, interval, attention_on_max, delta per
                                kernel, config (the study's dictionary)
   fig_max_retrieval.json       the sidecar (versions, runtime)
+  fig_max_retrieval.quick.npz  the curves drawn (``.full.npz`` for a full run), from
+                               which ``--redraw`` draws again without the models
 
 The trained models are kept in ``<out>/max_retrieval_models/`` (reused when their
 configuration matches; see ``attnflow.studies.retrieval``). The full run trains 11
