@@ -66,6 +66,13 @@ def test_fig_sphere_regimes_quick(tmp_path):
         )
         for mode in ("sphere", "post", "pre", "peri"):
             assert 1 <= row[mode]["clusters_median"] <= 20 and row[mode]["status"] == "ok"
+    # the redraw writes the markdown table again, after the PNG and PDF, from the saved data
+    (tmp_path / "fig_sphere_regimes.md").unlink()
+    F.make.redraw(tmp_path, quick=True)
+    assert (tmp_path / "fig_sphere_regimes.md").read_text() == md
+    again = _side(tmp_path, F.NAME)
+    assert again["figures"] == side["figures"] and side["figures"][-1].endswith(".md")
+    assert again["table"] == side["table"]
 
 
 @pytest.mark.slow
