@@ -17,6 +17,9 @@ number of clusters (``count_clusters``, threshold 0.999) at the end, its median 
 systems, the clustered-pair fraction, and whether the count still changed over the last
 fifth of the run.
 
+Writes fig_sphere_regimes.{png,pdf} (the table as a figure), fig_sphere_regimes.md
+(the same table in markdown, written again by ``--redraw``) and the sidecar.
+
 Run:  python -m attnflow.experiments.fig_sphere_regimes [--quick] [--out figures] [--redraw]
 
 The look is ``draw`` (matplotlib only, from the saved data); the numbers are ``compute``.
