@@ -1,10 +1,11 @@
 """The numerics behind ``attnflow.analysis.rank``: argument checks, per-row statistics,
 the rank rules and the doubly exponential fit.
 
-Contract: every function here takes numpy arrays (``traj_stats``: a model and JAX
-tokens) already checked by its caller in ``rank`` (the ``check_*`` functions are those
-checks) and returns plain numpy values; none of them reads a trajectory. The rank of a
-stack (``rank_stack``) is decided, matrix by matrix, by the first rule that applies:
+Contract: the functions take arrays already checked by their caller in ``rank`` (the
+``check_*`` functions are those checks: a ``ValueError`` naming the argument) and return
+numpy values, except ``traj_stats`` (jitted), which takes a model and tokens and returns
+JAX arrays; none of them reads a trajectory. The rank of a stack (``rank_stack``) is
+decided, matrix by matrix, by the first rule that applies:
 
 ``"boolean"``
     the certificate, ``O(n^2)`` and no SVD: with ``B`` the nearest Boolean matrix,
@@ -45,6 +46,7 @@ CHUNK_ELEMENTS = 2**24
 
 # ----------------------------------------------------------------------- checks
 def check_tol(tol: Any) -> float:
+    """The rank tolerance, in ``(0, 1)``."""
     return _checks.number(
         "tol",
         tol,
@@ -57,14 +59,18 @@ def check_tol(tol: Any) -> float:
 
 
 def check_threshold(threshold: Any) -> float:
+    """The leaders' column-mass threshold, ``> 0``."""
     return _checks.positive("leader_threshold", threshold)
 
 
 def check_method(method: Any) -> str:
+    """The rank method, ``"auto"`` or ``"svd"``."""
     return _checks.choice("method", method, ("auto", "svd"))
 
 
 def check_P(P: Any, name: str = "P") -> np.ndarray:
+    """An attention matrix or a stack ``(..., r, n)`` of them, as a floating array with
+    no negative entry."""
     arr = _checks.real_array(name, P, shape_hint="(n, n), (r, n) or a stack (..., r, n)")
     if arr.ndim < 2:
         raise ValueError(
@@ -121,6 +127,7 @@ def certify(k: np.ndarray, fro2: np.ndarray, n_cols: int, tol: float):
 
 
 def rank_svd(Ps: np.ndarray, tol: float) -> np.ndarray:
+    """Numerical ranks of a stack ``(N, r, n)`` from full SVDs."""
     s = np.linalg.svd(Ps, compute_uv=False)
     top = s[..., :1]
     return np.where(top[..., 0] > 0, (s > tol * top).sum(-1), 0)

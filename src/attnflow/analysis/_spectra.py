@@ -107,6 +107,7 @@ class QKFacts:
 
 
 def qk_facts(Q: np.ndarray, K: np.ndarray, rtol: float) -> QKFacts:
+    """Q and K balanced, ``Q^T K`` and the positive-definiteness of its symmetric part."""
     Qs, eq = balanced(Q)
     Ks, ek = balanced(K)
     M = Qs.T @ Ks
@@ -123,10 +124,13 @@ def qk_facts(Q: np.ndarray, K: np.ndarray, rtol: float) -> QKFacts:
 
 
 def spectrum_text(w: np.ndarray) -> str:
+    """A spectrum as ``[a+bi, ...]`` (4 significant digits), for reasons."""
     return "[" + ", ".join(f"{complex(v).real:.4g}{complex(v).imag:+.4g}i" for v in w) + "]"
 
 
 def conjecture_note(w: np.ndarray, scale: float, rtol: float, sharpen: bool = False) -> str:
+    """The reason's note on the codimension-k conjecture, when at least two eigenvalues
+    have positive real part (else the empty string)."""
     pos = int((np.real(w) > rtol * scale).sum())
     if pos >= 2 and sharpen:
         return (

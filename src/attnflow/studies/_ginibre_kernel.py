@@ -77,12 +77,14 @@ def frobenius_norms(M: np.ndarray) -> np.ndarray:
 
 
 def jax_eigvals(V):
+    """``jnp.linalg.eigvals`` (JAX imported on first use)."""
     import jax.numpy as jnp
 
     return jnp.linalg.eigvals(V)
 
 
 def eigenvalues(V: np.ndarray, backend: str) -> np.ndarray:
+    """Eigenvalues ``(p, d)`` complex128 of a stack ``(p, d, d)``, by ``backend``."""
     if backend == "jax":
         w = _sweep.map_devices(jax_eigvals, V)
     else:
@@ -124,6 +126,7 @@ def top_eigenvectors(V: np.ndarray, lam: np.ndarray) -> np.ndarray:
 
 
 def inverse_iteration(A: np.ndarray, x: np.ndarray, steps: int = 2) -> np.ndarray:
+    """``steps`` normalised solves ``x <- A^-1 x`` of a stack; returns ``(p, d)``."""
     for _ in range(steps):
         x = np.linalg.solve(A, x)
         x = x / np.linalg.norm(x, axis=1, keepdims=True)
@@ -133,6 +136,8 @@ def inverse_iteration(A: np.ndarray, x: np.ndarray, steps: int = 2) -> np.ndarra
 def analyse(
     V: Float[np.ndarray, "b d d"], start: int, seed: int, tol: float, backend: str
 ) -> dict[str, Shaped[np.ndarray, " b"]]:
+    """The per-sample arrays of ``ginibre_kernel`` for the matrices ``V`` of the samples
+    ``[start, start + b)``."""
     from ..analysis.regimes import leading_eigenvalue  # here: importing ginibre needs no JAX
 
     b, d = V.shape[0], V.shape[1]

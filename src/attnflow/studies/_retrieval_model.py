@@ -88,11 +88,13 @@ class RetrievalConfig:
             raise ValueError(f"width must be even for 'differential'; got {self.width}.")
 
     def to_dict(self) -> dict:
+        """The fields as a JSON-ready dict (``kernel_params`` as a dict)."""
         d = dataclasses.asdict(self)
         d["kernel_params"] = dict(self.kernel_params)
         return d
 
     def key(self) -> str:
+        """``<kernel>-<first 12 hex digits of the SHA-256 of to_dict()>``: the model's folder."""
         blob = json.dumps(self.to_dict(), sort_keys=True).encode()
         return f"{self.kernel}-{hashlib.sha256(blob).hexdigest()[:12]}"
 
