@@ -450,3 +450,35 @@ def test_ginibre_curve_checks_every_folder_before_computing_any(tmp_path, monkey
     assert not (tmp_path / "d00008").exists()
     with pytest.raises(ValueError, match="holds no sweep"):
         G.ginibre_curve([8, 32], 100, out=tmp_path, merge_only=True)
+
+
+@pytest.mark.slow
+def test_fig_ginibre_reuses_saved_sweeps_and_redraws(tmp_path):
+    """The figure script: a saved sweep is used instead of computing (make's results
+    option reaches compute), the exact values of d = 1, 2 lie in the plotted intervals,
+    the PNG keeps its full resolution in a quick run, and redrawing from the saved data
+    rewrites the same sidecar and the same pixels."""
+    import matplotlib.image as mi
+
+    from attnflow.experiments import fig_ginibre as FG
+
+    sweeps = tmp_path / "sweeps"
+    saved = G.ginibre_fraction(4, 2000, seed=0, out=sweeps / "d00004", workers=1)
+    out = tmp_path / "fig"
+    FG.make(out, quick=True, results=sweeps, workers=1)
+    text = (out / "ginibre_fraction.json").read_text()
+    by_d = {r["d"]: r for r in json.loads(text)["results"]}
+    assert sorted(by_d) == FG.DIMS_QUICK
+    assert by_d[4]["source"] == str(sweeps / "d00004") and by_d[4]["samples"] == 2000
+    assert by_d[4]["fraction"] == saved.fraction
+    assert {by_d[d]["source"] for d in by_d if d != 4} == {"computed"}
+    assert by_d[1]["samples"] == by_d[2]["samples"] == 1000
+    assert by_d[1]["low"] <= 0.5 <= by_d[1]["high"]
+    assert by_d[2]["low"] <= EXACT_D2 <= by_d[2]["high"]
+    png = out / "ginibre_fraction.png"
+    pixels = mi.imread(png)
+    assert pixels.shape[:2] == (840, 1280)  # 6.4 x 4.2 inches at 200 dpi, quick or not
+    png.unlink()
+    FG.make.redraw(out, quick=True)
+    assert (out / "ginibre_fraction.json").read_text() == text
+    np.testing.assert_array_equal(mi.imread(png), pixels)
