@@ -47,6 +47,28 @@ def draw(data):
 make = F.figure(NAME, compute, draw)
 """
 
+OPTIONS = """
+from pathlib import Path
+import numpy as np
+from attnflow.experiments import _figure as F
+
+NAME = "fig_opts"
+
+def compute(quick, out_dir):
+    if (Path(out_dir) / "skip").exists():
+        raise F.Skipped("no model here")
+    return F.Data(sidecar={"quick": quick, "figures": []}, arrays={"x": np.arange(3.0)},
+                  result={"folder": str(out_dir)})
+
+def draw(data):
+    import matplotlib.pyplot as plt
+    fig = plt.figure(figsize=(2, 1))
+    return {NAME: fig, NAME + ".md": f"| x |\\n| {data.arrays['x'].sum():g} |\\n"}
+
+make = F.figure("opts_data", compute, draw, out_dir=True, full_dpi=True,
+                sidecar_stem=lambda quick: "opts" + ("_quick" if quick else ""))
+"""
+
 PLAIN = """
 from pathlib import Path
 def make(out_dir, quick=False):
@@ -142,6 +164,32 @@ def test_redraw_without_usable_data_fails_naming_the_figure(tiny, tmp_path):
     (tiny / "fig_plain.py").write_text(PLAIN)
     why = redraw(True, only=["plain"])["failed"]["fig_plain"]
     assert "cannot be redrawn" in why and "--only plain" in why
+
+
+def test_registration_options(tmp_path):
+    """out_dir handed to compute, text files, full-resolution quick PNGs, another sidecar
+    stem, the hint naming the module, and Skipped writing nothing."""
+    exp, out = tmp_path / "exp", tmp_path / "out"
+    exp.mkdir()
+    (exp / "fig_opts.py").write_text(OPTIONS)
+    res = run_figures(out, quick=True, experiments=exp, jobs=1, progress=False)
+    res = res["figures"]["fig_opts"]
+    assert res["folder"] == str(out) and Path(res["json"]).name == "opts_quick.json"
+    assert [Path(p).name for p in res["figures"]] == ["fig_opts.png", "fig_opts.pdf", "fig_opts.md"]
+    assert (out / "fig_opts.md").read_text() == "| x |\n| 3 |\n"
+    assert pixels(out / "fig_opts.png").shape[1] >= 400  # 2 in at 200 dpi (90 dpi: < 200)
+    (out / "fig_opts.md").unlink()
+    again = run_figures(out, quick=True, experiments=exp, progress=False, redraw=True)
+    assert not again["failed"] and (out / "fig_opts.md").read_text() == "| x |\n| 3 |\n"
+    why = run_figures(out, experiments=exp, progress=False, redraw=True)["failed"]["fig_opts"]
+    assert "opts_data.full.npz is missing" in why and "--only opts --out" in why
+
+    skip = tmp_path / "skip_out"
+    skip.mkdir()
+    (skip / "skip").touch()
+    res = run_figures(skip, quick=True, experiments=exp, jobs=1, progress=False)
+    assert res["figures"]["fig_opts"]["skipped"] == "no model here"
+    assert sorted(p.name for p in skip.iterdir()) == ["index_quick.json", "skip"]
 
 
 def test_bad_arrays_are_refused_naming_the_key(tmp_path):

@@ -16,13 +16,18 @@ A script defines two functions and registers them::
 
 Contracts of ``make = figure(name, compute, draw)``:
 
-- ``make(out_dir, quick=False)`` (what the runner and the tests call) runs ``compute``
-  with x64 on and the rc style ``rc`` applied (``_plotting.figure_context``), then
-  ``draw``; it writes each figure as ``STEM.png`` + ``STEM.pdf``, the GIFs of
+- ``make(out_dir, quick=False)`` (what the runner and the tests call) runs
+  ``compute(quick)`` (``compute(quick, out_dir=out_dir)`` when registered with
+  ``out_dir=True``) with x64 on and the rc style ``rc`` applied
+  (``_plotting.figure_context``), then ``draw``; it writes each figure as ``STEM.png`` +
+  ``STEM.pdf`` (a ``str`` that ``draw`` returns is written as the text file ``STEM``), the
+  GIFs of
   ``Data.movies``, the sidecar ``NAME.json`` and the data file ``NAME.quick.npz`` (quick
   runs) or ``NAME.full.npz``: the arrays plus, as JSON, the sidecar, the result, the
   attnflow version and ``quick``. It returns ``{"figures": [paths], "json": sidecar
-  path, "data": npz path, **Data.result}``.
+  path, "data": npz path, **Data.result}``. If ``compute`` raises ``Skipped(why)`` (an
+  optional package is missing, say), nothing is written and ``make`` returns
+  ``{"figures": [], "skipped": why}``.
 - ``make.redraw(out_dir, quick=False)`` draws again from that data file, computing
   nothing (no JAX work), and rewrites the figures and the sidecar; the movies are kept
   (they are drawn from the trajectories, made by ``make`` only). It raises ``MissingData``,
@@ -55,17 +60,29 @@ import numpy as np
 from attnflow.experiments import _plotting as H
 
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
     from attnflow.dynamics.trajectory import Trajectory
 
-__all__ = ["Data", "FigureScript", "MissingData", "figure", "data_path", "read_data", "write_data"]
+__all__ = [
+    "Data",
+    "FigureScript",
+    "MissingData",
+    "Skipped",
+    "figure",
+    "data_path",
+    "read_data",
+    "write_data",
+]
 
 _META = "__meta__"
 
 
 class MissingData(FileNotFoundError):
     """A figure's saved data is missing or stale: run it without ``--redraw``."""
+
+
+class Skipped(Exception):
+    """Raised by ``compute`` when the figure cannot be made here (the message says why):
+    ``make`` then writes nothing and returns ``{"figures": [], "skipped": why}``."""
 
 
 @dataclass
@@ -90,7 +107,7 @@ class Data:
     quick: bool = False
 
 
-Draw = Callable[[Data], "Mapping[str, Figure]"]
+Draw = Callable[[Data], "Mapping[str, Any]"]  # {stem: a Figure, or a str: a text file}
 
 
 def data_path(out_dir: str | os.PathLike[str], name: str, quick: bool) -> Path:
@@ -144,15 +161,23 @@ class FigureScript:
     def __init__(
         self,
         name: str,
-        compute: Callable[[bool], Data],
+        compute: Callable[..., Data],
         draw: Draw,
         *,
         rc: Mapping[str, Any] | None = None,
         tight: bool = False,
         compact: bool = True,
+        full_dpi: bool = False,
+        out_dir: bool = False,
+        sidecar_stem: Callable[[bool], str] | None = None,
     ) -> None:
         self.name, self.compute, self.draw = name, compute, draw
-        self.rc, self.tight, self.compact = rc, tight, compact
+        self.rc, self.tight, self.compact, self.full_dpi = rc, tight, compact, full_dpi
+        self.pass_out_dir, self.sidecar_stem = out_dir, sidecar_stem
+        # the name --only takes (the module's), for the hints of MissingData
+        module = getattr(compute, "__module__", "") or ""
+        script = module.rpartition(".")[2]
+        self.script = script if script.startswith("fig_") else name
         self.__doc__ = f"Compute and draw {name}: ``make(out_dir, quick=False) -> dict``."
 
     def _style(self) -> Mapping[str, Any]:
@@ -166,8 +191,12 @@ class FigureScript:
 
         out = Path(out_dir)
         t0 = time.perf_counter()
+        options = {"out_dir": out} if self.pass_out_dir else {}
         with H.figure_context(self._style()):
-            data = self.compute(bool(quick))
+            try:
+                data = self.compute(bool(quick), **options)
+            except Skipped as exc:
+                return {"figures": [], "skipped": str(exc)}
             data = Data(
                 sidecar=_plain(data.sidecar),
                 arrays=_arrays(data.arrays),
@@ -209,7 +238,7 @@ class FigureScript:
         out = Path(out_dir)
         path = data_path(out, self.name, quick)
         again = f"run it without --redraw: attnflow figures{' --quick' if quick else ''} "
-        again += f"--only {self.name.removeprefix('fig_')} --out {out}"
+        again += f"--only {self.script.removeprefix('fig_')} --out {out}"
         if not path.is_file():
             other = data_path(out, self.name, not quick)
             hint = f" (there is {other.name}: {'drop' if quick else 'add'} --quick)"
@@ -241,10 +270,15 @@ class FigureScript:
         return self._record(data, out, figures, gifs, seconds, path)
 
     def _draw(self, data: Data, out: Path) -> list[Path]:
-        figs = self.draw(data)
-        return [
-            p for stem, fig in figs.items() for p in H.save(fig, out, stem, data.quick, self.tight)
-        ]
+        paths = []
+        for stem, fig in self.draw(data).items():
+            if isinstance(fig, str):  # a text file, e.g. a markdown table
+                out.mkdir(parents=True, exist_ok=True)
+                (out / stem).write_text(fig)
+                paths.append(out / stem)
+            else:
+                paths += H.save(fig, out, stem, data.quick and not self.full_dpi, self.tight)
+        return paths
 
     def _record(
         self,
@@ -261,7 +295,8 @@ class FigureScript:
         side["figures"] = [*map(str, figures), *gifs]
         if gifs:
             side["movies"] = gifs
-        jpath = H.write_json(out, self.name, H.jsonable(side), compact=self.compact)
+        stem = self.name if self.sidecar_stem is None else self.sidecar_stem(data.quick)
+        jpath = H.write_json(out, stem, H.jsonable(side), compact=self.compact)
         return {
             "figures": [*figures, *map(Path, gifs)],
             "json": str(jpath),
@@ -272,12 +307,15 @@ class FigureScript:
 
 def figure(
     name: str,
-    compute: Callable[[bool], Data],
+    compute: Callable[..., Data],
     draw: Draw,
     *,
     rc: Mapping[str, Any] | None = None,
     tight: bool = False,
     compact: bool = True,
+    full_dpi: bool = False,
+    out_dir: bool = False,
+    sidecar_stem: Callable[[bool], str] | None = None,
 ) -> FigureScript:
     """Tie a script's ``compute`` and ``draw`` into its ``make`` (see the module docstring).
 
@@ -286,11 +324,16 @@ def figure(
             ``NAME.quick.npz`` or ``NAME.full.npz``.
         compute: ``compute(quick) -> Data``: every number, nothing drawn.
         draw: ``draw(data) -> {stem: figure}``: matplotlib only; each figure is written as
-            ``STEM.png`` and ``STEM.pdf`` (in this order), then closed.
+            ``STEM.png`` and ``STEM.pdf`` (in this order), then closed; a ``str`` value is
+            written as the text file ``STEM`` (give the suffix: ``"NAME.md"``).
         rc: the matplotlib rc parameters of the drawing (default the house style,
             ``attnflow.plotting.STYLE``; ``_plotting.small_text(7)`` for dense figures).
         tight: crop the figures to their drawn content (``bbox_inches="tight"``).
         compact: write the sidecar with every innermost list of numbers on one line.
+        full_dpi: write the PNGs at the full resolution in quick runs too.
+        out_dir: also hand ``compute`` the output folder (``compute(quick, out_dir=...)``),
+            for a study that keeps files of its own there (trained models, say).
+        sidecar_stem: ``sidecar_stem(quick)`` is the sidecar's stem (default ``name``).
 
     Returns:
         the script's ``make``, with ``make.redraw(out_dir, quick)``.
@@ -300,4 +343,14 @@ def figure(
         >>> make("figures", quick=True)["json"]  # doctest: +SKIP
         'figures/fig_origin.json'
     """
-    return FigureScript(name, compute, draw, rc=rc, tight=tight, compact=compact)
+    return FigureScript(
+        name,
+        compute,
+        draw,
+        rc=rc,
+        tight=tight,
+        compact=compact,
+        full_dpi=full_dpi,
+        out_dir=out_dir,
+        sidecar_stem=sidecar_stem,
+    )
