@@ -23,7 +23,8 @@ import numpy as np  # noqa: E402
 from _common import save  # noqa: E402
 
 import attnflow as af  # noqa: E402
-from attnflow.dynamics.frames import Continuous, make_frame  # noqa: E402
+from attnflow.dynamics.frames import make_frame  # noqa: E402
+from attnflow.dynamics.terms import FlowTerm  # noqa: E402
 
 
 def interleaved(fns: dict, rounds: int = 15, per_round: int = 10) -> dict:
@@ -63,7 +64,7 @@ def main():
             e = jnp.exp(L - L.max(axis=1, keepdims=True))
             return ((e / e.sum(axis=1, keepdims=True)) @ x) @ Vj.T
 
-        field = jax.jit(lambda dyn, t, y: Continuous().field(dyn, t, y))
+        field = jax.jit(lambda dyn, t, y: FlowTerm(dyn).field(t, y))
         t = jnp.asarray(0.3, dtype)
         fns = {"plain": lambda: plain(x).block_until_ready()}
         for frame in ("original", "rescaled"):

@@ -22,14 +22,15 @@ CHILD = r"""
 import resource, time, json, sys
 import jax, jax.numpy as jnp, numpy as np
 import attnflow as af
-from attnflow.dynamics.frames import Continuous, make_frame
+from attnflow.dynamics.frames import make_frame
+from attnflow.dynamics.terms import FlowTerm
 mode, n, d = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 rng = np.random.default_rng(0)
 I = np.eye(d, dtype=np.float32)
 V = (0.5 * I + 0.1 * rng.standard_normal((d, d))).astype(np.float32)
 model = af.Attention(I, I, V, beta=0.25)
 x = jnp.asarray(rng.uniform(-1, 1, (n, d)), jnp.float32)
-field = jax.jit(lambda dyn, t, y: Continuous().field(dyn, t, y))
+field = jax.jit(lambda dyn, t, y: FlowTerm(dyn).field(t, y))
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t0 = time.perf_counter()
 if mode == "field":

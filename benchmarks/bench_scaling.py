@@ -23,7 +23,8 @@ import numpy as np  # noqa: E402
 from _common import RESULTS, best_of, save  # noqa: E402
 
 import attnflow as af  # noqa: E402
-from attnflow.dynamics.frames import Continuous, make_frame  # noqa: E402
+from attnflow.dynamics.frames import make_frame  # noqa: E402
+from attnflow.dynamics.terms import FlowTerm  # noqa: E402
 
 
 def fit(xs, ys):
@@ -42,7 +43,7 @@ def main():
     I = np.eye(d, dtype=np.float32)
     V = (0.5 * I + 0.05 * rng.standard_normal((d, d))).astype(np.float32)
     model = af.Attention(I, I, V, beta=0.25)
-    field = jax.jit(lambda dyn, t, y: Continuous().field(dyn, t, y))
+    field = jax.jit(lambda dyn, t, y: FlowTerm(dyn).field(t, y))
     ns, tn = [], []
     n = 256
     while n <= args.max_n:

@@ -6,7 +6,7 @@ The tokens gather about one direction, so the logits grow like beta e^{2t}: ~3e3
 ~4e4 at t = 5.5. Two windows are timed: a smooth one (t in [0, 2]) and a sharp one
 (t in [4, 5.5], started from the state a solve reached at 4). For each window:
 
-- the bare field: one jitted call of ``Continuous().field(frame, t, y)`` at the window's
+- the bare field: one jitted call of ``FlowTerm(frame).field(t, y)`` at the window's
   start state (not a jitted loop of evaluations at a fixed state: XLA hoists part of
   the field out of such a loop);
 - attnflow's solve (``_solve_adaptive``, the program ``simulate`` runs), and the same
@@ -32,8 +32,9 @@ import numpy as np  # noqa: E402
 from _common import best_of, save  # noqa: E402
 
 import attnflow  # noqa: E402
-from attnflow.dynamics.frames import Continuous, make_frame  # noqa: E402
+from attnflow.dynamics.frames import make_frame  # noqa: E402
 from attnflow.dynamics.simulate import ICOEFF, PCOEFF, _log_limit, _solve_adaptive  # noqa: E402
+from attnflow.dynamics.terms import FlowTerm  # noqa: E402
 
 BETA = 1.0
 SMOOTH, SHARP = (0.0, 2.0), (4.0, 5.5)
@@ -43,12 +44,12 @@ def variant(frame, y0, t0, t1, ts, *, event: bool, streams: int):
     """``_solve_adaptive``'s diffeqsolve, with the overflow event and the save streams
     as options (``streams``: 2 = saved times and the stop state, 1 = saved times, 0 =
     the end state only)."""
-    time_ = Continuous()
-    term = diffrax.ODETerm(lambda t, y, args: time_.field(frame, t, y))
+    flow = FlowTerm(frame)
+    term = diffrax.ODETerm(lambda t, y, args: flow.field(t, y))
     log_limit = _log_limit(y0.dtype)
 
     def overflow(t, y, args, **kwargs):
-        return (time_.log_bound(frame, t, y) > log_limit) | ~jnp.all(jnp.isfinite(y))
+        return (flow.log_bound(t, y) > log_limit) | ~jnp.all(jnp.isfinite(y))
 
     if streams == 2:
         saveat = diffrax.SaveAt(subs=(diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)))
@@ -95,7 +96,7 @@ def main() -> None:
     y_sharp = jnp.asarray(frame.initial_state(jnp.asarray(np.asarray(traj.z[-1]))))
     y_smooth = jnp.asarray(frame.initial_state(jnp.asarray(x0)))
     windows = {"smooth": (*SMOOTH, y_smooth), "sharp": (*SHARP, y_sharp)}
-    one_field = jax.jit(lambda t, y: Continuous().field(frame, t, y))
+    one_field = jax.jit(lambda t, y: FlowTerm(frame).field(t, y))
 
     rows = {}
     for name, (t0, t1, y) in windows.items():
@@ -118,7 +119,7 @@ def main() -> None:
                     continue
                 fn = jax.jit(
                     lambda y: _solve_adaptive(
-                        frame,
+                        FlowTerm(frame),
                         y[None],
                         ts,
                         t1a,

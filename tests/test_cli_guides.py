@@ -119,10 +119,10 @@ def test_files_and_comma_lists_are_checked_before_any_work(
 
 
 def test_method_choices_follow_the_solvers():
-    from attnflow.dynamics.simulate import _FIXED, FRAMES
+    from attnflow.dynamics.simulate import FIXED, FRAMES
 
     methods = [m.value for m in cli.Method]
-    assert set(methods) == {"adaptive", *_FIXED, *attnflow.SOLVERS}
+    assert set(methods) == {"adaptive", *FIXED, *attnflow.SOLVERS}
     assert [f.value for f in cli.Frame] == list(FRAMES)
 
 

@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 import attnflow as af
-from attnflow.dynamics.simulate import _check_x0
+from attnflow.dynamics._inputs import check_x0
 
 RNG = np.random.default_rng(18)
 V2 = np.array([[0.8, 0.3], [0.3, -0.4]])
@@ -66,7 +66,7 @@ def test_jax_array_input_stays_on_device_and_is_checked_there():
     x0 = RNG.uniform(-1, 1, (4, 8, 2))
     xs = jax.device_put(jnp.asarray(x0), NamedSharding(mesh, PartitionSpec("batch")))
     m = _model()
-    assert _check_x0(m, xs) is xs  # not copied to the host
+    assert check_x0(m, xs) is xs  # not copied to the host
     a = af.simulate(m, x0, 2.0, method="euler", dt=0.1)
     b = af.simulate(m, xs, 2.0, method="euler", dt=0.1, devices=devs)
     np.testing.assert_allclose(np.asarray(b.x), np.asarray(a.x), rtol=1e-12, atol=1e-13)

@@ -9,7 +9,7 @@ from reference import euler_kernel, kernel_weights
 import attnflow as af
 from attnflow.analysis.dispersion import prenorm_logit_bound
 from attnflow.dynamics import kernels as K
-from attnflow.dynamics.frames import Rescaled
+from attnflow.dynamics.frames import ModalRescaled
 
 NEW = ("linear", "linearnorm", "stickbreaking", "selective", "differential", "offbyone", "prenorm")
 ROW_SUM_ONE = {"linearnorm", "selective", "prenorm"}
@@ -127,7 +127,7 @@ def test_rows_not_summing_to_one_refuse_the_rescaled_frame(name):
 def test_prenorm_refuses_modal_coordinates_and_is_scale_invariant():
     m, Q, Kk = _model("prenorm", V=np.diag([0.5, 0.2, 0.1, -0.1]))
     with pytest.raises(ValueError, match="standard"):
-        Rescaled(m, coords="modal")
+        ModalRescaled(m)
     x = np.random.default_rng(7).normal(size=(10, 4))
     s = np.array([1e-3, 1.0, 1e3, 7.0, 0.2, 5.0, 1.0, 1.0, 2.0, 9.0])[:, None]
     np.testing.assert_allclose(

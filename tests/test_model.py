@@ -7,7 +7,8 @@ import pytest
 import reference as ref
 
 import attnflow as af
-from attnflow.dynamics.frames import Continuous, Rescaled
+from attnflow.dynamics.frames import make_frame
+from attnflow.dynamics.terms import FlowTerm
 
 I2 = np.eye(2)
 
@@ -100,8 +101,8 @@ def test_vector_fields_match_reference():
     # the rescaled frame's field, in standard and in modal coordinates
     zj = jnp.asarray(z)
     for coords in ("standard", "modal"):
-        fr = Rescaled(m, coords)
-        w = Continuous().field(fr, 0.8, fr.initial_state(zj))
+        fr = make_frame("rescaled", m, coords)
+        w = FlowTerm(fr).field(0.8, fr.initial_state(zj))
         dz = w if coords == "standard" else m.propagator.from_modal(w)
         np.testing.assert_allclose(
             np.asarray(dz), ref.field_rescaled(0.8, z, Q, K, V, 0.5), rtol=1e-9, atol=1e-12
@@ -119,7 +120,8 @@ def test_softmax_survives_huge_logits_inside_jit():
     want[:4, 0] = 1.0
     want[4:, 7] = 1.0
     np.testing.assert_array_equal(P, want)
-    dz = np.asarray(jax.jit(lambda fr, z: Continuous().field(fr, 0.0, z))(Rescaled(m), x))
+    fr = make_frame("rescaled", m, "standard")
+    dz = np.asarray(jax.jit(lambda tm, z: tm.field(0.0, z))(FlowTerm(fr), x))
     assert np.all(np.isfinite(dz))
 
 

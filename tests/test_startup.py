@@ -21,9 +21,12 @@ from attnflow.cli import _options
 HEAVY = ("jax", "jaxlib", "scipy", "matplotlib", "equinox", "diffrax", "tqdm", "optax")
 
 
-def python(code: str, *, env: dict[str, str] | None = None, timeout: float = 300):
-    """Run ``code`` in a fresh interpreter; returns the CompletedProcess."""
-    full = {**os.environ, **(env or {})}
+def python(
+    code: str, *, env: dict[str, str] | None = None, timeout: float = 300, unset: tuple = ()
+):
+    """Run ``code`` in a fresh interpreter (without the variables ``unset``); returns the
+    CompletedProcess."""
+    full = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset}
     p = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
@@ -118,13 +121,13 @@ def test_option_tables_are_the_library_tables():
     from attnflow.analysis.rank import NORMS
     from attnflow.dynamics.frames import FRAMES
     from attnflow.dynamics.kernels import KERNELS
-    from attnflow.dynamics.simulate import _FIXED, MAX_STEPS_LIMIT, SOLVERS
+    from attnflow.dynamics.simulate import FIXED, MAX_STEPS_LIMIT, SOLVERS
     from attnflow.studies.ginibre import BACKENDS, INTERVALS
     from attnflow.studies.setups import MOVIE_CASES
 
     assert _options.FRAMES == tuple(FRAMES)
     assert _options.SOLVERS == tuple(SOLVERS)
-    assert _options.FIXED == tuple(_FIXED)
+    assert _options.FIXED == tuple(FIXED)
     assert _options.MAX_STEPS_LIMIT == MAX_STEPS_LIMIT
     assert _options.KERNELS == tuple(KERNELS)
     assert _options.NORMS == tuple(NORMS)
@@ -244,9 +247,13 @@ def two_processes(tmp_path_factory):
     cache's events in each, and the programs the directory held after the first."""
     cache = tmp_path_factory.mktemp("jaxcache")
     env = {"ATTNFLOW_CACHE_DIR": str(cache), "ATTNFLOW_COMPILATION_CACHE": "1"}
-    first = json.loads(python(README_SIMULATE, env=env).stdout)
+    # as on a user's machine: XLA's log level not set (this run's conftest sets it)
+    quiet = ("TF_CPP_MIN_LOG_LEVEL",)
+    first = json.loads(python(README_SIMULATE, env=env, unset=quiet).stdout)
     programs = _programs(cache)
-    second = json.loads(python(README_SIMULATE, env=env).stdout)
+    run = python(README_SIMULATE, env=env, unset=quiet)
+    second = json.loads(run.stdout)
+    second["stderr"] = run.stderr
     return first, second, programs
 
 

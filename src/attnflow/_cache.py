@@ -51,6 +51,8 @@ _OFF = ("0", "false", "no", "off")
 # (JAX reads JAX_<OPTION> when it is imported).
 _MIN_COMPILE_SECS = 0.0
 _MIN_ENTRY_BYTES = 0
+# XLA's C++ log threshold while the cache is on, unless the user set one: fatal only
+_QUIET_XLA = "3"
 
 
 def cache_enabled_by_env() -> bool:
@@ -100,6 +102,14 @@ def enable_compilation_cache(
     return NaN instead of calling the host), and the solve is cached too. Set
     ``EQX_ON_ERROR`` yourself to choose otherwise.
 
+    XLA:CPU writes an error line for every feature of every program it reads from the
+    cache when the CPU features recorded at compile time include LLVM tuning
+    preferences (``+prefer-no-gather``, ``+prefer-no-scatter``) that its host feature
+    list lacks; the programs load and run (the same machine compiled them). So unless
+    ``TF_CPP_MIN_LOG_LEVEL`` is set, this call sets it to ``3`` (XLA's C++ log shows
+    fatal messages only; errors still reach Python as exceptions). Set it yourself, for
+    example to ``0``, to see XLA's log.
+
     Args:
         path: the directory (created if missing). None: ``$ATTNFLOW_CACHE_DIR``, else
             ``$XDG_CACHE_HOME/attnflow/jax`` or ``~/.cache/attnflow/jax``.
@@ -125,6 +135,11 @@ def enable_compilation_cache(
     directory.mkdir(parents=True, exist_ok=True)
     if "equinox" not in sys.modules:
         os.environ.setdefault("EQX_ON_ERROR", "nan")
+    # XLA:CPU logs an error line per feature for every program it loads from the cache
+    # when the compile-time CPU features name LLVM tuning preferences the host list lacks
+    # (``+prefer-no-gather``, ``+prefer-no-scatter`` on some x86 CPUs); the program loads
+    # and runs, but a cached command would print dozens of such lines.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", _QUIET_XLA)
     import jax
 
     settings: dict[str, Any] = {

@@ -47,7 +47,10 @@ from .base import AbstractAttentionSystem, AbstractModel
 __all__ = [
     "AbstractFrame",
     "Original",
+    "AbstractRescaled",
     "Rescaled",
+    "ModalRescaled",
+    "GenericRescaled",
     "Unskipped",
     "Sphere",
     "normalize_rows",
@@ -55,9 +58,6 @@ __all__ = [
     "FRAMES",
     "LAYERNORMS",
     "NGPT_ALPHA",
-    "AbstractTime",
-    "Continuous",
-    "Layers",
 ]
 
 FRAMES = ("rescaled", "original", "sphere")
@@ -72,11 +72,16 @@ class AbstractFrame(eqx.Module):
     """The state a solver integrates, its rate of change and one layer of it.
 
     ``scale`` maps the state to the tokens at the current time and ``factor`` multiplies
-    the averaged values; the time discretisation supplies both (``None`` in the original
-    frame, where the state is the tokens)."""
+    the averaged values. The time discretisation supplies both, through the frame's
+    ``continuous_scale``/``continuous_factor`` (continuous time) and
+    ``layer_scale``/``layer_factor`` (layers; the layer term builds ``R = I + dt V``, its
+    powers and ``R^{-1} V``, and the frame says which of them it reads). They are ``None``
+    in a frame whose state is the tokens. Every concrete frame is final."""
 
     model: eqx.AbstractVar[AbstractModel]
     name: ClassVar[str]
+    # "standard" (the state is tokens of this frame) or "modal" (V's real modal basis)
+    coords: ClassVar[str] = "standard"
     # Whether the layer loop carries the flow R^k = (I + dt V)^k for the Trajectory (the
     # map between the original and the rescaled frames); the sphere frame has none.
     tracks_flow: ClassVar[bool] = True
@@ -90,14 +95,31 @@ class AbstractFrame(eqx.Module):
         """The frame's own settings, recorded in ``traj.solver`` (none by default)."""
         return {}
 
-    @property
-    @abc.abstractmethod
-    def coords(self) -> str:
-        """``"standard"`` (the state is tokens of this frame) or ``"modal"``."""
-
-    @abc.abstractmethod
     def initial_state(self, x0: Array) -> Array:
         """The state at ``t = 0`` from tokens ``x0`` (the frames coincide there)."""
+        return x0
+
+    def check_layer_step(self, dt: float, dtype: Any) -> None:
+        """Raise ``ValueError`` naming ``dt`` if layers of step ``dt`` cannot run in this
+        frame (in ``dtype``); every step can by default."""
+        del dt, dtype
+
+    def continuous_scale(self, t: Any) -> Any:
+        """What maps the state to tokens at time ``t`` in continuous time."""
+        del t
+
+    def continuous_factor(self) -> Any:
+        """What multiplies the averaged values in continuous time."""
+
+    def layer_scale(self, term: Any, k: Any, Rk: Any) -> Any:
+        """What maps the state to tokens after ``k`` layers of ``term`` (``Rk`` is the
+        flow matrix the loop carries)."""
+        del term, k, Rk
+
+    def layer_factor(self, term: Any, R: Any) -> Any:
+        """What multiplies the averaged values in one layer of ``term`` (``R = I + dt V``
+        as the loop built it)."""
+        del term, R
 
     @abc.abstractmethod
     def field(self, y: Array, scale: Any, factor: Any) -> Array:
@@ -118,13 +140,6 @@ class Original(AbstractFrame):
     model: AbstractModel
     name: ClassVar[str] = "original"
 
-    @property
-    def coords(self) -> str:
-        return "standard"
-
-    def initial_state(self, x0: Array) -> Array:
-        return x0
-
     def field(self, y: Array, scale: Any, factor: Any) -> Array:
         del scale, factor
         return self.model.vector_field(y)
@@ -138,117 +153,107 @@ class Original(AbstractFrame):
         return self.model.log_logit_bound(y)
 
 
-class Rescaled(AbstractFrame):
-    """``z = e^{-tV} x``: ``dz/dt = (P z - z) V^T`` with ``P`` taken at ``x = e^{tV} z``;
-    in standard coordinates or V's real modal coordinates (``w = T^{-1} z``, a
-    diagonalisable V). Needs an attention system with one value matrix (a
-    ``propagator``).
+class Unskipped(AbstractFrame):
+    """The tokens, through layers without the skip connection: ``x <- pure_layer(x)``
+    (``x_i <- sum_j P_ij V x_j`` for one head); the step ``dt`` only counts layers. Its
+    continuous-time field is the model's own."""
 
-    Any other model with a ``propagator`` (a rescaling matrix ``W``: multi-head attention,
-    a transformer block) takes the generic path, in standard coordinates: from
-    ``dx/dt = F(x)`` and ``x = e^{tW} z``, ``dz/dt = e^{-tW} (F(x) - W x)
-    = e^{-tW} F(x) - W z``; one layer ``x' = layer(x)`` is ``z' = R^{-(k+1)} x'`` with
-    ``R = I + dt W`` and ``R^{-1} = I - dt R^{-1} W``."""
+    model: AbstractModel
+    name: ClassVar[str] = "original"
 
-    model: AbstractModel  # pyright: ignore[reportIncompatibleVariableOverride]
-    QT: Array | None  # Q T and K T: queries and keys straight from modal coordinates
-    KT: Array | None
-    _coords: str = eqx.field(static=True)
-    generic: bool = eqx.field(static=True)
+    def field(self, y: Array, scale: Any, factor: Any) -> Array:
+        del scale, factor
+        return self.model.vector_field(y)
+
+    def step(self, y: Array, scale: Any, dt: Any, factor: Any) -> Array:
+        del scale, dt, factor
+        return self.model.pure_layer(y)
+
+    def log_bound(self, y: Array, scale: Any) -> Array:
+        del scale
+        return self.model.log_logit_bound(y)
+
+
+def _rescalable(model: AbstractModel) -> Any:
+    prop = getattr(model, "propagator", None)
+    if prop is None:
+        raise ValueError(
+            f"the rescaled frame z = e^(-tV) x needs an attention system with one "
+            f"value matrix V; {type(model).__name__} has none: use frame='original'."
+        )
+    return prop
+
+
+def _row_stochastic(model: AbstractAttentionSystem) -> None:
+    if not model.rows_sum_to_one:
+        raise ValueError(
+            f"{model.attention_kind} is not row-stochastic (its rows need not sum to "
+            f"1), and the rescaled frame dz_i/dt = sum_j P_ij V (z_j - z_i) assumes "
+            f"they do; use frame='original' with {model.attention_kind}."
+        )
+
+
+class AbstractRescaled(AbstractFrame):
+    """``z = e^{-tV} x``: ``dz/dt = (P z - z) V^T`` with ``P`` taken at ``x = e^{tV} z``
+    (the theory's frame, which replaces layer normalisation). Concrete: ``Rescaled``
+    (standard coordinates), ``ModalRescaled`` (V's real modal coordinates) and
+    ``GenericRescaled`` (any other model with a rescaling matrix)."""
+
+    model: eqx.AbstractVar[AbstractModel]
     name: ClassVar[str] = "rescaled"
 
-    def __init__(self, model: AbstractModel, coords: str | None = None):
-        prop = getattr(model, "propagator", None)
-        if prop is None:
-            raise ValueError(
-                f"the rescaled frame z = e^(-tV) x needs an attention system with one "
-                f"value matrix V; {type(model).__name__} has none: use frame='original'."
-            )
-        self.generic = not isinstance(model, AbstractAttentionSystem)
-        if self.generic:
-            if coords == "modal":
-                raise ValueError(
-                    f"{type(model).__name__} runs the rescaled frame in standard "
-                    f"coordinates only (coords='standard')."
-                )
-            self.model = model  # pyright: ignore[reportIncompatibleVariableOverride]
-            self._coords = "standard"
-            self.QT = self.KT = None
-            return
-        assert isinstance(model, AbstractAttentionSystem)
-        if not model.rows_sum_to_one:
-            raise ValueError(
-                f"{model.attention_kind} is not row-stochastic (its rows need not sum to "
-                f"1), and the rescaled frame dz_i/dt = sum_j P_ij V (z_j - z_i) assumes "
-                f"they do; use frame='original' with {model.attention_kind}."
-            )
-        token_prep = model.normalizes_tokens
-        if coords is None:
-            coords = "modal" if prop.has_modal and not token_prep else "standard"
-        if coords == "modal" and token_prep:
-            raise ValueError(
-                f"{model.attention_kind} normalises the tokens x before Q and K, which "
-                f"modal coordinates do not hold: use coords='standard'."
-            )
-        if coords == "modal" and not prop.has_modal:
-            raise ValueError("modal coordinates need a diagonalisable V (propagator eig/eigh).")
-        self.model = model  # pyright: ignore[reportIncompatibleVariableOverride]
-        self._coords = coords
-        if coords == "modal":
-            Q, K = model.query_key_maps()
-            self.QT = Q @ prop.T
-            self.KT = K @ prop.T
-        else:
-            self.QT = self.KT = None
-
-    @property
-    def coords(self) -> str:
-        return self._coords
-
-    def initial_state(self, x0: Array) -> Array:
-        return self.model.propagator.to_modal(x0) if self._coords == "modal" else x0
-
     def tokens(self, y: Array, scale: Any) -> Array:
-        """The tokens ``x`` that the state ``y`` stands for: in standard coordinates
-        ``x = y M^T`` (``scale`` the ``(d, d)`` flow matrix ``M``), in modal coordinates
-        their modal coordinates ``T^{-1} x`` (``scale`` the per-mode factors (re, im))."""
-        if self._coords == "modal":
-            return self.model.propagator.modal_scale(y, *scale)
+        """The tokens ``x`` that the state ``y`` stands for: ``x = y M^T`` (``scale`` the
+        ``(d, d)`` flow matrix ``M``)."""
         return y @ scale.T
+
+    def check_layer_step(self, dt: float, dtype: Any) -> None:
+        """``I + dt V`` must be invertible in ``dtype`` (the discrete rescaling
+        ``z^k = (I + dt V)^{-k} x^k``)."""
+        V = np.asarray(self.model.propagator.V, np.float64)
+        R = np.eye(V.shape[-1]) + dt * V
+        if np.max(np.linalg.cond(R)) > 1.0 / np.finfo(np.dtype(dtype)).eps:
+            raise ValueError(
+                f"I + dt V is singular for dt = {dt} (V has an eigenvalue near "
+                f"{-1 / dt:g}): the discrete rescaling does not exist. Use "
+                f"frame='original' or another dt."
+            )
+
+    def continuous_scale(self, t: Any) -> Any:
+        return self.model.propagator(t)
+
+    def continuous_factor(self) -> Any:
+        return self.model.propagator.V
+
+    def layer_scale(self, term: Any, k: Any, Rk: Any) -> Any:
+        del term, k
+        return Rk
+
+    def layer_factor(self, term: Any, R: Any) -> Any:
+        return term.inverse_factor(R, self.model.propagator.V)
+
+
+class Rescaled(AbstractRescaled):
+    """The rescaled frame of an attention system with one value matrix, whose rows sum
+    to one, in standard coordinates: the state is ``z``."""
+
+    model: AbstractAttentionSystem  # pyright: ignore[reportIncompatibleVariableOverride]
+
+    def __init__(self, model: AbstractAttentionSystem):
+        _rescalable(model)
+        _row_stochastic(model)
+        self.model = model  # pyright: ignore[reportIncompatibleVariableOverride]
 
     def queries_keys(self, y: Array, scale: Any) -> tuple[Array, Array]:
         """Queries and keys of the tokens ``x`` that the state ``y`` stands for."""
-        assert isinstance(self.model, AbstractAttentionSystem)
-        x = self.tokens(y, scale)
-        if self._coords == "modal":
-            assert self.QT is not None and self.KT is not None
-            return x @ self.QT.T, x @ self.KT.T
-        return self.model.queries_keys(x)
-
-    def _increment(self, y: Array, scale: Any) -> Array:
-        assert isinstance(self.model, AbstractAttentionSystem)
-        return self.model.weigh(*self.queries_keys(y, scale), y) - y
-
-    def _pull_back(self, u: Array, scale: Array) -> Array:
-        """Rows ``u`` mapped by ``scale^{-1}`` (``u scale^{-T}``)."""
-        return jnp.linalg.solve(scale, u.T).T
+        return self.model.queries_keys(self.tokens(y, scale))
 
     def field(self, y: Array, scale: Any, factor: Any) -> Array:
-        if self.generic:  # scale = e^{tW}, factor = W
-            return self._pull_back(self.model.vector_field(y @ scale.T), scale) - y @ factor.T
-        u = self._increment(y, scale)
-        if self._coords == "modal":
-            return self.model.propagator.modal_scale(u, *factor)
+        u = self.model.weigh(*self.queries_keys(y, scale), y) - y
         return u @ factor.T
 
     def step(self, y: Array, scale: Any, dt: Any, factor: Any) -> Array:
-        if self.generic:  # scale = R^k, factor = R^{-1} W
-            x = y @ scale.T
-            u = y + self._pull_back(self.model.layer(x, dt) - x, scale)  # R^{-k} x^{k+1}
-            return u - dt * (u @ factor.T)  # R^{-1} = I - dt R^{-1} W
-        u = self._increment(y, scale)
-        if self._coords == "modal":
-            return y + dt * self.model.propagator.modal_scale(u, *factor)
+        u = self.model.weigh(*self.queries_keys(y, scale), y) - y
         return y + (dt * u) @ factor.T
 
     def log_bound(self, y: Array, scale: Any) -> Array:
@@ -257,27 +262,111 @@ class Rescaled(AbstractFrame):
         not read them (Q = 0 or K = 0), and a solve would otherwise stall there on
         ``0 * inf``. A NaN token counts as beyond the range."""
         x = self.tokens(y, scale)
-        if self.generic:
-            bound = self.model.log_logit_bound(x)
-        else:
-            assert isinstance(self.model, AbstractAttentionSystem)
-            if self._coords == "modal":
-                assert self.QT is not None and self.KT is not None
-                q, k = x @ self.QT.T, x @ self.KT.T
-            else:
-                q, k = self.model.queries_keys(x)
-            bound = self.model.log_bound(q, k)
-        size = jnp.max(jnp.where(jnp.isnan(x), jnp.inf, jnp.abs(x)))
-        return jnp.maximum(bound, jnp.log(size))
+        return _with_size(self.model.log_bound(*self.model.queries_keys(x)), x)
 
 
-class Unskipped(Original):
-    """The tokens, through layers without the skip connection: ``x <- pure_layer(x)``
-    (``x_i <- sum_j P_ij V x_j`` for one head); the step ``dt`` only counts layers."""
+class ModalRescaled(AbstractRescaled):
+    """The rescaled frame in V's real modal coordinates (a diagonalisable V, tokens not
+    normalised before Q and K): the state is ``w = T^{-1} z``, and every power of V acts
+    mode by mode, exactly."""
+
+    model: AbstractAttentionSystem  # pyright: ignore[reportIncompatibleVariableOverride]
+    QT: Array  # Q T and K T: queries and keys straight from modal coordinates
+    KT: Array
+    coords: ClassVar[str] = "modal"
+
+    def __init__(self, model: AbstractAttentionSystem):
+        prop = _rescalable(model)
+        _row_stochastic(model)
+        if model.normalizes_tokens:
+            raise ValueError(
+                f"{model.attention_kind} normalises the tokens x before Q and K, which "
+                f"modal coordinates do not hold: use coords='standard'."
+            )
+        if not prop.has_modal:
+            raise ValueError("modal coordinates need a diagonalisable V (propagator eig/eigh).")
+        self.model = model  # pyright: ignore[reportIncompatibleVariableOverride]
+        Q, K = model.query_key_maps()
+        self.QT = Q @ prop.T
+        self.KT = K @ prop.T
+
+    def initial_state(self, x0: Array) -> Array:
+        return self.model.propagator.to_modal(x0)
+
+    def tokens(self, y: Array, scale: Any) -> Array:
+        """The modal coordinates ``T^{-1} x`` of the tokens that the state ``y`` stands
+        for (``scale`` the per-mode factors (re, im))."""
+        return self.model.propagator.modal_scale(y, *scale)
+
+    def continuous_scale(self, t: Any) -> Any:
+        return self.model.propagator.exp_multipliers(t)
+
+    def continuous_factor(self) -> Any:
+        prop = self.model.propagator
+        return prop.mu_re, prop.mu_im
+
+    def layer_scale(self, term: Any, k: Any, Rk: Any) -> Any:
+        del Rk
+        return term.power_multipliers(self.model.propagator, k)
+
+    def layer_factor(self, term: Any, R: Any) -> Any:
+        del R
+        return term.modal_factor
+
+    def queries_keys(self, y: Array, scale: Any) -> tuple[Array, Array]:
+        """Queries and keys of the tokens ``x`` that the state ``y`` stands for."""
+        x = self.tokens(y, scale)
+        return x @ self.QT.T, x @ self.KT.T
+
+    def field(self, y: Array, scale: Any, factor: Any) -> Array:
+        u = self.model.weigh(*self.queries_keys(y, scale), y) - y
+        return self.model.propagator.modal_scale(u, *factor)
 
     def step(self, y: Array, scale: Any, dt: Any, factor: Any) -> Array:
-        del scale, dt, factor
-        return self.model.pure_layer(y)
+        u = self.model.weigh(*self.queries_keys(y, scale), y) - y
+        return y + dt * self.model.propagator.modal_scale(u, *factor)
+
+    def log_bound(self, y: Array, scale: Any) -> Array:
+        """As ``Rescaled.log_bound``, from the modal state."""
+        x = self.tokens(y, scale)
+        return _with_size(self.model.log_bound(x @ self.QT.T, x @ self.KT.T), x)
+
+
+class GenericRescaled(AbstractRescaled):
+    """The rescaled frame of any other model with a ``propagator`` (a rescaling matrix
+    ``W``: multi-head attention, a transformer block), in standard coordinates: from
+    ``dx/dt = F(x)`` and ``x = e^{tW} z``, ``dz/dt = e^{-tW} (F(x) - W x)
+    = e^{-tW} F(x) - W z``; one layer ``x' = layer(x)`` is ``z' = R^{-(k+1)} x'`` with
+    ``R = I + dt W`` and ``R^{-1} = I - dt R^{-1} W``."""
+
+    model: AbstractModel
+
+    def __init__(self, model: AbstractModel):
+        _rescalable(model)
+        self.model = model
+
+    def _pull_back(self, u: Array, scale: Array) -> Array:
+        """Rows ``u`` mapped by ``scale^{-1}`` (``u scale^{-T}``)."""
+        return jnp.linalg.solve(scale, u.T).T
+
+    def field(self, y: Array, scale: Any, factor: Any) -> Array:  # scale e^{tW}, factor W
+        return self._pull_back(self.model.vector_field(y @ scale.T), scale) - y @ factor.T
+
+    def step(self, y: Array, scale: Any, dt: Any, factor: Any) -> Array:
+        x = y @ scale.T  # scale R^k, factor R^{-1} W
+        u = y + self._pull_back(self.model.layer(x, dt) - x, scale)  # R^{-k} x^{k+1}
+        return u - dt * (u @ factor.T)  # R^{-1} = I - dt R^{-1} W
+
+    def log_bound(self, y: Array, scale: Any) -> Array:
+        """As ``Rescaled.log_bound``, with the model's own logit bound."""
+        x = self.tokens(y, scale)
+        return _with_size(self.model.log_logit_bound(x), x)
+
+
+def _with_size(bound: Array, x: Array) -> Array:
+    """``bound``, or ``log max |x|`` where larger (a NaN token counts as beyond range)."""
+    size = jnp.max(jnp.where(jnp.isnan(x), jnp.inf, jnp.abs(x)))
+    return jnp.maximum(bound, jnp.log(size))
 
 
 def normalize_rows(u: Array) -> Array:
@@ -333,10 +422,6 @@ class Sphere(AbstractFrame):
         self.model = model
         self.layernorm = layernorm
 
-    @property
-    def coords(self) -> str:
-        return "standard"
-
     def check_tokens(self, x0: Any) -> None:
         # on the device for a jax.Array (one boolean comes back), else in numpy
         xp = jnp if isinstance(x0, jax.Array) else np
@@ -385,116 +470,28 @@ class Sphere(AbstractFrame):
 def make_frame(
     name: str, model: AbstractModel, coords: str | None = None, layernorm: str = "post"
 ) -> AbstractFrame:
-    """The frame called ``name`` (``"rescaled"``, ``"original"`` or ``"sphere"``, with its
-    ``layernorm`` placement for layers) for ``model``."""
+    """The frame called ``name`` for ``model``: ``"original"``, ``"sphere"`` (with its
+    ``layernorm`` placement for layers) or ``"rescaled"``, whose class follows from the
+    model and ``coords``: ``ModalRescaled`` by default when V is diagonalisable and the
+    tokens are not normalised before Q and K (``coords="modal"`` asks for it,
+    ``"standard"`` refuses it), ``Rescaled`` otherwise, ``GenericRescaled`` for a model
+    that is not one attention system (multi-head attention, a block; standard only)."""
+    if coords not in (None, "standard", "modal"):
+        raise ValueError(f"coords must be 'standard', 'modal' or None; got {coords!r}.")
     if name == "original":
         return Original(model)
-    if name == "rescaled":
-        return Rescaled(model, coords)
     if name == "sphere":
         return Sphere(model, layernorm)
-    raise ValueError(f"frame must be one of {FRAMES}; got {name!r}.")
-
-
-# ----------------------------------------------------------- time discretisations
-class AbstractTime(eqx.Module):
-    """How tokens are propagated between the frames, and what multiplies the values."""
-
-    name: ClassVar[str]
-
-    @abc.abstractmethod
-    def multipliers(self, prop, ts: Array, sign: int) -> tuple[Array, Array]:
-        """Per-mode factors ``(re, im)`` of the flow (``sign=+1``) or its inverse at the
-        saved times ``ts``, ``(m, d)`` each."""
-
-    @abc.abstractmethod
-    def log_multipliers(self, prop, ts, sign: int) -> tuple[np.ndarray, np.ndarray]:
-        """The same factors as ``(log r, theta)`` in float64 (``r e^{i theta}``): the
-        overflow-safe form used where the factors leave the float range."""
-
-    @abc.abstractmethod
-    def maps64(self, prop, ts, sign: int) -> np.ndarray:
-        """The flow (or its inverse) as ``(m, d, d)`` float64 matrices."""
-
-
-class Continuous(AbstractTime):
-    """Continuous time: ``x = e^{tV} z``, values multiplied by V."""
-
-    name: ClassVar[str] = "continuous"
-
-    def scale(self, frame: AbstractFrame, t: Any) -> Any:
-        if frame.name == "original" or not frame.tracks_flow:
-            return None
-        prop = frame.model.propagator
-        return prop.exp_multipliers(t) if frame.coords == "modal" else prop(t)
-
-    def factor(self, frame: AbstractFrame) -> Any:
-        if frame.name == "original" or not frame.tracks_flow:
-            return None
-        prop = frame.model.propagator
-        if frame.coords == "modal":
-            return prop.mu_re, prop.mu_im
-        return prop.V
-
-    def field(self, frame: AbstractFrame, t: Any, y: Array) -> Array:
-        """``dy/dt`` at time ``t``: the vector field an ODE solver integrates."""
-        return frame.field(y, self.scale(frame, t), self.factor(frame))
-
-    def log_bound(self, frame: AbstractFrame, t: Any, y: Array) -> Array:
-        return frame.log_bound(y, self.scale(frame, t))
-
-    def multipliers(self, prop, ts: Array, sign: int) -> tuple[Array, Array]:
-        return jax.vmap(lambda t: prop.exp_multipliers(sign * t))(ts)
-
-    def log_multipliers(self, prop, ts, sign: int) -> tuple[np.ndarray, np.ndarray]:
-        t = sign * np.asarray(ts, np.float64)[:, None]
-        return (t * np.asarray(prop.mu_re, np.float64), t * np.asarray(prop.mu_im, np.float64))
-
-    def maps64(self, prop, ts, sign: int) -> np.ndarray:
-        """``e^{+-tV}`` at the saved times in float64 (overflow-safe conversions)."""
-        from scipy.linalg import expm
-
-        V = np.asarray(prop.V, np.float64)
-        return np.stack([expm(sign * float(t) * V) for t in np.asarray(ts)])
-
-    def maps(self, prop, ts: Array) -> Array:
-        """``(m, d, d)``: ``e^{tV}`` at the saved times (standard coordinates)."""
-        return jax.vmap(prop)(ts)
-
-
-class Layers(AbstractTime):
-    """The discrete transformer: residual layers of step ``dt``, ``x^k = R^k z^k`` with
-    ``R = I + dt V``; values multiplied by ``R^{-1} V`` in the rescaled frame.
-
-    The layer loop carries ``R^k`` as a matrix in standard coordinates and computes
-    ``R^{-1} V`` from ``R``; in modal coordinates both act mode by mode
-    (``power_multipliers`` and ``modal_factor``)."""
-
-    dt: float = eqx.field(static=True)
-    name: ClassVar[str] = "layers"
-
-    def modal_factor(self, prop, dtype) -> tuple[Array, Array]:
-        """Per-mode ``mu / (1 + dt mu)`` as ``(re, im)``: ``R^{-1} V`` in modal
-        coordinates, computed in float64 (exact to rounding) and cast to ``dtype``."""
-        mu = np.asarray(prop.mu_re, np.float64) + 1j * np.asarray(prop.mu_im, np.float64)
-        c = mu / (1.0 + self.dt * mu)
-        re, im = (jnp.asarray(v, dtype) for v in (c.real, c.imag))
-        return re, im
-
-    def multipliers(self, prop, ts: Array, sign: int) -> tuple[Array, Array]:
-        k = jnp.round(ts / self.dt)
-        return jax.vmap(lambda kk: prop.power_multipliers(sign * kk, self.dt))(k)
-
-    def log_multipliers(self, prop, ts, sign: int) -> tuple[np.ndarray, np.ndarray]:
-        k = sign * np.round(np.asarray(ts, np.float64) / self.dt)[:, None]
-        a = 1.0 + self.dt * np.asarray(prop.mu_re, np.float64)
-        b = self.dt * np.asarray(prop.mu_im, np.float64)
-        return k * 0.5 * np.log(a * a + b * b), k * np.arctan2(b, a)
-
-    def maps64(self, prop, ts, sign: int) -> np.ndarray:
-        """``R^{+-k}`` at the saved times in float64 (overflow-safe conversions)."""
-        R = np.eye(prop.d) + self.dt * np.asarray(prop.V, np.float64)
-        if sign < 0:
-            R = np.linalg.inv(R)
-        ks = np.round(np.asarray(ts, np.float64) / self.dt).astype(int)
-        return np.stack([np.linalg.matrix_power(R, int(k)) for k in ks])
+    if name != "rescaled":
+        raise ValueError(f"frame must be one of {FRAMES}; got {name!r}.")
+    prop = _rescalable(model)
+    if not isinstance(model, AbstractAttentionSystem):
+        if coords == "modal":
+            raise ValueError(
+                f"{type(model).__name__} runs the rescaled frame in standard "
+                f"coordinates only (coords='standard')."
+            )
+        return GenericRescaled(model)
+    if coords is None:
+        coords = "modal" if prop.has_modal and not model.normalizes_tokens else "standard"
+    return ModalRescaled(model) if coords == "modal" else Rescaled(model)

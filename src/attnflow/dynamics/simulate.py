@@ -25,156 +25,50 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import diffrax
 import equinox as eqx
 import jax
 import jax.core as jax_core
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float
+from jaxtyping import ArrayLike, Float
 
 from .. import _checks
 from . import _devices
+from ._inputs import FIXED, MAX_STEPS_LIMIT, check_tolerances, check_ts, check_x0
 from .base import AbstractModel
-from .frames import (
-    FRAMES,
-    LAYERNORMS,
-    AbstractFrame,
-    AbstractTime,
-    Continuous,
-    Layers,
-    Unskipped,
-    make_frame,
-)
-from .solve import ICOEFF, PCOEFF, SOLVERS, status_code
+from .frames import FRAMES, LAYERNORMS, AbstractFrame, Unskipped, make_frame
+from .solve import ICOEFF, PCOEFF, SOLVERS, adaptive_solve
 from .solve import log_limit as _log_limit
+from .terms import AbstractTime, Continuous, FlowTerm, Layers, layer_term
 from .trajectory import Status, Trajectory
 
-__all__ = ["simulate", "SOLVERS"]
-
-_FIXED = ("euler", "euler-ode")
-
-
-# --------------------------------------------------------------------------- checks
-# diffrax counts steps in 32-bit integers.
-MAX_STEPS_LIMIT = 2**31 - 1
-
-
-def _check_x0(model: AbstractModel, x0) -> np.ndarray | Array:
-    shape = f"(n, {model.d}) or (b, n, {model.d})"
-    if isinstance(x0, jax_core.Tracer):
-        arr = x0
-        if arr.ndim not in (2, 3):
-            raise ValueError(f"x0 must have shape {shape}; got shape {tuple(arr.shape)}.")
-    elif isinstance(x0, jax.Array):
-        # used where it is (sharded or not): shapes and dtype read, finiteness checked on
-        # the device; only one boolean comes back to the host
-        arr = x0
-        if arr.ndim not in (2, 3):
-            raise ValueError(
-                f"x0 must have 2 or 3 dimensions {shape}; got shape {tuple(arr.shape)}."
-            )
-        if jnp.issubdtype(arr.dtype, jnp.complexfloating):
-            raise ValueError("x0 must be real; got a complex array.")
-        if arr.dtype == jnp.bool_ or not (
-            jnp.issubdtype(arr.dtype, jnp.floating) or jnp.issubdtype(arr.dtype, jnp.integer)
-        ):
-            raise ValueError(f"x0 must hold real numbers {shape}; got dtype {arr.dtype}.")
-        if any(s < 1 for s in arr.shape):
-            raise ValueError(f"x0 must not be empty {shape}; got shape {tuple(arr.shape)}.")
-        if not bool(_all_finite(arr)):
-            raise ValueError("x0 has non-finite entries (NaN or inf); all entries must be finite.")
-    else:
-        arr = _checks.real_array("x0", x0, ndim=(2, 3), shape_hint=shape)
-        if arr.dtype == np.bool_:
-            raise ValueError("x0 must hold real numbers; got a boolean array.")
-    if arr.shape[-1] != model.d:
-        raise ValueError(
-            f"x0 has token dimension {arr.shape[-1]} but the model has d = {model.d}; "
-            f"x0 must be {shape}."
-        )
-    return arr
-
-
-@jax.jit
-def _all_finite(a):
-    return jnp.all(jnp.isfinite(a))
-
-
-def _check_ts(ts, t1: float) -> np.ndarray:
-    if ts is None:
-        return np.array([0.0, t1])
-    arr = _checks.real_array("ts", ts, ndim=1, shape_hint="(a 1-d array of times)")
-    arr = arr.astype(np.float64)
-    if np.any(np.diff(arr) < 0):
-        raise ValueError("ts must be sorted in increasing order.")
-    tol = 1e-12 * max(1.0, t1)
-    if arr[0] < -tol or arr[-1] > t1 + tol:
-        raise ValueError(f"ts must lie within [0, t1] = [0, {t1}]; got [{arr[0]}, {arr[-1]}].")
-    return np.clip(arr, 0.0, t1)
-
-
-def _check_tolerances(rtol, atol) -> tuple[float, float]:
-    r = _checks.number("rtol", rtol, lo=0.0, hi=1.0, hi_open=True)
-    a = _checks.number("atol", atol, lo=0.0)
-    if r == 0.0 and a == 0.0:
-        raise ValueError(
-            "rtol and atol are both 0: no step would ever be accepted; give "
-            "rtol > 0 (e.g. 1e-6) or atol > 0."
-        )
-    return r, a
+__all__ = ["simulate", "SOLVERS", "MAX_STEPS_LIMIT", "FIXED"]
 
 
 # --------------------------------------------------------------------- adaptive path
-
-
 @eqx.filter_jit
-def _solve_adaptive(
-    frame: AbstractFrame, y0, ts, t1, rtol, atol, *, solver_name, max_steps, progress
-):
-    # The frame is closed over rather than passed as ``args``: diffrax warns about
-    # complex leaves in ``args`` (the propagator holds complex eigenvectors).
-    time = Continuous()
-    term = diffrax.ODETerm(lambda t, y, args: time.field(frame, t, y))
-    solver = SOLVERS[solver_name]()
-    log_limit = _log_limit(y0.dtype)
-
-    def overflow(t, y, args, **kwargs):
-        return (time.log_bound(frame, t, y) > log_limit) | ~jnp.all(jnp.isfinite(y))
-
-    event = diffrax.Event(overflow)
-    controller = diffrax.PIDController(rtol=rtol, atol=atol, pcoeff=PCOEFF, icoeff=ICOEFF)
-    meter = diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter()
-    # Two save streams: the requested times, and the state where the solve stopped.
-    saveat = diffrax.SaveAt(subs=(diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)))
+def _solve_adaptive(term: FlowTerm, y0, ts, t1, rtol, atol, *, solver_name, max_steps, progress):
+    """``adaptive_solve`` of every system of the batch ``y0`` ``(b, n, d)`` (vmapped: each
+    system chooses its own steps)."""
 
     def one(y):
-        sol = diffrax.diffeqsolve(
+        sol = adaptive_solve(
             term,
-            solver,
-            t0=jnp.zeros((), ts.dtype),
-            t1=t1,
-            dt0=None,
-            y0=y,
-            args=None,
-            saveat=saveat,
-            stepsize_controller=controller,
-            event=event,
+            y,
+            ts,
+            t1,
+            rtol,
+            atol,
+            method=solver_name,
             max_steps=max_steps,
-            throw=False,
-            progress_meter=meter,
+            progress=progress,
         )
-        res = sol.result
-        assert sol.ts is not None and sol.ys is not None  # both save streams were asked for
-        (ts_saved, ts_stop), (ys, ys_stop) = sol.ts, sol.ys
-        t_stop, y_stop = ts_stop[0], ys_stop[0]
-        code = status_code(res, y_stop)
         stats = {
-            "num_steps": sol.stats["num_steps"],
-            "num_accepted_steps": sol.stats["num_accepted_steps"],
-            "num_rejected_steps": sol.stats["num_rejected_steps"],
+            "num_steps": sol.num_steps,
+            "num_accepted_steps": sol.num_accepted_steps,
+            "num_rejected_steps": sol.num_rejected_steps,
         }
-        return ys, ts_saved, t_stop, y_stop, code, stats
+        return sol.ys, sol.ts, sol.t_stop, sol.y_stop, sol.status, stats
 
     if y0.shape[0] == 1:
         # One system: no vmap. Batching diffrax's loops costs ~40% more trace and
@@ -184,16 +78,7 @@ def _solve_adaptive(
 
 
 # ------------------------------------------------------------------ fixed-step path
-def _solve_euler(
-    frame: AbstractFrame,
-    y0,
-    dt,
-    n_layers: int,
-    save_layers: np.ndarray,
-    *,
-    progress,
-    ode: bool = False,
-):
+def _solve_euler(term, y0, n_layers: int, save_layers: np.ndarray, *, progress):
     bar = None
     callback: Callable[[Any], None] | None = None
     if progress:
@@ -207,23 +92,14 @@ def _solve_euler(
 
         callback = _advance
 
-    # Per-mode factors of the discrete rescaled update, (I + dt B)^{-1} B, exact.
-    factor = None
-    if ode:  # forward Euler on the frame's ODE: the continuous-time scale and factor
-        factor = Continuous().factor(frame)
-    elif frame.coords == "modal":
-        factor = Layers(dt).modal_factor(frame.model.propagator, y0.dtype)
     try:
         out = _euler_loop(
-            frame,
+            term,
             y0,
-            jnp.asarray(dt, y0.dtype),
             jnp.asarray(save_layers, jnp.int32),
-            factor,
             log_limit=_log_limit(y0.dtype),
             progress_every=max(1, n_layers // 100) if progress else 0,
             callback=callback,
-            ode=ode,
         )
         jax.block_until_ready(out)
     finally:
@@ -234,67 +110,28 @@ def _solve_euler(
 
 
 @eqx.filter_jit
-def _euler_loop(
-    frame: AbstractFrame,
-    y0,
-    dt,
-    save_layers,
-    factor,
-    *,
-    log_limit,
-    progress_every,
-    callback,
-    ode=False,
-):
-    """One layer per step (``frame.step``) for a batch ``y0`` ``(b, n, d)``.
+def _euler_loop(term, y0, save_layers, *, log_limit, progress_every, callback):
+    """One layer per step (``term.step``) for a batch ``y0`` ``(b, n, d)``, saving after
+    the layers ``save_layers``; the term owns ``R = I + dt V``, its powers and the value
+    factor (``LayerTerm``, ``EulerTerm``). A system whose logits would leave the float
+    range stops (its state is frozen) and is flagged; the loop ends early once every
+    system has stopped. Returns the saves ``(b, m, n, d)``, the carried ``R^k`` at each
+    save ``(m, d, d)``, which saves each system reached, the final states, the layer
+    where each stopped and whether it did."""
+    setup = term.setup()
 
-    Original frame: the model's own layer (``x <- x + dt P x V^T`` for one head).
-    Rescaled frame, with ``R = I + dt V``: ``z <- z + dt (P z - z) (R^{-1} V)^T``, ``P``
-    taken at ``x = R^k z``; in modal coordinates ``R^k`` and ``R^{-1} V`` act mode by
-    mode (exact), otherwise ``R^k`` is carried as a matrix product. A system whose logits
-    would leave the float range stops (its state is frozen) and is flagged.
-
-    ``ode=True`` (``method="euler-ode"``): forward Euler on the frame's ODE,
-    ``y <- y + dt field(y)`` with the continuous-time scale at ``t_k = k dt`` and factor
-    (``Continuous``): ``z <- z + dt (P(e^{t_k V} z) z - z) V^T`` in the rescaled frame.
-    """
-    # R^k is carried as a matrix in standard coordinates (it maps z^k to x^k, for the
-    # Trajectory), whenever the model has one value matrix V.
-    prop = frame.model.propagator
-    carried = frame.tracks_flow and frame.coords == "standard" and prop is not None and not ode
-    d = y0.shape[-1]
-    eye = jnp.eye(d, dtype=y0.dtype)
-    R = eye
-    if carried:
-        assert prop is not None
-        R = eye + dt * prop.V
-        if frame.name == "rescaled":
-            factor = jnp.linalg.solve(R, prop.V)  # R^{-1} V (= V R^{-1}: they commute)
-
-    def scale_at(k, Rk):
-        if frame.name == "original" or not frame.tracks_flow:
-            return None
-        if ode:
-            return Continuous().scale(frame, jnp.asarray(k, y0.dtype) * dt)
-        if frame.coords == "modal":
-            return frame.model.propagator.power_multipliers(k, dt)
-        return Rk
-
-    def step_one(y, k, Rk):
-        scale = scale_at(k, Rk)
-        ok = frame.log_bound(y, scale) <= log_limit
-        if ode:
-            y_new = y + dt * frame.field(y, scale, factor)
-        else:
-            y_new = frame.step(y, scale, dt, factor)
+    def step_one(y, clock):
+        ok = term.log_bound(clock, y) <= log_limit
+        y_new = term.step(setup, clock, y)
         ok = ok & jnp.all(jnp.isfinite(y_new))
         return jnp.where(ok, y_new, y), ok
 
-    step_batch = jax.vmap(step_one, in_axes=(0, None, None))
+    step_batch = jax.vmap(step_one, in_axes=(0, None))
 
     def body(state):
-        y, Rk, k, stopped, k_stop = state
-        y_new, ok = step_batch(y, k, Rk)
+        y, clock, stopped, k_stop = state
+        k = clock[0]
+        y_new, ok = step_batch(y, clock)
         newly = ~stopped & ~ok
         k_stop = jnp.where(newly, k, k_stop)
         stopped = stopped | ~ok
@@ -305,18 +142,18 @@ def _euler_loop(
                 lambda: jax.debug.callback(callback, k + 1),
                 lambda: None,
             )
-        Rk = R @ Rk if carried else Rk
-        return y, Rk, k + 1, stopped, k_stop
+        return y, term.tick(setup, clock), stopped, k_stop
 
     def advance(state, target):
-        state = jax.lax.while_loop(lambda s: (s[2] < target) & ~jnp.all(s[3]), body, state)
-        y, Rk, k, stopped, _ = state
+        state = jax.lax.while_loop(lambda s: (s[1][0] < target) & ~jnp.all(s[2]), body, state)
+        y, (_, Rk), stopped, _ = state
         return state, (y, Rk, ~stopped)
 
     b = y0.shape[0]
-    init = (y0, eye, jnp.zeros((), jnp.int32), jnp.zeros((b,), bool), jnp.full((b,), -1, jnp.int32))
+    clock0 = term.start(setup)
+    init = (y0, clock0, jnp.zeros((b,), bool), jnp.full((b,), -1, jnp.int32))
     final, (ys, Rks, reached) = jax.lax.scan(advance, init, save_layers)
-    y_end, _, k_end, stopped, k_stop = final
+    y_end, (k_end, _), stopped, k_stop = final
     k_stop = jnp.where(stopped, k_stop, k_end)
     # ys: (m, b, n, d) -> (b, m, n, d)
     return jnp.swapaxes(ys, 0, 1), Rks, jnp.swapaxes(reached, 0, 1), y_end, k_stop, stopped
@@ -324,9 +161,9 @@ def _euler_loop(
 
 # ------------------------------------------------- devices and stacked weights
 # Wrappers around the two solves above, which run unchanged: for stacked weights they
-# are vmapped over the frame's leaves (system i with model i); with devices, the batch
+# are vmapped over the term's leaves (system i with model i); with devices, the batch
 # (and the stacked leaves) are sharded over a mesh and each device runs its own loop.
-def _adaptive_rows(frame, y0, ts, t1, rtol, atol, *, stacked, chunk=None, **kw) -> tuple[Any, Any]:
+def _adaptive_rows(term, y0, ts, t1, rtol, atol, *, stacked, chunk=None, **kw) -> tuple[Any, Any]:
     """The adaptive solve of a batch ``y0``, system i with model i when ``stacked``;
     with ``chunk``, as consecutive chunks of ``chunk`` systems (``lax.map``), each with
     its own loop, so that a chunk pays for its own slowest system only."""
@@ -341,48 +178,43 @@ def _adaptive_rows(frame, y0, ts, t1, rtol, atol, *, stacked, chunk=None, **kw) 
         def glue(a):
             return a.reshape(nc * chunk, *a.shape[2:])[:b]
 
-        dyn, static = eqx.partition(frame, eqx.is_array)
-        if not stacked:  # one frame for every chunk
+        dyn, static = eqx.partition(term, eqx.is_array)
+        if not stacked:  # one term for every chunk
             dyn = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (nc, *a.shape)), dyn)
         else:
             dyn = jax.tree_util.tree_map(cut, dyn)
 
         def run(c):
-            fr = eqx.combine(c[0], static)
+            tm = eqx.combine(c[0], static)
             if stacked:
-                return _adaptive_rows(fr, c[1], ts, t1, rtol, atol, stacked=True, **kw)[0]
-            return _solve_adaptive(fr, c[1], ts, t1, rtol, atol, **kw)
+                return _adaptive_rows(tm, c[1], ts, t1, rtol, atol, stacked=True, **kw)[0]
+            return _solve_adaptive(tm, c[1], ts, t1, rtol, atol, **kw)
 
         return jax.tree_util.tree_map(glue, jax.lax.map(run, (dyn, cut(y0)))), ()
     if stacked:
 
-        def one(fr, y):
-            return _solve_adaptive(fr, y[None], ts, t1, rtol, atol, **kw)
+        def one(tm, y):
+            return _solve_adaptive(tm, y[None], ts, t1, rtol, atol, **kw)
 
-        out = eqx.filter_vmap(one)(frame, y0)
+        out = eqx.filter_vmap(one)(term, y0)
         out = jax.tree_util.tree_map(lambda a: a[:, 0], out)
     else:
-        out = _solve_adaptive(frame, y0, ts, t1, rtol, atol, **kw)
+        out = _solve_adaptive(term, y0, ts, t1, rtol, atol, **kw)
     return out, ()
 
 
-def _euler_rows(
-    frame_factor, y0, dt, save_layers, *, stacked: bool, ode: bool, log_limit: float
-) -> tuple[Any, Any]:
-    frame, factor = frame_factor
-    opts: dict[str, Any] = dict(log_limit=log_limit, progress_every=0, callback=None, ode=ode)
+def _euler_rows(term, y0, save_layers, *, stacked: bool, log_limit: float) -> tuple[Any, Any]:
+    opts: dict[str, Any] = dict(log_limit=log_limit, progress_every=0, callback=None)
     if stacked:
 
-        def one(fr, f, y):
-            return _euler_loop(fr, y[None], dt, save_layers, f, **opts)
+        def one(tm, y):
+            return _euler_loop(tm, y[None], save_layers, **opts)
 
-        ys, Rks, reached, y_end, k_stop, stopped = eqx.filter_vmap(one)(frame, factor, y0)
+        ys, Rks, reached, y_end, k_stop, stopped = eqx.filter_vmap(one)(term, y0)
         # Rks: (b, m, d, d), one flow per model
         rows = (ys[:, 0], reached[:, 0], y_end[:, 0], k_stop[:, 0], stopped[:, 0])
         return (*rows, Rks), ()
-    ys, Rks, reached, y_end, k_stop, stopped = _euler_loop(
-        frame, y0, dt, save_layers, factor, **opts
-    )
+    ys, Rks, reached, y_end, k_stop, stopped = _euler_loop(term, y0, save_layers, **opts)
     # one R^k per device: the device whose loop ran furthest carries every save's
     return (ys, reached, y_end, k_stop, stopped), (Rks[None], jnp.max(k_stop)[None])
 
@@ -391,28 +223,20 @@ _adaptive_stacked = eqx.filter_jit(_adaptive_rows)
 _euler_stacked = eqx.filter_jit(_euler_rows)
 
 
-def _euler_factor(frame, dt, dtype, ode):
-    """The value factor of the layer loop, as ``_solve_euler`` computes it."""
-    if ode:
-        return Continuous().factor(frame)
-    if frame.coords == "modal":
-        return Layers(dt).modal_factor(frame.model.propagator, dtype)
-    return None
-
-
-def _solve_euler_scaled(frame, y0, dt, save_layers, *, devices, stacked, ode):
+def _solve_euler_scaled(term, y0, save_layers, *, devices, stacked):
     """``_solve_euler`` for stacked weights and/or on several devices (no progress
     bar). Returns the same six outputs; ``Rks`` is ``(b, m, d, d)`` when stacked."""
-    factor = _euler_factor(frame, dt, y0.dtype, ode)
-    args = (jnp.asarray(dt, y0.dtype), jnp.asarray(save_layers, jnp.int32))
-    kw: dict[str, Any] = dict(stacked=stacked, ode=ode, log_limit=_log_limit(y0.dtype))
+    if stacked:  # one step per system, so that every leaf of the term is stacked
+        term = eqx.tree_at(lambda t: t.dt, term, jnp.broadcast_to(term.dt, (y0.shape[0],)))
+    args = (jnp.asarray(save_layers, jnp.int32),)
+    kw: dict[str, Any] = dict(stacked=stacked, log_limit=_log_limit(y0.dtype))
     rows: Any
     per_device: Any
     if devices is None:
-        rows, per_device = _euler_stacked((frame, factor), y0, *args, **kw)
+        rows, per_device = _euler_stacked(term, y0, *args, **kw)
     else:
         rows, per_device = _devices.run_sharded(
-            _euler_rows, devices, (frame, factor), y0, *args, batched_frame=stacked, **kw
+            _euler_rows, devices, term, y0, *args, batched_frame=stacked, **kw
         )
     if stacked:
         ys, reached, y_end, k_stop, stopped, Rks = rows
@@ -442,7 +266,7 @@ def _balanced_order(cost, n_devices: int) -> tuple[np.ndarray, np.ndarray]:
     return perm, where
 
 
-def _solve_adaptive_scaled(frame, y0, *args, devices, stacked, chunk=None, cost=None, **kw) -> Any:
+def _solve_adaptive_scaled(term, y0, *args, devices, stacked, chunk=None, cost=None, **kw) -> Any:
     """``_solve_adaptive`` for stacked weights, on several devices, in chunks, and/or
     with the systems ordered by a cost estimate (results in the given order)."""
     where = None
@@ -451,16 +275,16 @@ def _solve_adaptive_scaled(frame, y0, *args, devices, stacked, chunk=None, cost=
         take = jnp.asarray(perm)
         y0 = y0[take]
         if stacked:
-            dyn, static = eqx.partition(frame, eqx.is_array)
-            frame = eqx.combine(jax.tree_util.tree_map(lambda a: a[take], dyn), static)
+            dyn, static = eqx.partition(term, eqx.is_array)
+            term = eqx.combine(jax.tree_util.tree_map(lambda a: a[take], dyn), static)
     rows: Any
     if devices is None:
-        rows, _ = _adaptive_stacked(frame, y0, *args, stacked=stacked, chunk=chunk, **kw)
+        rows, _ = _adaptive_stacked(term, y0, *args, stacked=stacked, chunk=chunk, **kw)
     else:
         rows, _ = _devices.run_sharded(
             _adaptive_rows,
             devices,
-            frame,
+            term,
             y0,
             *args,
             batched_frame=stacked,
@@ -569,7 +393,7 @@ def simulate(
             f"got {type(model).__name__}."
         )
     _checks.choice("frame", frame, FRAMES)
-    _checks.choice("method", method, (*SOLVERS, *_FIXED))
+    _checks.choice("method", method, (*SOLVERS, *FIXED))
     if not isinstance(residual, (bool, np.bool_)):
         raise ValueError(f"residual must be True or False; got {residual!r}.")
     if layernorm is not None:
@@ -601,7 +425,7 @@ def simulate(
         fr = eqx.filter_vmap(
             lambda m: make_frame(frame, m, layernorm=ln) if residual else Unskipped(m)
         )(model)
-    x0 = _check_x0(model, x0)
+    x0 = check_x0(model, x0)
     if stacked:
         if x0.ndim == 2:
             x0 = jnp.broadcast_to(jnp.asarray(x0), (size, *x0.shape))
@@ -638,15 +462,15 @@ def simulate(
                 f"({x0.shape[0] if batched else 'b'},); got shape {cost.shape}"
                 f"{'' if batched else ' for one system'}."
             )
-    if (chunk is not None or cost is not None) and method in _FIXED:
+    if (chunk is not None or cost is not None) and method in FIXED:
         raise ValueError(
             f"chunk and cost order the adaptive solves of a batch; method={method!r} takes "
             f"the same layers for every system (leave them None)."
         )
     t1f = _checks.positive("t1", t1)
-    ts_np = _check_ts(ts, t1f)
-    if method not in _FIXED:
-        rtol, atol = _check_tolerances(rtol, atol)
+    ts_np = check_ts(ts, t1f)
+    if method not in FIXED:
+        rtol, atol = check_tolerances(rtol, atol)
         max_steps = _checks.integer("max_steps", max_steps, lo=1, hi=MAX_STEPS_LIMIT)
     dtype = model.dtype
     _checks.warn_float64_cast(x0)
@@ -659,7 +483,7 @@ def simulate(
     else:
         y0 = fr.initial_state(x0j)
 
-    if method in _FIXED:
+    if method in FIXED:
         if dt is None:
             raise ValueError(f"dt is required for method={method!r}: the layer step, e.g. dt=0.1.")
         dtf = _checks.positive("dt", dt)
@@ -673,21 +497,16 @@ def simulate(
         save_layers = np.rint(ts_np / dtf).astype(np.int64)
         if np.any(np.abs(save_layers * dtf - ts_np) > 1e-9 * max(1.0, t1f)):
             raise ValueError(f"ts must be multiples of dt = {dtf} for method={method!r}.")
-        if frame == "rescaled" and not ode:
-            R = np.eye(model.d) + dtf * np.asarray(model.propagator.V, np.float64)
-            if np.max(np.linalg.cond(R)) > 1.0 / np.finfo(np.dtype(dtype)).eps:
-                raise ValueError(
-                    f"I + dt V is singular for dt = {dtf} (V has an eigenvalue near "
-                    f"{-1 / dtf:g}): the discrete rescaling does not exist. Use "
-                    f"frame='original' or another dt."
-                )
+        if not ode:
+            fr.check_layer_step(dtf, dtype)
+        term = layer_term(fr, dtf, y0.dtype, ode=ode)
         if solve_devs is None and not stacked:
             ys, Rks, reached, y_end, k_stop, stopped = _solve_euler(
-                fr, y0, dtf, n_layers, save_layers, progress=progress, ode=ode
+                term, y0, n_layers, save_layers, progress=progress
             )
         else:
             ys, Rks, reached, y_end, k_stop, stopped = _solve_euler_scaled(
-                fr, y0, dtf, save_layers, devices=solve_devs, stacked=stacked, ode=ode
+                term, y0, save_layers, devices=solve_devs, stacked=stacked
             )
         codes = np.where(np.asarray(stopped), Status.OVERFLOW.code, Status.OK.code)
         t_stop = np.asarray(k_stop, np.float64) * dtf
@@ -698,7 +517,7 @@ def simulate(
             "n_layers": n_layers,
         }
         # Standard coordinates: map to the original frame with the R^k the loop used.
-        to_x = None if fr.coords == "modal" or ode or not fr.tracks_flow else np.asarray(Rks)
+        to_x = np.asarray(Rks) if term.carries_flow else None
         solver_info = {"method": method, "dt": dtf, "layers": n_layers}
         if not ode:
             solver_info.update(fr.settings())
@@ -710,7 +529,7 @@ def simulate(
         discretisation = Continuous()
         ts_j = jnp.asarray(ts_np, dtype=dtype)
         solve_args = (
-            fr,
+            FlowTerm(fr),
             y0,
             ts_j,
             jnp.asarray(t1f, dtype),

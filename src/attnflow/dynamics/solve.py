@@ -35,10 +35,11 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from .base import AbstractModel
-from .frames import Continuous, make_frame
-from .trajectory import Status
+from .frames import make_frame
+from .status import Status
+from .terms import FlowTerm, layer_term
 
-__all__ = ["solve", "Solution", "AdaptiveSolver", "LayerSolver"]
+__all__ = ["solve", "Solution", "AdaptiveSolver", "LayerSolver", "adaptive_solve"]
 
 # name -> diffrax solver class (adaptive, with an embedded error estimate); simulate's
 # ``method`` names, "adaptive" being Tsit5
@@ -130,6 +131,8 @@ class Solution(eqx.Module):
         t_stop: ``()`` the time where the solve stopped (``t1`` when it succeeded).
         y_stop: ``(n, d)`` the state there.
         num_steps: ``()`` int, the steps (layers) taken.
+        num_accepted_steps, num_rejected_steps: ``()`` int, the steps accepted and
+            rejected by the step-size controller (layers: all accepted).
     """
 
     ts: Float[Array, " m"]
@@ -138,6 +141,8 @@ class Solution(eqx.Module):
     t_stop: Float[Array, ""]
     y_stop: Float[Array, "n d"]
     num_steps: Int[Array, ""]
+    num_accepted_steps: Int[Array, ""]
+    num_rejected_steps: Int[Array, ""]
 
     @property
     def ok(self) -> Array:
@@ -145,31 +150,48 @@ class Solution(eqx.Module):
         return self.status == Status.OK.code
 
 
-def _adaptive(frame, y0, ts, t1, solver: AdaptiveSolver) -> Solution:
-    time = Continuous()
-    term = diffrax.ODETerm(lambda t, y, args: time.field(frame, t, y))
+def adaptive_solve(
+    term: FlowTerm,
+    y0: Array,
+    ts: Array,
+    t1: Any,
+    rtol: Any,
+    atol: Any,
+    *,
+    method: str,
+    max_steps: int,
+    progress: bool = False,
+) -> Solution:
+    """One adaptive solve of ``term`` from ``y0`` (``(n, d)``): diffrax's ``diffeqsolve``
+    with the overflow event, two save streams (the times ``ts`` and the state where the
+    solve stopped), ``throw=False`` and ``RecursiveCheckpointAdjoint``. ``simulate``
+    vmaps it over a batch; ``solve`` calls it for one system. ``rtol`` and ``atol`` may
+    be traced."""
     limit = log_limit(y0.dtype)
 
     def overflow(t, y, args, **kwargs):
-        return (time.log_bound(frame, t, y) > limit) | ~jnp.all(jnp.isfinite(y))
+        return (term.log_bound(t, y) > limit) | ~jnp.all(jnp.isfinite(y))
 
+    # The term is closed over rather than passed as ``args``: diffrax warns about
+    # complex leaves in ``args`` (the propagator holds complex eigenvectors).
     sol = diffrax.diffeqsolve(
-        term,
-        SOLVERS[solver.method](),
+        diffrax.ODETerm(lambda t, y, args: term.field(t, y)),
+        SOLVERS[method](),
         t0=jnp.zeros((), ts.dtype),
         t1=t1,
         dt0=None,
         y0=y0,
         saveat=diffrax.SaveAt(subs=(diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True))),
         stepsize_controller=diffrax.PIDController(
-            rtol=solver.rtol, atol=solver.atol, pcoeff=PCOEFF, icoeff=ICOEFF
+            rtol=rtol, atol=atol, pcoeff=PCOEFF, icoeff=ICOEFF
         ),
         event=diffrax.Event(overflow),
-        max_steps=solver.max_steps,
+        max_steps=max_steps,
         throw=False,
+        progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter(),
         adjoint=diffrax.RecursiveCheckpointAdjoint(),
     )
-    assert sol.ts is not None and sol.ys is not None
+    assert sol.ts is not None and sol.ys is not None  # both save streams were asked for
     (ts_saved, ts_stop), (ys, ys_stop) = sol.ts, sol.ys
     code = status_code(sol.result, ys_stop[0])
     return Solution(
@@ -179,46 +201,42 @@ def _adaptive(frame, y0, ts, t1, solver: AdaptiveSolver) -> Solution:
         t_stop=ts_stop[0],
         y_stop=ys_stop[0],
         num_steps=jnp.asarray(sol.stats["num_steps"], jnp.int32),
+        num_accepted_steps=jnp.asarray(sol.stats["num_accepted_steps"], jnp.int32),
+        num_rejected_steps=jnp.asarray(sol.stats["num_rejected_steps"], jnp.int32),
     )
 
 
 def _layers(frame, y0, ts, t1: float, solver: LayerSolver) -> Solution:
+    """All layers in one ``lax.scan`` (reverse-mode differentiable), through the term."""
     dt = solver.dt
     n_layers = round(t1 / dt)
-    dtype = y0.dtype
-    d = y0.shape[-1]
-    eye = jnp.eye(d, dtype=dtype)
-    prop = frame.model.propagator
-    rescaled = frame.name == "rescaled"
-    factor = R = None
-    if rescaled:
-        R = eye + dt * prop.V
-        factor = jnp.linalg.solve(R, prop.V)  # R^{-1} V (= V R^{-1}: they commute)
-    limit = log_limit(dtype)
-    dt_a = jnp.asarray(dt, dtype)
+    term = layer_term(frame, dt, y0.dtype)
+    setup = term.setup()
+    limit = log_limit(y0.dtype)
 
     def body(carry, _):
-        y, Rk, k, stopped = carry
-        scale = Rk if rescaled else None
-        ok = (frame.log_bound(y, scale) <= limit) & ~stopped
-        y_new = frame.step(y, scale, dt_a, factor)
+        y, clock, k, stopped = carry
+        ok = (term.log_bound(clock, y) <= limit) & ~stopped
+        y_new = term.step(setup, clock, y)
         ok = ok & jnp.all(jnp.isfinite(y_new))
         y = jnp.where(ok, y_new, y)
-        Rk = R @ Rk if rescaled else Rk
-        return (y, Rk, k + ok.astype(jnp.int32), stopped | ~ok), y
+        return (y, term.tick(setup, clock), k + ok.astype(jnp.int32), stopped | ~ok), y
 
-    init = (y0, eye, jnp.zeros((), jnp.int32), jnp.zeros((), bool))
+    init = (y0, term.start(setup), jnp.zeros((), jnp.int32), jnp.zeros((), bool))
     (y_end, _, k_end, stopped), ys = jax.lax.scan(body, init, None, length=n_layers)
     ys = jnp.concatenate([y0[None], ys], axis=0)  # the state after k layers, k = 0..L
     layer_of = jnp.clip(jnp.round(ts / dt).astype(jnp.int32), 0, n_layers)
     code = jnp.where(stopped, Status.OVERFLOW.code, Status.OK.code)
+    zero = jnp.zeros((), jnp.int32)
     return Solution(
         ts=ts,
         ys=ys[layer_of],
         status=jnp.asarray(code, jnp.int32),
-        t_stop=k_end.astype(dtype) * dt_a,
+        t_stop=k_end.astype(y0.dtype) * term.dt,
         y_stop=y_end,
         num_steps=k_end,
+        num_accepted_steps=k_end,
+        num_rejected_steps=zero,
     )
 
 
@@ -280,4 +298,13 @@ def solve(
         if abs(n - round(n)) > 1e-9 * max(1.0, n):
             raise ValueError(f"t1 = {t1} must be a whole number of layers of dt = {solver.dt}.")
         return _layers(fr, y0, ts_a, float(t1), solver)
-    return _adaptive(fr, y0, ts_a, jnp.asarray(t1, x0.dtype), solver)
+    return adaptive_solve(
+        FlowTerm(fr),
+        y0,
+        ts_a,
+        jnp.asarray(t1, x0.dtype),
+        solver.rtol,
+        solver.atol,
+        method=solver.method,
+        max_steps=solver.max_steps,
+    )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import enum
 import warnings
 from functools import cached_property
 from pathlib import Path
@@ -16,7 +15,9 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .. import _checks
-from .frames import AbstractTime, Continuous, Layers, normalize_rows
+from .frames import normalize_rows
+from .status import BY_CODE, STATUS_CODES, SimulationError, Status, advice
+from .terms import AbstractTime, Continuous, Layers
 
 __all__ = ["Trajectory", "SimulationError", "Status", "STATUS_CODES"]
 
@@ -27,88 +28,10 @@ def _file():  # the trajectory files (the io layer), imported when a method need
     return trajectory_file
 
 
-class Status(enum.StrEnum):
-    """What happened to a system (and whether an array of it is representable).
-
-    Members are strings (``Status.OK == "ok"``), so code written against the plain
-    strings keeps working and JSON output is unchanged."""
-
-    OK = "ok"  # reached t1
-    OVERFLOW = "overflow"  # the logits (or a converted frame) left the float range
-    MAX_STEPS = "max_steps"  # the adaptive solver used max_steps steps before t1
-    NONFINITE = "nonfinite"  # a non-finite state appeared (reported, never hidden)
-    FAILED = "failed"  # any other solver failure
-
-    @property
-    def code(self) -> int:
-        """The integer the compiled solve returns for this status."""
-        return _CODES[self]
-
-
-_CODES = {
-    Status.OK: 0,
-    Status.OVERFLOW: 1,
-    Status.MAX_STEPS: 2,
-    Status.NONFINITE: 3,
-    Status.FAILED: 4,
-}
-_BY_CODE = {c: s for s, c in _CODES.items()}
-# The vocabulary as plain strings, in code order (kept for older callers).
-STATUS_CODES = tuple(str(_BY_CODE[c]) for c in range(len(_BY_CODE)))
-
-
 @eqx.filter_jit
 def _logit_rows(model, xs):
     """``model.logits`` of each system's tokens ``xs`` ``(b, n, d)``."""
     return jax.vmap(model.logits)(xs)
-
-
-def _safe_matmul(a: np.ndarray, M: np.ndarray) -> np.ndarray:
-    """``a @ M.T`` in float64 where a zero factor times an infinite one counts 0, and a
-    sum of infinite terms of both signs takes the sign of their majority (+inf on a tie):
-    never NaN from finite or infinite inputs."""
-    # 0 * inf (invalid) is replaced just below; an overflow to inf is the intended
-    # representation (the caller warns once, in its own words)
-    with np.errstate(invalid="ignore", over="ignore"):
-        terms = a[..., None, :] * M  # (..., d_out, d_in)
-        zero = (a[..., None, :] == 0) | (M == 0)
-        terms = np.where(zero, 0.0, terms)
-        out = terms.sum(-1)
-    nan = np.isnan(out)
-    if nan.any():
-        vote = np.sign(np.where(np.isinf(terms), np.sign(terms), 0.0).sum(-1))
-        out = np.where(nan, np.where(vote < 0, -np.inf, np.inf), out)
-    return out
-
-
-class SimulationError(RuntimeError):
-    """A simulation did not reach ``t1``; the message says what to change."""
-
-
-def _advice(code: str, dtype, solver: dict, t_stop: float, t1: float) -> str:
-    x64 = np.dtype(dtype) == np.float64
-    where = f"at t = {t_stop:.6g} of t1 = {t1:.6g}"
-    if code == "overflow":
-        if x64:
-            fix = "use a smaller t1 (the logits grow like e^{2 Re(lambda_max) t})"
-        else:
-            fix = (
-                "use x64 (jax.config.update('jax_enable_x64', True), or --x64 on the "
-                "command line) or a smaller t1"
-            )
-        return f"the attention logits left the {np.dtype(dtype).name} range {where}; {fix}."
-    if code == "max_steps":
-        return (
-            f"the adaptive solver used max_steps = {solver.get('max_steps')} steps "
-            f"{where}; raise max_steps, loosen rtol/atol, or use method='euler' with "
-            f"a layer step dt (large logits make attention switch sharply and force "
-            f"small steps)."
-        )
-    if code == "nonfinite":
-        return f"a non-finite state appeared {where}; use x64, tighter tolerances or a smaller t1."
-    if code == "failed":
-        return f"the solver failed {where}; try x64, other tolerances or method='euler'."
-    return "ok"
 
 
 @eqx.filter_jit
@@ -205,7 +128,7 @@ class Trajectory:
     ):
         disc = Continuous() if discretisation is None else discretisation
         codes = np.asarray(codes).reshape(-1)
-        statuses = tuple(_BY_CODE[int(c)] for c in codes)
+        statuses = tuple(BY_CODE[int(c)] for c in codes)
         reached = np.asarray(reached, bool)
         ys = jnp.asarray(ys)
         t_stop = np.asarray(t_stop, np.float64).reshape(-1)
@@ -245,9 +168,8 @@ class Trajectory:
             tk = np.append(tk, ts_stop)
             if to is not None:
                 assert isinstance(disc, Layers)  # the maps R^k come from the layer loop
-                R = np.eye(model.d) + disc.dt * np.asarray(model.propagator.V, np.float64)
-                k = int(round(ts_stop / disc.dt))
-                to = np.concatenate([to, np.linalg.matrix_power(R, k)[None]], axis=0)
+                Rk = disc.maps64(model.propagator, [ts_stop], +1)
+                to = np.concatenate([to, Rk], axis=0)
             r = np.ones(tk.shape, bool)
         else:
             r = np.ones(tk.shape, bool)
@@ -295,7 +217,7 @@ class Trajectory:
             if s != "ok":
                 prefix = f"system {i}: " if self.batched else ""
                 msgs.append(
-                    prefix + _advice(s, self._y.dtype, self.solver, float(self.t_stop[i]), self.t1)
+                    prefix + advice(s, self._y.dtype, self.solver, float(self.t_stop[i]), self.t1)
                 )
                 if len(msgs) >= 3:
                     break
@@ -304,66 +226,17 @@ class Trajectory:
         raise SimulationError("; ".join(msgs) + tail)
 
     # ------------------------------------------------------------------- states
-    def _maps(self) -> Array:
-        """``(m, d, d)`` matrices M with ``x = z @ M.T`` (standard coordinates)."""
-        if self._to_x is not None:
-            return self._to_x
-        disc = self.discretisation
-        assert isinstance(disc, Continuous)  # layers carry their maps in _to_x
-        return disc.maps(self.model.propagator, self.ts)
-
-    def _multipliers(self, sign: int):
-        """Per-mode factors of ``e^{+-t V}`` (or ``(I + dt V)^{+-k}``) at the saved times."""
-        return self.discretisation.multipliers(self.model.propagator, self.ts, sign)
-
-    def _modal_to_tokens(self, w, sign: int):
-        """Modal rows ``w`` (b, m, n, d) -> tokens after the per-mode factors at each save."""
-        prop = self.model.propagator
-        re, im = self._multipliers(sign)  # (m, d) each
-        scaled = prop.modal_scale(w, re[None, :, None, :], im[None, :, None, :])
-        return prop.from_modal(scaled)
-
     def _convert(self, y, to_original: bool):
-        prop = self.model.propagator
-        if self.coords == "modal":  # rescaled frame, state w = T^{-1} z
-            return self._modal_to_tokens(y, +1) if to_original else prop.from_modal(y)
-        if to_original:
-            return jnp.einsum("bmnd,med->bmne", y, self._maps())
-        # original frame -> rescaled
-        if prop.has_modal:
-            return self._modal_to_tokens(prop.to_modal(y), -1)
-        if self._to_x is None:  # continuous: e^{-tV} directly, no inversion
-            Minv = jax.vmap(self.model.propagator)(-self.ts)
-            return jnp.einsum("bmnd,med->bmne", y, Minv)
-        sol = jnp.linalg.solve(self._maps()[None], jnp.swapaxes(y, -1, -2))
-        return jnp.swapaxes(sol, -1, -2)
+        """The frame that was not integrated, from the states ``y`` ``(b, m, n, d)``."""
+        return self.discretisation.convert(
+            self.model.propagator, self.coords, self.ts, self._to_x, y, to_original
+        )
 
     def _convert64(self, y: np.ndarray, to_original: bool) -> np.ndarray:
-        """The same conversion in float64 and overflow-safe: a zero coordinate times an
-        overflowing factor is 0 (not NaN), magnitudes beyond float64 are +-inf. Used only
-        for the saves where the fast conversion left the float range."""
-        prop = self.model.propagator
-        disc = self.discretisation
-        sign = 1 if to_original else -1
-        y = np.asarray(y, np.float64)
-        if self.coords == "modal" and not to_original:
-            return _safe_matmul(y, np.asarray(prop.T, np.float64))
-        if self.coords == "modal" or prop.has_modal:
-            T = np.asarray(prop.T, np.float64)
-            w = y if self.coords == "modal" else _safe_matmul(y, np.asarray(prop.T_inv, np.float64))
-            logr, theta = disc.log_multipliers(prop, np.asarray(self.ts), sign)  # (m, d)
-            partner = np.asarray(prop.partner)
-            sgn = np.asarray(prop.sign, np.float64)
-            logr, theta = logr[None, :, None, :], theta[None, :, None, :]
-            with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-                v = np.cos(theta) * w + sgn * np.sin(theta) * w[..., partner]
-                scaled = np.sign(v) * np.exp(logr + np.log(np.abs(v)))
-            return _safe_matmul(scaled, T)
-        if to_original and self._to_x is not None:
-            M = np.asarray(self._to_x, np.float64)
-        else:
-            M = disc.maps64(prop, np.asarray(self.ts), sign)
-        return np.stack([_safe_matmul(y[:, j], M[j]) for j in range(y.shape[1])], axis=1)
+        """``_convert`` in float64 and overflow-safe (``AbstractTime.convert64``)."""
+        return self.discretisation.convert64(
+            self.model.propagator, self.coords, self.ts, self._to_x, y, to_original
+        )
 
     def _checked(self, name: str, A: Array, to_original: bool) -> Array:
         """``A``, the frame ``name`` converted from the state, with every save where the
