@@ -46,6 +46,7 @@ from .base import AbstractAttentionSystem, AbstractModel
 
 __all__ = [
     "AbstractFrame",
+    "AbstractTokens",
     "Original",
     "AbstractRescaled",
     "Rescaled",
@@ -134,44 +135,41 @@ class AbstractFrame(eqx.Module):
         """Overflow guard: ``log`` of a bound of what the model exponentiates at ``y``."""
 
 
-class Original(AbstractFrame):
-    """The tokens themselves: the model's own field and layer; any model."""
+class AbstractTokens(AbstractFrame):
+    """Frames whose state is the tokens themselves: the model's own field and logit
+    bound; any model. Concrete: ``Original`` and ``Unskipped``."""
 
-    model: AbstractModel
+    model: eqx.AbstractVar[AbstractModel]
     name: ClassVar[str] = "original"
 
     def field(self, y: Array, scale: Any, factor: Any) -> Array:
         del scale, factor
         return self.model.vector_field(y)
+
+    def log_bound(self, y: Array, scale: Any) -> Array:
+        del scale
+        return self.model.log_logit_bound(y)
+
+
+class Original(AbstractTokens):
+    """The tokens, through the model's own layer."""
+
+    model: AbstractModel
 
     def step(self, y: Array, scale: Any, dt: Any, factor: Any) -> Array:
         del scale, factor
         return self.model.layer(y, dt)
 
-    def log_bound(self, y: Array, scale: Any) -> Array:
-        del scale
-        return self.model.log_logit_bound(y)
 
-
-class Unskipped(AbstractFrame):
+class Unskipped(AbstractTokens):
     """The tokens, through layers without the skip connection: ``x <- pure_layer(x)``
-    (``x_i <- sum_j P_ij V x_j`` for one head); the step ``dt`` only counts layers. Its
-    continuous-time field is the model's own."""
+    (``x_i <- sum_j P_ij V x_j`` for one head); the step ``dt`` only counts layers."""
 
     model: AbstractModel
-    name: ClassVar[str] = "original"
-
-    def field(self, y: Array, scale: Any, factor: Any) -> Array:
-        del scale, factor
-        return self.model.vector_field(y)
 
     def step(self, y: Array, scale: Any, dt: Any, factor: Any) -> Array:
         del scale, dt, factor
         return self.model.pure_layer(y)
-
-    def log_bound(self, y: Array, scale: Any) -> Array:
-        del scale
-        return self.model.log_logit_bound(y)
 
 
 def _rescalable(model: AbstractModel) -> Any:

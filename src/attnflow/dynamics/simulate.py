@@ -120,13 +120,9 @@ def _euler_loop(term, y0, save_layers, *, log_limit, progress_every, callback):
     where each stopped and whether it did."""
     setup = term.setup()
 
-    def step_one(y, clock):
-        ok = term.log_bound(clock, y) <= log_limit
-        y_new = term.step(setup, clock, y)
-        ok = ok & jnp.all(jnp.isfinite(y_new))
-        return jnp.where(ok, y_new, y), ok
-
-    step_batch = jax.vmap(step_one, in_axes=(0, None))
+    step_batch = jax.vmap(
+        lambda y, clock: term.guarded_step(setup, clock, y, log_limit), in_axes=(0, None)
+    )
 
     def body(state):
         y, clock, stopped, k_stop = state

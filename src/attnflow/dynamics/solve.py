@@ -216,9 +216,8 @@ def _layers(frame, y0, ts, t1: float, solver: LayerSolver) -> Solution:
 
     def body(carry, _):
         y, clock, k, stopped = carry
-        ok = (term.log_bound(clock, y) <= limit) & ~stopped
-        y_new = term.step(setup, clock, y)
-        ok = ok & jnp.all(jnp.isfinite(y_new))
+        y_new, ok = term.guarded_step(setup, clock, y, limit)
+        ok = ok & ~stopped
         y = jnp.where(ok, y_new, y)
         return (y, term.tick(setup, clock), k + ok.astype(jnp.int32), stopped | ~ok), y
 

