@@ -107,8 +107,10 @@ def enable_compilation_cache(
     preferences (``+prefer-no-gather``, ``+prefer-no-scatter``) that its host feature
     list lacks; the programs load and run (the same machine compiled them). So unless
     ``TF_CPP_MIN_LOG_LEVEL`` is set, this call sets it to ``3`` (XLA's C++ log shows
-    fatal messages only; errors still reach Python as exceptions). Set it yourself, for
-    example to ``0``, to see XLA's log.
+    fatal messages only; errors still reach Python as exceptions). XLA reads the
+    variable when JAX is first imported, so this takes effect only when the call comes
+    before ``import jax`` (as on the command line); set it yourself otherwise, or to
+    ``0`` to see XLA's log.
 
     Args:
         path: the directory (created if missing). None: ``$ATTNFLOW_CACHE_DIR``, else
