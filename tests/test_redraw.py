@@ -188,8 +188,12 @@ def test_registration_options(tmp_path):
     skip.mkdir()
     (skip / "skip").touch()
     res = run_figures(skip, quick=True, experiments=exp, jobs=1, progress=False)
-    assert res["figures"]["fig_opts"]["skipped"] == "no model here"
+    assert res["skipped"] == {"fig_opts": "no model here"} and not res["figures"]
     assert sorted(p.name for p in skip.iterdir()) == ["index_quick.json", "skip"]
+    # nothing to redraw: the redraw says skipped (why), not failed
+    again = run_figures(skip, quick=True, experiments=exp, progress=False, redraw=True)
+    assert not again["failed"] and not again["figures"]
+    assert again["skipped"] == {"fig_opts": "skipped when computed: no model here"}
 
 
 def test_bad_arrays_are_refused_naming_the_key(tmp_path):

@@ -141,3 +141,19 @@ def test_solve_refuses_bad_arguments_by_name():
         af.solve(m, X0, 1.0, solver=af.LayerSolver(0.3))
     with pytest.raises(ValueError, match="method"):
         af.AdaptiveSolver(method="rk4")
+
+
+def test_simulate_takes_the_solver_objects_and_refuses_them_beside_keywords():
+    m = af.Attention(Q, K, V)
+    obj = af.simulate(m, X0, 1.5, solver=af.AdaptiveSolver(rtol=1e-8, atol=1e-10, method="dopri5"))
+    kw = af.simulate(m, X0, 1.5, method="dopri5", rtol=1e-8, atol=1e-10)
+    np.testing.assert_array_equal(np.asarray(obj.x), np.asarray(kw.x))
+    assert obj.stats["num_steps"] == kw.stats["num_steps"]
+    lay = af.simulate(m, X0, 2.0, frame="original", solver=af.LayerSolver(0.25))
+    ref = af.simulate(m, X0, 2.0, frame="original", method="euler", dt=0.25)
+    np.testing.assert_array_equal(np.asarray(lay.x), np.asarray(ref.x))
+    assert lay.metadata()["run"]["solver"] == {"method": "euler", "dt": 0.25, "layers": 8}
+    with pytest.raises(ValueError, match=r"leave method, rtol at the default"):
+        af.simulate(m, X0, 1.0, solver=af.LayerSolver(0.5), method="euler", rtol=1e-3)
+    with pytest.raises(ValueError, match="solver must be an attnflow.AdaptiveSolver"):
+        af.simulate(m, X0, 1.0, solver="tsit5")  # type: ignore[arg-type]

@@ -7,6 +7,8 @@ on their device, sharded or not: one boolean comes back) and tracers (shapes onl
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.core as jax_core
 import jax.numpy as jnp
@@ -15,6 +17,7 @@ from jaxtyping import Array
 
 from .. import _checks
 from .base import AbstractModel
+from .solve import AdaptiveSolver, LayerSolver
 
 __all__ = ["FIXED", "MAX_STEPS_LIMIT", "check_x0", "check_ts", "check_tolerances", "all_finite"]
 
@@ -89,3 +92,34 @@ def check_tolerances(rtol, atol) -> tuple[float, float]:
             "rtol > 0 (e.g. 1e-6) or atol > 0."
         )
     return r, a
+
+
+def solver_options(
+    solver: Any, method: str, dt: float | None, rtol: float, atol: float, max_steps: int
+) -> tuple[str, float | None, float, float, int]:
+    """``simulate``'s solver keywords from a solver object; the keywords must be left at
+    their defaults."""
+    given = [
+        name
+        for name, value, default in (
+            ("method", method, "adaptive"),
+            ("dt", dt, None),
+            ("rtol", rtol, 1e-6),
+            ("atol", atol, 1e-9),
+            ("max_steps", max_steps, 100_000),
+        )
+        if value != default
+    ]
+    if given:
+        raise ValueError(
+            f"solver={solver!r} already fixes the solve; leave {', '.join(given)} at the "
+            f"default (set them on the solver object) or drop solver."
+        )
+    if isinstance(solver, AdaptiveSolver):
+        return solver.method, None, solver.rtol, solver.atol, solver.max_steps
+    if isinstance(solver, LayerSolver):
+        return "euler", solver.dt, rtol, atol, max_steps
+    raise ValueError(
+        f"solver must be an attnflow.AdaptiveSolver or attnflow.LayerSolver (or None: "
+        f"method and its keywords); got {type(solver).__name__}."
+    )

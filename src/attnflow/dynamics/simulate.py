@@ -33,11 +33,11 @@ import numpy as np
 from jaxtyping import ArrayLike, Float
 
 from .. import _checks
-from . import _devices
+from . import _devices, _inputs
 from ._inputs import FIXED, MAX_STEPS_LIMIT, check_tolerances, check_ts, check_x0
 from .base import AbstractModel
 from .frames import FRAMES, LAYERNORMS, AbstractFrame, Unskipped, make_frame
-from .solve import ICOEFF, PCOEFF, SOLVERS, adaptive_solve
+from .solve import ICOEFF, PCOEFF, SOLVERS, AdaptiveSolver, LayerSolver, adaptive_solve
 from .solve import log_limit as _log_limit
 from .terms import AbstractTime, Continuous, FlowTerm, Layers, layer_term
 from .trajectory import Status, Trajectory
@@ -314,6 +314,7 @@ def simulate(
     chunk: int | None = None,
     cost: Float[ArrayLike, " b"] | None = None,
     layernorm: str | None = None,
+    solver: AdaptiveSolver | LayerSolver | None = None,
 ) -> Trajectory:
     """Integrate the self-attention particle system from ``x0`` to time ``t1``.
 
@@ -373,6 +374,11 @@ def simulate(
             tokens are ``N(y)``), ``"peri"`` ``y <- y + dt N(F(N(y)))``, ``"ngpt"``
             ``x <- N(x + 0.2 dt N(F(x)))``. Only with ``frame="sphere"`` and
             ``method="euler"``.
+        solver: the solver as an object, instead of ``method``, ``dt``, ``rtol``,
+            ``atol`` and ``max_steps`` (the same objects that ``attnflow.solve`` takes):
+            ``AdaptiveSolver(rtol, atol, max_steps, method)`` or ``LayerSolver(dt)``
+            (``method="euler"``). Passing both a solver and any of those keywords is a
+            ``ValueError``.
 
     A stacked model (``attnflow.stack(models)``, or ``Attention`` with weights of shape
     ``(b, d, d)``) pairs system ``i`` of ``x0`` ``(b, n, d)`` with model ``i`` (an
@@ -389,6 +395,10 @@ def simulate(
             f"got {type(model).__name__}."
         )
     _checks.choice("frame", frame, FRAMES)
+    if solver is not None:
+        method, dt, rtol, atol, max_steps = _inputs.solver_options(
+            solver, method, dt, rtol, atol, max_steps
+        )
     _checks.choice("method", method, (*SOLVERS, *FIXED))
     if not isinstance(residual, (bool, np.bool_)):
         raise ValueError(f"residual must be True or False; got {residual!r}.")

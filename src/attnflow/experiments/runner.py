@@ -138,6 +138,15 @@ def input_key(exp_dir: Path, name: str, quick: bool, package: str, versions: dic
     return h.hexdigest()
 
 
+def _previous_index(out: Path, quick: bool) -> dict:
+    """The index of the last run in ``out`` (``{}`` if none can be read)."""
+    try:
+        index = json.loads((out / ("index_quick.json" if quick else "index.json")).read_text())
+    except (OSError, ValueError):
+        return {}
+    return index if isinstance(index, dict) else {}
+
+
 def _reusable(out: Path, quick: bool, keys: dict[str, str]) -> dict:
     """The results of an earlier run in ``out`` whose inputs equal ``keys[name]`` and
     whose files all exist."""
@@ -295,6 +304,12 @@ def _redraw_figures(out_dir, *, only, quick, experiments, progress) -> dict:
     names, skipped = _select(exp_dir, only, quick)
     out = Path(out_dir)
     results, failed = {}, {}
+    # what the last run in out_dir skipped (Skipped in compute) has no data to redraw
+    before = _previous_index(out, quick).get("skipped", {})
+    before = before if isinstance(before, dict) else {}
+    for name in [n for n in names if n in before]:
+        skipped[name] = f"skipped when computed: {before[name]}"
+        names.remove(name)
     t_all = time.perf_counter()
     with matplotlib.rc_context():  # as in a run in this process: the defaults, restored
         matplotlib.rc_file_defaults()
@@ -371,6 +386,9 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) ->
                 record(*fut.result())
     bar.close()
     results = {n: results[n] for n in names if n in results}
+    # a script whose compute raised Skipped (e.g. a model that is not installed)
+    skipped.update({n: r["skipped"] for n, r in results.items() if r.get("skipped")})
+    results = {n: r for n, r in results.items() if n not in skipped}
     index = {
         "quick": quick,
         "jobs": jobs,
