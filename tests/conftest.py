@@ -3,17 +3,44 @@
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 
-# The compilation cache inside the run: one directory per run, made by the controlling
-# process and inherited by the xdist workers through the environment (the same programs
-# compile in several workers), never the user's own cache (the command line enables the
-# cache by default). The controller removes it when the run ends.
+# The suite's compilation cache: a directory of its own, never the user's cache (the
+# command line enables that one by default), made or chosen by the controlling process
+# and inherited by the xdist workers through the environment. It is kept across runs
+# (most of a first run's time is XLA compiling programs that the next run, or the next
+# Python of the same JAX, reads back), at ATTNFLOW_TEST_CACHE_DIR, else
+# <user cache>/attnflow/jax-tests; cleared when it has grown past _TEST_CACHE_BYTES.
+# ATTNFLOW_TEST_CACHE_DIR=off: a fresh directory for this run only (a cold run), removed
+# when the run ends. A compiled program is looked up by its HLO, compile options, JAX
+# version and devices, so a kept program is the one this run would compile.
 _OWNER = "ATTNFLOW_TEST_CACHE_OWNER"
+_TEST_CACHE_BYTES = 2 * 2**30
+_FRESH = "ATTNFLOW_TEST_CACHE_FRESH"
+
+
+def _suite_cache() -> tuple[str, bool]:
+    """The suite's cache directory and whether it is this run's own (to remove)."""
+    choice = os.environ.get("ATTNFLOW_TEST_CACHE_DIR", "").strip()
+    if choice.lower() in ("0", "false", "no", "off"):
+        return tempfile.mkdtemp(prefix="attnflow-test-cache-"), True
+    base = Path(os.environ.get("XDG_CACHE_HOME", "").strip() or Path.home() / ".cache")
+    path = Path(choice).expanduser() if choice else base / "attnflow" / "jax-tests"
+    path.mkdir(parents=True, exist_ok=True)
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    if size > _TEST_CACHE_BYTES:  # a bound on what old JAX versions and shapes leave
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True, exist_ok=True)
+    return str(path), False
+
+
 if _OWNER not in os.environ:
     os.environ[_OWNER] = str(os.getpid())
-    os.environ["ATTNFLOW_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnflow-test-cache-")
+    _dir, _fresh = _suite_cache()
+    os.environ["ATTNFLOW_CACHE_DIR"] = _dir
+    os.environ[_FRESH] = "1" if _fresh else ""
 _CACHE = os.environ["ATTNFLOW_CACHE_DIR"]
 
 import jax  # noqa: E402
@@ -50,4 +77,5 @@ def no_minilm(monkeypatch):
 
 def pytest_sessionfinish(session, exitstatus):
     if os.environ.get(_OWNER) == str(os.getpid()):  # the controller, after the workers
-        shutil.rmtree(_CACHE, ignore_errors=True)
+        if os.environ.get(_FRESH):
+            shutil.rmtree(_CACHE, ignore_errors=True)

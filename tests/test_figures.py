@@ -356,6 +356,39 @@ def test_long_studies_are_left_out_of_a_full_run_unless_named(tmp_path):
     assert sorted(index["figures"]) == ["fig_long", "fig_short"] and not index["skipped"]
 
 
+def test_the_longest_declared_script_starts_first(tmp_path):
+    """The runner orders by each script's own SECONDS (quick or full), not by name or by
+    an index left in the output folder; every installed script declares both."""
+    from attnflow.experiments.runner import _load, find_experiments, list_figures, run_figures
+
+    ext, out = tmp_path / "mine", tmp_path / "out"
+    ext.mkdir()
+    log = tmp_path / "order.txt"
+    for name, quick, full in (("a", 1, 50), ("b", 9, 2), ("c", 5, 20)):
+        (ext / f"fig_{name}.py").write_text(
+            "from pathlib import Path\n"
+            f"SECONDS = {{'quick': {quick}, 'full': {full}}}\n\n"
+            "def make(out_dir, quick=False):\n"
+            f"    with open({str(log)!r}, 'a') as f:\n"
+            f"        f.write('{name}')\n"
+            f"    p = Path(out_dir) / '{name}.txt'\n"
+            "    p.write_text('x')\n"
+            "    return {'figures': [p]}\n"
+        )
+    out.mkdir()
+    # an earlier run's index that says otherwise is not what orders the scripts
+    (out / "index.json").write_text('{"figures": {"fig_b": {"seconds": 999}}}')
+    run_figures(out, experiments=ext, jobs=1, progress=False, reuse=False)
+    assert log.read_text() == "acb"
+    log.unlink()
+    run_figures(out, experiments=ext, jobs=1, progress=False, quick=True)
+    assert log.read_text() == "bca"
+    installed = find_experiments()
+    for name in list_figures(installed):
+        declared = _load(installed, name).SECONDS
+        assert set(declared) == {"quick", "full"} and declared["full"] >= 0, name
+
+
 @pytest.mark.slow
 def test_wheel_ships_the_figures_and_draws_outside_the_checkout(tmp_path):
     """The wheel holds attnflow/experiments; installed from it (not this checkout),

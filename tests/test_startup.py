@@ -358,3 +358,22 @@ def test_the_dispersion_function_survives_its_submodules_import():
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
+
+
+def test_cache_quiets_xla_for_child_processes_even_after_jax_is_imported(tmp_path):
+    """Importing JAX sets TF_CPP_MIN_LOG_LEVEL=1 when unset; the figure workers must
+    still get the cache's quiet level (3), and a user's own setting is kept."""
+    code = f"""
+        import subprocess, sys
+        import jax
+        from attnflow import _cache
+        _cache.enable_compilation_cache({str(tmp_path)!r}, children=True)
+        child = "import os; print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'))"
+        print(subprocess.run([sys.executable, "-c", child], capture_output=True,
+                             text=True).stdout.strip())
+    """
+    env = {"ATTNFLOW_COMPILATION_CACHE": "1"}
+    out = python(code, env=env, unset=("TF_CPP_MIN_LOG_LEVEL",)).stdout.split()
+    assert out[-1] == "3"
+    own = python(code, env={**env, "TF_CPP_MIN_LOG_LEVEL": "0"}).stdout.split()
+    assert own[-1] == "0"

@@ -53,6 +53,11 @@ _MIN_COMPILE_SECS = 0.0
 _MIN_ENTRY_BYTES = 0
 # XLA's C++ log threshold while the cache is on, unless the user set one: fatal only
 _QUIET_XLA = "3"
+# the user's own setting, read before JAX can set it: importing JAX sets
+# TF_CPP_MIN_LOG_LEVEL=1 when it is unset, which child processes would inherit
+_USER_XLA_LOG = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
+if "jax" in sys.modules and _USER_XLA_LOG == "1":  # JAX's default, not the user's
+    _USER_XLA_LOG = None
 
 
 def cache_enabled_by_env() -> bool:
@@ -106,11 +111,13 @@ def enable_compilation_cache(
     cache when the CPU features recorded at compile time include LLVM tuning
     preferences (``+prefer-no-gather``, ``+prefer-no-scatter``) that its host feature
     list lacks; the programs load and run (the same machine compiled them). So unless
-    ``TF_CPP_MIN_LOG_LEVEL`` is set, this call sets it to ``3`` (XLA's C++ log shows
-    fatal messages only; errors still reach Python as exceptions). XLA reads the
-    variable when JAX is first imported, so this takes effect only when the call comes
-    before ``import jax`` (as on the command line); set it yourself otherwise, or to
-    ``0`` to see XLA's log.
+    ``TF_CPP_MIN_LOG_LEVEL`` was set before attnflow was imported, this call sets it to
+    ``3`` (XLA's C++ log shows fatal messages only; errors still reach Python as
+    exceptions), overriding the ``1`` that importing JAX sets. XLA reads the variable
+    when JAX is first imported, so in this process this takes effect only when the call
+    comes before ``import jax`` (as on the command line); child processes started
+    afterwards (``children``) inherit it. Set it yourself otherwise, or to ``0`` to see
+    XLA's log.
 
     Args:
         path: the directory (created if missing). None: ``$ATTNFLOW_CACHE_DIR``, else
@@ -141,7 +148,8 @@ def enable_compilation_cache(
     # when the compile-time CPU features name LLVM tuning preferences the host list lacks
     # (``+prefer-no-gather``, ``+prefer-no-scatter`` on some x86 CPUs); the program loads
     # and runs, but a cached command would print dozens of such lines.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", _QUIET_XLA)
+    if _USER_XLA_LOG is None:  # JAX's own default ("1") is overridden, for children too
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = _QUIET_XLA
     import jax
 
     settings: dict[str, Any] = {

@@ -1,7 +1,8 @@
 """Pure functions of models and trajectories: the regime predicted from V's spectrum
 (``regimes``) and the one observed at the end of a run (``observe``), the attention
 matrix's rank and leaders (``rank``), softmax dispersion (``dispersion``), clusters and
-energies of tokens on the sphere (``sphere``). Analyses ask a
+energies of tokens on the sphere (``sphere``), the linear modes of the mean-field
+equation and the metastable cluster count they predict (``modes``). Analyses ask a
 trajectory for its attention and logits; they never run a simulation of their own."""
 
 import importlib as _importlib
@@ -14,6 +15,7 @@ import typing as _typing
 _WHERE = {
     **dict.fromkeys(("DispersionReport", "dispersion", "dispersion_scan"), ".dispersion"),
     **dict.fromkeys(("Observation", "observe_limit"), ".observe"),
+    **dict.fromkeys(("ModePrediction", "mode_rates", "predict_metastable"), ".modes"),
     **dict.fromkeys(("RankTrack", "boolean_distance", "rank_of", "track_rank"), ".rank"),
     **dict.fromkeys(
         (
@@ -42,6 +44,7 @@ _WHERE = {
 
 if _typing.TYPE_CHECKING:
     from .dispersion import DispersionReport, dispersion, dispersion_scan
+    from .modes import ModePrediction, mode_rates, predict_metastable
     from .observe import Observation, observe_limit
     from .rank import RankTrack, boolean_distance, rank_of, track_rank
     from .regimes import (
@@ -102,6 +105,9 @@ __all__ = [
     "LeadingEigenvalue",
     "leading_eigenvalue",
     "Observation",
+    "ModePrediction",
+    "mode_rates",
+    "predict_metastable",
     "Regime",
     "observe_limit",
     "predict_regime",

@@ -1,6 +1,6 @@
 """The ``attnflow`` command line.
 
-One module per subcommand (``simulate``, ``rank``, ``ginibre``, ``classify``,
+One module per subcommand (``simulate``, ``rank``, ``ginibre``, ``classify``, ``modes``,
 ``animate``, ``heads``, ``dispersion``, ``retrieval``, ``figures``, and ``cache`` for the
 compilation cache); the options they share are declared once in ``_options``; errors, JSON
 output and reading weights and tokens are in ``_common``. This module holds the app, its
@@ -59,6 +59,7 @@ from . import dispersion as _dispersion
 from . import figures as _figures
 from . import ginibre as _ginibre
 from . import heads as _heads
+from . import modes as _modes
 from . import rank as _rank
 from . import retrieval as _retrieval
 from . import simulate as _simulate
@@ -150,6 +151,7 @@ for _module, _name in (
     (_rank, "rank"),
     (_ginibre, "ginibre"),
     (_classify, "classify"),
+    (_modes, "modes"),
     (_animate, "animate"),
     (_heads, "heads"),
     (_dispersion, "dispersion"),

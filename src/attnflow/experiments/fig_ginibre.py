@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 NAME = "ginibre_fraction"
+# seconds on a 2-core machine (two jobs), quick and full: the runner starts the longest first
+SECONDS = {"quick": 2, "full": 99}
 SEED = 0
 LEVEL = 0.95
 INTERVAL = "wilson"

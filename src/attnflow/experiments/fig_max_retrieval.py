@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 NAME = "fig_max_retrieval"
+# seconds on a 2-core machine (two jobs), quick and full: the runner starts the longest first
+SECONDS = {"quick": 4, "full": 3600}
 # left out of a full `attnflow figures` run (attnflow.experiments.runner): it trains a head
 # per kernel; `attnflow retrieval` or `attnflow figures --only max_retrieval` runs it
 LONG = "trains one head per kernel, about an hour on two cores"

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 NAME = "fig_origin"
+# seconds on a 2-core machine (two jobs), quick and full: the runner starts the longest first
+SECONDS = {"quick": 3, "full": 6}
 SEED, N, DT = 0, 20, 0.1
 
 

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 NAME = "fig_polytope"
+# seconds on a 2-core machine (two jobs), quick and full: the runner starts the longest first
+SECONDS = {"quick": 2, "full": 13}
 SEED, N, T, DT = 0, 20, 12.0, 0.1
 HULL_TIMES = (0.0, 0.5, 1.0, 2.0, T)
 

@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 NAME = "fig_real_layer"
+# seconds on a 2-core machine (two jobs), quick and full: the runner starts the longest first
+SECONDS = {"quick": 0, "full": 60}
 CHECKPOINT = "minilm"
 LAYER = 0
 DT = 0.1

@@ -177,6 +177,21 @@ def _previous_seconds(out: Path, quick: bool) -> dict:
         return {}
 
 
+def _expected_seconds(exp_dir: Path, names: list[str], quick: bool, out: Path) -> dict:
+    """Each script's expected seconds: its own ``SECONDS = {"quick": s, "full": s}`` (the
+    times measured on a 2-core machine, two jobs), else what an earlier run into ``out``
+    took, else 0."""
+    before = _previous_seconds(out, quick)
+    expected = {}
+    for name in names:
+        declared = getattr(_load(exp_dir, name), "SECONDS", None)
+        try:
+            expected[name] = float(declared["quick" if quick else "full"])  # pyright: ignore
+        except (TypeError, KeyError, ValueError):
+            expected[name] = before.get(name, 0.0)
+    return expected
+
+
 def _long_scripts(exp_dir: Path, names: list[str]) -> dict[str, str]:
     """The scripts that declare ``LONG = "why"`` (a study of an hour or more, such as
     training a model per kernel): left out of a full run unless named with ``only``."""
@@ -221,7 +236,8 @@ def run_figures(
             one per core. With 1,
             everything runs in this process. Much of a quick run is single-threaded
             XLA compilation, so two workers on two cores nearly halve it. The longest
-            scripts of an earlier run (its ``index.json``) start first.
+            scripts start first, by the ``SECONDS`` each script declares (else by an
+            earlier run's ``index.json``).
         reuse: reuse the saved results of scripts whose inputs are unchanged (see the
             module docstring); False runs every script.
         redraw: compute nothing: draw every selected figure again from the data saved
@@ -347,8 +363,9 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) ->
     package = _package_digest()
     keys = {n: input_key(exp_dir, n, quick, package, versions) for n in names}
     reused = _reusable(out, quick, keys) if reuse else {}
-    before = _previous_seconds(out, quick)
-    order = sorted((n for n in names if n not in reused), key=lambda n: -before.get(n, 0.0))
+    # the longest first: a long script started last would run alone at the end
+    expected = _expected_seconds(exp_dir, names, quick, out)
+    order = sorted((n for n in names if n not in reused), key=lambda n: -expected[n])
     results, failed = dict(reused), {}
     bar = tqdm(total=len(names), desc="attnflow figures", unit="fig", disable=not progress)
     t_all = time.perf_counter()
