@@ -42,6 +42,9 @@ if _OWNER not in os.environ:
     os.environ["ATTNFLOW_CACHE_DIR"] = _dir
     os.environ[_FRESH] = "1" if _fresh else ""
 _CACHE = os.environ["ATTNFLOW_CACHE_DIR"]
+# XLA:CPU's loader writes two lines per program read from the cache on CPUs whose
+# compile-time features name tuning preferences (see attnflow._cache); fatal only
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import jax  # noqa: E402
 

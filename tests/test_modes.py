@@ -113,3 +113,37 @@ def test_cli_modes_prints_the_prediction_and_refuses_other_kernels(capsys):
     with pytest.raises(SystemExit) as e:
         main(["modes", "--beta", "5", "--kernel", "sigmoid"])
     assert e.value.code == 2 and "kernel must be 'softmax'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("beta, published", [(1.0, 8.072), (4.0, 14.633), (16.0, 2.80e5)])
+def test_two_tokens_merge_at_the_published_times(beta, published):
+    """Two tokens on the circle (SA, self-attention included) at angle pi/2 close to 1e-3
+    in the time of Delta' = -2 sin(Delta) e^{beta cos Delta} / (e^beta + e^{beta cos
+    Delta}): 8.072, 14.633 and 2.80e5 at beta = 1, 4, 16 (metastability ~ e^{beta})."""
+
+    def f(a: float) -> float:  # dt / dDelta
+        c = math.exp(beta * math.cos(a))
+        return (math.exp(beta) + c) / (2 * math.sin(a) * c)
+
+    quad = integrate.quad(f, 1e-3, math.pi / 2, epsrel=1e-12, limit=200)[0]
+    assert quad == pytest.approx(published, rel=5e-4 if beta < 16 else 5e-3)
+    # saves every 0.02 around the predicted crossing: near it the angle decays like e^{-t}
+    ts = np.concatenate([[0.0], quad + np.linspace(-min(30.0, 0.9 * quad), 30.0, 3001)])
+    x0 = np.array([[1.0, 0.0], [0.0, 1.0]])
+    traj = af.simulate(
+        af.IsotropicAttention(2, beta=beta),
+        x0,
+        ts[-1],
+        ts=ts,
+        frame="sphere",
+        rtol=1e-10,
+        atol=1e-12,
+    )
+    traj.raise_for_status()
+    angle = np.arccos(np.clip(np.sum(traj.x[:, 0] * traj.x[:, 1], axis=-1), -1.0, 1.0))
+    i = int(np.argmax(angle < 1e-3))
+    assert i > 0
+    # log-linear interpolation between the saves around the crossing
+    a0, a1 = np.log(angle[i - 1]), np.log(angle[i])
+    t_cross = ts[i - 1] + (np.log(1e-3) - a0) / (a1 - a0) * (ts[i] - ts[i - 1])
+    assert t_cross == pytest.approx(quad, rel=2e-3)

@@ -157,8 +157,8 @@ def predict_metastable(beta: float, *, d: int = 2, kernel: Any = "softmax") -> M
         ``3 sqrt(2 beta) + 10``), their rates and ``clusters = argmax``.
 
     Example:
-        >>> [predict_metastable(b).clusters for b in (1, 2, 5, 8, 20, 100)]
-        [1, 2, 3, 4, 6, 14]
+        >>> tuple(predict_metastable(b).clusters for b in (1, 2, 5, 8, 20, 100))
+        (1, 2, 3, 4, 6, 14)
         >>> round(predict_metastable(5.0).rate, 4)  # 9 I_3(5) / (5 I_0(5))
         0.6827
     """
