@@ -2,7 +2,8 @@
 (``regimes``) and the one observed at the end of a run (``observe``), the attention
 matrix's rank and leaders (``rank``), softmax dispersion (``dispersion``), clusters and
 energies of tokens on the sphere (``sphere``), the linear modes of the mean-field
-equation and the metastable cluster count they predict (``modes``). Analyses ask a
+equation and the metastable cluster count they predict (``modes``), one layer at the
+critical long-context scaling ``beta = gamma log n`` (``critical``). Analyses ask a
 trajectory for its attention and logits; they never run a simulation of their own."""
 
 import importlib as _importlib
@@ -16,6 +17,9 @@ _WHERE = {
     **dict.fromkeys(("DispersionReport", "dispersion", "dispersion_scan"), ".dispersion"),
     **dict.fromkeys(("Observation", "observe_limit"), ".observe"),
     **dict.fromkeys(("ModePrediction", "mode_rates", "predict_metastable"), ".modes"),
+    **dict.fromkeys(
+        ("CriticalLayer", "critical_gamma", "critical_layer", "simplex_tokens"), ".critical"
+    ),
     **dict.fromkeys(("RankTrack", "boolean_distance", "rank_of", "track_rank"), ".rank"),
     **dict.fromkeys(
         (
@@ -44,6 +48,7 @@ _WHERE = {
 
 if _typing.TYPE_CHECKING:
     from .dispersion import DispersionReport, dispersion, dispersion_scan
+    from .critical import CriticalLayer, critical_gamma, critical_layer, simplex_tokens
     from .modes import ModePrediction, mode_rates, predict_metastable
     from .observe import Observation, observe_limit
     from .rank import RankTrack, boolean_distance, rank_of, track_rank
@@ -108,6 +113,10 @@ __all__ = [
     "ModePrediction",
     "mode_rates",
     "predict_metastable",
+    "CriticalLayer",
+    "critical_gamma",
+    "critical_layer",
+    "simplex_tokens",
     "Regime",
     "observe_limit",
     "predict_regime",
