@@ -47,8 +47,8 @@ _WHERE = {
 }
 
 if _typing.TYPE_CHECKING:
-    from .dispersion import DispersionReport, dispersion, dispersion_scan
     from .critical import CriticalLayer, critical_gamma, critical_layer, simplex_tokens
+    from .dispersion import DispersionReport, dispersion, dispersion_scan
     from .modes import ModePrediction, mode_rates, predict_metastable
     from .observe import Observation, observe_limit
     from .rank import RankTrack, boolean_distance, rank_of, track_rank
