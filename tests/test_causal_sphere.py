@@ -42,3 +42,29 @@ def test_value_identity_gives_one_cluster_at_the_first_token_for_any_qk():
     traj.raise_for_status()
     gap = 1.0 - traj.x[-1] @ traj.x[-1, 0]
     assert gap.max() < 1e-12 and (1.0 - traj.x[0] @ traj.x[0, 0]).max() > 1.0
+
+
+def test_renyi_centres_are_separated_maximal_and_pack_at_renyis_constant():
+    from attnflow.analysis import renyi_centres
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(3000, 3))
+    c = renyi_centres(x, beta=64.0)  # delta = 0.5
+    u = x / np.linalg.norm(x, axis=1, keepdims=True)
+    D = np.linalg.norm(u[c][:, None] - u[c][None], axis=-1)
+    assert c[0] == 0 and np.all(np.diff(c) > 0)
+    assert D[~np.eye(len(c), dtype=bool)].min() > 0.5  # separated
+    for i in range(len(u)):  # maximal: every token is within delta of a centre up to it
+        earlier = c[c <= i]
+        assert np.linalg.norm(u[earlier] - u[i], axis=1).min() <= 0.5 or i in c
+    # on the circle the centres are random sequential adsorption of arcs of angle theta:
+    # their number tends to Renyi's parking constant 0.7476 times 2 pi / theta
+    delta = 0.05
+    theta = 2 * np.arcsin(delta / 2)
+    counts = []
+    for seed in range(4):
+        a = np.random.default_rng(seed).uniform(0, 2 * np.pi, 40_000)
+        counts.append(len(renyi_centres(np.stack([np.cos(a), np.sin(a)], 1), delta=delta)))
+    assert np.mean(counts) == pytest.approx(0.7476 * 2 * np.pi / theta, rel=0.03)
+    with pytest.raises(ValueError, match="exactly one of beta"):
+        renyi_centres(x, beta=1.0, delta=0.1)

@@ -40,6 +40,7 @@ _WHERE = {
             "equiangular_curve",
             "equiangular_time",
             "interaction_energy",
+            "renyi_centres",
             "wendel_probability",
         ),
         ".sphere",
@@ -67,6 +68,7 @@ if _typing.TYPE_CHECKING:
         equiangular_curve,
         equiangular_time,
         interaction_energy,
+        renyi_centres,
         wendel_probability,
     )
 
@@ -127,4 +129,5 @@ __all__ = [
     "equiangular_curve",
     "equiangular_time",
     "wendel_probability",
+    "renyi_centres",
 ]

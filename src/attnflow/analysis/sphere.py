@@ -1,5 +1,6 @@
 """Observables of tokens on the sphere: clustered pairs, clusters, the interaction energy,
-the equiangular curve and Wendel's hemisphere probability.
+the equiangular curve, Wendel's hemisphere probability and the Renyi centres of causal
+attention (``renyi_centres``, which takes one configuration ``(n, d)``).
 
 Every observable takes a ``Trajectory`` (any frame: its tokens ``traj.x`` are normalised
 here, ``x_i / |x_i|``) or an array of tokens ``(m, n, d)`` or ``(b, m, n, d)``, and
@@ -46,6 +47,7 @@ __all__ = [
     "equiangular_time",
     "wendel_probability",
     "gram",
+    "renyi_centres",
 ]
 
 
@@ -241,3 +243,49 @@ def wendel_probability(n: int, d: int) -> float:
     n = _checks.integer("n", n, lo=1)
     d = _checks.integer("d", d, lo=1)
     return float(sum(math.comb(n - 1, k) for k in range(min(d, n))) / 2 ** (n - 1))
+
+
+def renyi_centres(
+    x: Float[Any, "n d"], *, beta: float | None = None, delta: float | None = None
+) -> np.ndarray:
+    """The Renyi centres of tokens in causal order (Karagodin, Polyanskiy and Rigollet
+    2024): the first token is a centre, and each later token is one when it is farther
+    than ``delta`` (Euclidean, on the normalised tokens) from every earlier centre. Under
+    causal attention at large ``beta`` these are the metastable cluster centres, with
+    ``delta = 4 beta^{-1/2}``; about ``beta^{(d-1)/2}`` of them.
+
+    Args:
+        x: tokens ``(n, d)`` in their causal order (normalised here).
+        beta: the inverse temperature, for ``delta = 4 / sqrt(beta)``.
+        delta: the separation itself (give exactly one of ``beta`` and ``delta``).
+
+    Returns:
+        The indices of the centres, increasing (``0`` first).
+
+    Example:
+        >>> x = np.array([[1.0, 0.0], [0.99, 0.1], [0.0, 1.0], [-1.0, 0.0]])
+        >>> renyi_centres(x, delta=0.5).tolist()
+        [0, 2, 3]
+    """
+    if (beta is None) == (delta is None):
+        raise ValueError("give exactly one of beta (delta = 4 / sqrt(beta)) and delta.")
+    if delta is None:
+        delta = 4.0 / math.sqrt(_checks.positive("beta", beta))
+    else:
+        delta = _checks.positive("delta", delta)
+    u = np.asarray(x, np.float64)
+    if u.ndim != 2 or u.shape[0] < 1:
+        raise ValueError(f"x must be tokens of shape (n, d); got shape {u.shape}.")
+    norms = np.linalg.norm(u, axis=1, keepdims=True)
+    if not np.all(np.isfinite(u)) or np.any(norms == 0):
+        raise ValueError("x must hold finite, nonzero tokens (they are normalised).")
+    u = u / norms
+    centres = np.empty_like(u)
+    found = [0]
+    centres[0] = u[0]
+    for i in range(1, u.shape[0]):
+        dist = np.linalg.norm(centres[: len(found)] - u[i], axis=1)
+        if dist.min() > delta:
+            centres[len(found)] = u[i]
+            found.append(i)
+    return np.asarray(found, dtype=np.int64)
