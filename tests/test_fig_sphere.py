@@ -93,3 +93,19 @@ def test_fig_hemisphere_quick(tmp_path):
     assert not F.in_open_half_circle(np.array([[1.0, 0.0], [-0.5, 0.8], [-0.5, -0.8]]))
     assert F.in_open_hemisphere(np.eye(3))
     assert not F.in_open_hemisphere(np.vstack([np.eye(3), -np.ones((1, 3)) / np.sqrt(3)]))
+
+
+def test_fig_modes_quick(tmp_path):
+    from attnflow.experiments import fig_modes as F
+
+    F.make(tmp_path, quick=True)
+    side = _side(tmp_path, F.NAME)
+    for r in side["runs"]:
+        assert all(s == "ok" for s in r["status"])
+        assert r["predicted_clusters"] == {2.0: 2, 5.0: 3, 10.0: 4}[r["beta"]]
+        c = np.asarray(r["clusters"])
+        assert c.shape == (2, 61) and c.min() >= 1
+    ten = side["runs"][-1]  # beta = 10: both seeds plateau at k* = 4
+    assert ten["plateau_counts"] == [4, 4] and ten["agrees"]
+    assert F.plateau_count(np.array([0.0, 3.0, 4.0, 5.0, 7.0]), np.array([9, 3, 2, 3, 1])) == 3
+    assert "| 10 | 4 | 4, 4 |" in (tmp_path / "fig_modes.md").read_text()
