@@ -28,11 +28,14 @@ def _suite_cache() -> tuple[str, bool]:
         return tempfile.mkdtemp(prefix="attnflow-test-cache-"), True
     base = Path(os.environ.get("XDG_CACHE_HOME", "").strip() or Path.home() / ".cache")
     path = Path(choice).expanduser() if choice else base / "attnflow" / "jax-tests"
-    path.mkdir(parents=True, exist_ok=True)
-    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-    if size > _TEST_CACHE_BYTES:  # a bound on what old JAX versions and shapes leave
-        shutil.rmtree(path, ignore_errors=True)
+    try:
         path.mkdir(parents=True, exist_ok=True)
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        if size > _TEST_CACHE_BYTES:  # a bound on what old JAX versions and shapes leave
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir(parents=True, exist_ok=True)
+    except OSError:  # no writable cache directory: a cold run in a temporary one
+        return tempfile.mkdtemp(prefix="attnflow-test-cache-"), True
     return str(path), False
 
 
