@@ -147,41 +147,38 @@ def _previous_index(out: Path, quick: bool) -> dict:
     return index if isinstance(index, dict) else {}
 
 
-def _reusable(out: Path, quick: bool, keys: dict[str, str]) -> dict:
-    """The results of an earlier run in ``out`` whose inputs equal ``keys[name]`` and
+def _reusable(index: dict, keys: dict[str, str]) -> dict:
+    """The results in an earlier run's ``index`` whose inputs equal ``keys[name]`` and
     whose files all exist."""
-    try:
-        index = json.loads((out / ("index_quick.json" if quick else "index.json")).read_text())
-        previous = dict(index["figures"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    previous = index.get("figures")
+    if not isinstance(previous, dict):
         return {}
     ok = {}
     for name, res in previous.items():
         files = res.get("figures") if isinstance(res, dict) else None
         if (
-            name in keys
+            files
+            and name in keys
             and res.get("inputs") == keys[name]
-            and files
             and all(Path(f).is_file() for f in [*files, *([res["data"]] if "data" in res else [])])
         ):
             ok[name] = {**res, "reused": True}
     return ok
 
 
-def _previous_seconds(out: Path, quick: bool) -> dict:
-    """Seconds per script from an earlier index in ``out`` (to start the longest first)."""
+def _previous_seconds(index: dict) -> dict:
+    """Seconds per script in an earlier run's ``index``."""
     try:
-        index = json.loads((out / ("index_quick.json" if quick else "index.json")).read_text())
         return {k: float(v.get("seconds", 0.0)) for k, v in index["figures"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (KeyError, TypeError, AttributeError, ValueError):
         return {}
 
 
-def _expected_seconds(exp_dir: Path, names: list[str], quick: bool, out: Path) -> dict:
+def _expected_seconds(exp_dir: Path, names: list[str], quick: bool, index: dict) -> dict:
     """Each script's expected seconds: its own ``SECONDS = {"quick": s, "full": s}`` (the
-    times measured on a 2-core machine, two jobs), else what an earlier run into ``out``
-    took, else 0."""
-    before = _previous_seconds(out, quick)
+    times measured on a 2-core machine, two jobs), else what the earlier run of
+    ``index`` took, else 0."""
+    before = _previous_seconds(index)
     expected = {}
     for name in names:
         declared = getattr(_load(exp_dir, name), "SECONDS", None)
@@ -362,9 +359,10 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) ->
     versions = run_metadata()
     package = _package_digest()
     keys = {n: input_key(exp_dir, n, quick, package, versions) for n in names}
-    reused = _reusable(out, quick, keys) if reuse else {}
+    previous = _previous_index(out, quick)  # read once: reuse and the order
+    reused = _reusable(previous, keys) if reuse else {}
     # the longest first: a long script started last would run alone at the end
-    expected = _expected_seconds(exp_dir, names, quick, out)
+    expected = _expected_seconds(exp_dir, names, quick, previous)
     order = sorted((n for n in names if n not in reused), key=lambda n: -expected[n])
     results, failed = dict(reused), {}
     bar = tqdm(total=len(names), desc="attnflow figures", unit="fig", disable=not progress)
