@@ -18,7 +18,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 # version and devices, so a kept program is the one this run would compile.
 _OWNER = "ATTNFLOW_TEST_CACHE_OWNER"
 _TEST_CACHE_BYTES = 2 * 2**30
-_FRESH = "ATTNFLOW_TEST_CACHE_FRESH"
+_FRESH = False  # the controller's: whether the directory is this run's own, to remove
 
 
 def _suite_cache() -> tuple[str, bool]:
@@ -41,9 +41,8 @@ def _suite_cache() -> tuple[str, bool]:
 
 if _OWNER not in os.environ:
     os.environ[_OWNER] = str(os.getpid())
-    _dir, _fresh = _suite_cache()
+    _dir, _FRESH = _suite_cache()
     os.environ["ATTNFLOW_CACHE_DIR"] = _dir
-    os.environ[_FRESH] = "1" if _fresh else ""
 _CACHE = os.environ["ATTNFLOW_CACHE_DIR"]
 # XLA:CPU's loader writes two lines per program read from the cache on CPUs whose
 # compile-time features name tuning preferences (see attnflow._cache); fatal only
@@ -83,5 +82,5 @@ def no_minilm(monkeypatch):
 
 def pytest_sessionfinish(session, exitstatus):
     if os.environ.get(_OWNER) == str(os.getpid()):  # the controller, after the workers
-        if os.environ.get(_FRESH):
+        if _FRESH:
             shutil.rmtree(_CACHE, ignore_errors=True)
