@@ -162,3 +162,36 @@ def test_phase_diagram_matches_a_numpy_loop():
                 x = x / np.linalg.norm(x, axis=-1, keepdims=True)
         np.testing.assert_allclose(pdg.fraction[i], fr, atol=1e-15)
     assert pdg.fraction[-1, -1] >= pdg.fraction[-1, 0]
+
+
+def test_phase_diagram_skips_clustered_systems_exactly():
+    """Skipping the systems whose every pair is clustered gives the fractions of stepping
+    every system (V = I, post-LN, the default where it applies), refuses where a
+    clustered system need not stay clustered, and rests on an invariant checked here in
+    numpy: a positive combination of unit vectors with pairwise inner products >= c > 0
+    has, after normalisation, pairwise inner products >= c."""
+    from attnflow.studies.sphere import phase_diagram
+
+    betas = np.array([0.5, 1.5, 4.0, 9.0])
+    kw = dict(n=6, d=3, systems=40, t1=6.0, dt=0.1, save_every=5, threshold=0.99)
+    full = phase_diagram(betas, **kw, skip_clustered=False)
+    skip = phase_diagram(betas, **kw, chunk=8)  # 5 chunks of 8: some skipped, some not
+    np.testing.assert_array_equal(skip.fraction, full.fraction)
+    np.testing.assert_array_equal(skip.one_cluster, full.one_cluster)
+    # the run must have had clustered systems to skip and others still moving
+    assert 0 < full.one_cluster[0, -1] and full.one_cluster[-1, -1] < 1
+    odd = phase_diagram(betas, **kw, chunk=7)  # 40 systems in chunks of 7: padded
+    np.testing.assert_array_equal(odd.fraction, full.fraction)
+    with pytest.raises(ValueError, match="skip_clustered=True needs V = I"):
+        phase_diagram(betas, **kw, V=2 * np.eye(3), skip_clustered=True)
+    with pytest.raises(ValueError, match="layernorm='pre'"):
+        phase_diagram(betas, **kw, layernorm="pre", skip_clustered=True)
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        x = rng.normal(size=(5, 4)) * 0.05 + rng.normal(size=4)
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        c = (x @ x.T).min()
+        y = rng.uniform(0, 1, (5, 5)) @ x  # positive combinations
+        y /= np.linalg.norm(y, axis=1, keepdims=True)
+        assert c > 0 and (y @ y.T).min() >= c - 1e-12
