@@ -124,7 +124,7 @@ class Case:
 def _kernel_case(name: str) -> Case:
     if name == "differential":  # two halves of the head: p even
         return Case(f"kernel-{name}", lambda: af.Attention(Q4, K4, V4, kernel=name))
-    if name == "selective":  # couples the rows: the dense path
+    if not K.get(name).rowwise:  # couples the rows: the dense path
         return Case(f"kernel-{name}", lambda: af.Attention(Q2, K2, V2, kernel=name, block=0))
     if name in ("usa", "linear"):  # unnormalised and growing with the tokens: contract
         return Case(f"kernel-{name}", lambda: af.Attention(Q2, K2, -V2, kernel=name))
@@ -135,6 +135,21 @@ CASES: list[Case] = [_kernel_case(name) for name in K.KERNELS] + [
     Case("kernel-object-ssmax", lambda: af.Attention(Q2, K2, V2, kernel=K.SSMax(s=1.5))),
     Case("mask-causal", lambda: af.Attention(Q2, K2, V2, mask=K.Causal())),
     Case("mask-window", lambda: af.Attention(Q2, K2, V2, mask=("window", 1))),
+    Case("mask-alibi", lambda: af.Attention(Q2, K2, V2, mask=af.masks.ALiBi(0.4))),
+    Case(
+        "mask-rope-causal",
+        lambda: af.Attention(Q2, K2, V2, mask=af.masks.RoPE(10.0, af.masks.Causal())),
+    ),
+    Case("mask-sinkwindow", lambda: af.Attention(Q2, K2, V2, mask=af.masks.SinkWindow(1, 2))),
+    Case(
+        "MultiHeadAttention-alibi-per-head",
+        lambda: af.MultiHeadAttention(
+            np.stack([Q2, K2]),
+            np.stack([K2, Q2]),
+            np.stack([V2, V2.T]),
+            mask=af.masks.ALiBi(af.masks.alibi_slopes(2)),
+        ),
+    ),
     Case("IsotropicAttention", lambda: af.IsotropicAttention(2, beta=1.5)),
     Case("IsotropicAttention-prenorm", lambda: af.IsotropicAttention(2, kernel="prenorm")),
     Case("MultiHeadAttention-1", lambda: af.MultiHeadAttention(Q2[None], K2[None], V2[None])),

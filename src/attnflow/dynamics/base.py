@@ -332,11 +332,16 @@ class AbstractKernelAttention(AbstractAttentionSystem):
     def prepare_tokens(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
         return self.kernel.prepare_tokens(x)
 
-    def logits_qk(self, q: Array, k: Array) -> Array:
-        """The pre-kernel logits ``beta <q_i, k_j>`` of the prepared queries and keys
-        (unmasked)."""
+    def _prepared(self, q: Array, k: Array) -> tuple[Array, Array]:
+        """Queries and keys as the logits see them: the kernel's preparation, then the
+        mask's turn by position (RoPE)."""
         q, k = self.kernel.prepare(q, k)
-        return _kernels.logits(q, k, self.beta)
+        return (q, k) if self.mask is None else self.mask.turn(q, k)
+
+    def logits_qk(self, q: Array, k: Array) -> Array:
+        """The pre-kernel logits ``beta <q_i, k_j>`` of the prepared (and, under RoPE,
+        turned) queries and keys, unmasked and without a mask's bias."""
+        return _kernels.logits(*self._prepared(q, k), self.beta)
 
     def _masked_logits(self, q: Array, k: Array) -> Array:
         L = self.logits_qk(q, k)
@@ -362,16 +367,19 @@ class AbstractKernelAttention(AbstractAttentionSystem):
 
     def attention_rows(self, q: Array, k: Array, rows: Array) -> tuple[Array, Array, Any]:
         """The rows ``rows`` alone for a row-wise kernel (``O(len(rows) m)`` memory; the
-        mask's kept logits returned beside the unmasked logits); the full matrices
-        otherwise."""
+        mask's kept logits returned beside the logits, which carry the mask's bias); the
+        full matrices otherwise."""
         if not self.kernel.rowwise:
             L = self._masked_logits(q, k)
             return self.kernel.weights(L)[rows], L[rows], None
-        q, k = self.kernel.prepare(q, k)
+        q, k = self._prepared(q, k)
         L = _kernels.logits(q[rows], k, self.beta)
         if self.mask is None:
             return self.kernel.weights(L), L, None
-        keep = self.mask.keep(rows, jnp.arange(k.shape[0]))
+        cols = jnp.arange(k.shape[0])
+        b = self.mask.bias(rows, cols)
+        L = L if b is None else L + b.astype(L.dtype)
+        keep = self.mask.keep(rows, cols)
         return self.kernel.weights(jnp.where(keep, L, -jnp.inf)), L, keep
 
     def attention_argmax(self, x: Float[Array, "n d"], P: Array) -> Array:

@@ -238,6 +238,14 @@ class Attention(AbstractKernelAttention):
                 f"maps pass rectangular=True)."
             )
         kobj, self.mask = kernel_and_mask(kernel, kernel_params, mask)
+        if self.mask is not None and self.mask.heads is not None:
+            if self.mask.heads != 1:
+                raise ValueError(
+                    f"mask has parameters for {self.mask.heads} heads (ALiBi slopes, say); "
+                    f"one attention head takes one: pass mask.head(h), or use "
+                    f"MultiHeadAttention."
+                )
+            self.mask = self.mask.head(0)
         if _is_concrete(beta):
             try:
                 b = float(np.asarray(beta))

@@ -161,6 +161,11 @@ class MultiHeadAttention(AbstractModel):
                 f"(h, d, d); got Q {Qa.shape}, K {Ka.shape}, V {Va.shape}."
             )
         kobj, self.mask = kernel_and_mask(kernel, kernel_params, mask)
+        if self.mask is not None and self.mask.heads not in (None, h):
+            raise ValueError(
+                f"mask has parameters for {self.mask.heads} heads; the model has {h}: "
+                f"give one per head (or one for all)."
+            )
         b = _beta(beta)
         self.block = _block(block)
         Wa = None if W is None else _weights("W", W, 2, "(d, d)")
@@ -230,7 +235,7 @@ class MultiHeadAttention(AbstractModel):
             self.V[h],
             beta=float(self.beta),
             kernel=self.kernel,
-            mask=self.mask,
+            mask=None if self.mask is None else self.mask.head(h),
             block=self.block,
             rectangular=True,
         )
@@ -246,12 +251,17 @@ class MultiHeadAttention(AbstractModel):
         """``P^h x`` for every head ``h``: the averaged tokens, before the value maps."""
         q, k = self._queries_keys(x)
 
-        def one(qh, kh):
+        def one(qh, kh, mask):
             return _kernels.attend_with(
-                self.kernel, qh, kh, self.beta, x, block=self.block, mask=self.mask
+                self.kernel, qh, kh, self.beta, x, block=self.block, mask=mask
             )
 
-        return jax.vmap(one)(q, k)
+        return jax.vmap(one, in_axes=(0, 0, self._mask_axis))(q, k, self.mask)
+
+    @property
+    def _mask_axis(self) -> Any:
+        """``vmap``'s axis of the mask over the heads: 0 for per-head parameters."""
+        return None if self.mask is None or self.mask.heads is None else 0
 
     def _value_sum(self, u: Array) -> Array:
         """``sum_h u_h V_h^T`` of per-head rows ``u`` ``(h, n, d)``."""
@@ -266,20 +276,23 @@ class MultiHeadAttention(AbstractModel):
         return x + self._value_sum(dt * self.averaged(x))
 
     def logits(self, x: Float[Array, "n d"]) -> Float[Array, "h n n"]:
-        """The pre-kernel logits of every head, ``(h, n, n)`` (unmasked)."""
+        """The pre-kernel logits of every head, ``(h, n, n)`` (unmasked, without a
+        mask's bias; turned by position under RoPE)."""
         q, k = self._queries_keys(x)
 
-        def one(qh, kh):
+        def one(qh, kh, mask):
             qh, kh = self.kernel.prepare(qh, kh)
+            if mask is not None:
+                qh, kh = mask.turn(qh, kh)
             return _kernels.logits(qh, kh, self.beta)
 
-        return jax.vmap(one)(q, k)
+        return jax.vmap(one, in_axes=(0, 0, self._mask_axis))(q, k, self.mask)
 
     def attention(self, x: Float[Array, "n d"]) -> Float[Array, "h n n"]:
         """The attention matrix of every head, ``(h, n, n)`` (masked)."""
         L = self.logits(x)
         if self.mask is not None:
-            L = jax.vmap(self.mask.apply)(L)
+            L = jax.vmap(lambda Lh, m: m.apply(Lh), in_axes=(0, self._mask_axis))(L, self.mask)
         return self.kernel.weights(L)
 
     def log_logit_bound(self, x: Float[Array, "n d"]) -> Float[Array, ""]:

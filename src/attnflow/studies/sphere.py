@@ -86,11 +86,11 @@ def _run(model, betas, keys, dt, every, n_saves, threshold, *, shape, beta_batch
 
         if chunk is None:
 
-            def save(y, _):
+            def save_all(y, _):
                 y = layers(y)
                 return y, observe(frame.tokens(y))[1]
 
-            _, rest = jax.lax.scan(save, y, None, length=n_saves - 1)
+            _, rest = jax.lax.scan(save_all, y, None, length=n_saves - 1)
         else:
             nc = -(-systems // chunk)
 

@@ -18,6 +18,7 @@ Every kernel is evaluated in the working precision of its inputs (float64 stays 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,12 +36,24 @@ from .adaptive import (
 )
 from .differential import Differential, differential_attention
 from .linear import Linear, LinearNorm, linear_attention, linear_normalized
-from .masks import AbstractMask, Causal, Window, apply_mask, check_mask, mask_keep
+from .masks import (
+    AbstractMask,
+    ALiBi,
+    Causal,
+    RoPE,
+    SinkWindow,
+    Window,
+    alibi_slopes,
+    apply_mask,
+    check_mask,
+    mask_keep,
+)
 from .offbyone import OffByOne, offbyone
 from .prenorm import PreNorm
 from .qknorm import QKNorm
 from .selective import Selective, selective_attention
 from .sigmoid import Sigmoid, sigmoid_attention
+from .sinkhorn import Sinkhorn, sinkhorn
 from .softmax import (
     Softmax,
     SoftmaxParts,
@@ -49,6 +62,17 @@ from .softmax import (
     softmax,
     softmax_log_mass,
     softmax_parts,
+)
+from .sparse import (
+    Entmax,
+    Hardmax,
+    Softpick,
+    Sparsemax,
+    entmax,
+    hardmax,
+    softpick,
+    sparsemax,
+    sparsemax_threshold,
 )
 from .ssmax import SSMax, ssmax
 from .stickbreaking import StickBreaking, stickbreaking
@@ -72,8 +96,17 @@ __all__ = [
     "Selective",
     "Differential",
     "OffByOne",
+    "Sinkhorn",
+    "Sparsemax",
+    "Entmax",
+    "Softpick",
+    "Hardmax",
     "Causal",
     "Window",
+    "ALiBi",
+    "RoPE",
+    "SinkWindow",
+    "alibi_slopes",
     "get",
     "as_kernel",
     "parameter",
@@ -113,6 +146,12 @@ __all__ = [
     "differential_attention",
     "offbyone",
     "usa",
+    "sinkhorn",
+    "sparsemax",
+    "sparsemax_threshold",
+    "entmax",
+    "softpick",
+    "hardmax",
 ]
 
 # The kernels shipped here, in their documented order (a kernel defined elsewhere is
@@ -131,16 +170,19 @@ KERNELS: tuple[str, ...] = (
     "differential",
     "offbyone",
     "prenorm",
+    "sinkhorn",
+    "sparsemax",
+    "entmax",
+    "softpick",
+    "hardmax",
 )
 assert all(name in KERNEL_CLASSES for name in KERNELS)
 
 
 def _param_names(cls: type[AbstractKernel]) -> tuple[str, ...]:
-    return tuple(
-        f.name
-        for f in cls.__dataclass_fields__.values()  # pyright: ignore[reportAttributeAccessIssue]
-        if not f.metadata.get("static", False)
-    )
+    """What the kernel's constructor takes: its numeric parameters (array leaves) and its
+    settings (static fields); not its class-level facts."""
+    return tuple(f.name for f in dataclasses.fields(cls))  # pyright: ignore[reportArgumentType]
 
 
 def get(kernel: str | AbstractKernel, **params: Any) -> AbstractKernel:

@@ -74,19 +74,22 @@ def attend_with(
         beta: inverse temperature.
         block: query rows per tile; ``None`` chooses by size (``auto_block``), 0 forces
             the dense path.
-        mask: a mask object or ``None``: dropped logits are ``-inf`` before the kernel;
+        mask: a mask object or ``None``: it turns the queries and keys by position
+            (RoPE), adds its bias, and dropped logits are ``-inf`` before the kernel;
             each tile masks its own rows.
     """
     check_kernel_mask(kernel, mask)
     q, k = kernel.prepare(q, k)
+    if mask is not None:
+        q, k = mask.turn(q, k)
     n = q.shape[0]
     if block is None:
         block = auto_block(k.shape[0])
     if not kernel.rowwise and 0 < block < n:
         raise ValueError(
-            f"kernel {kernel.name!r} couples the query rows (row i reads the selection "
-            f"scores of the rows before it), so query tiles cannot compute it exactly; use "
-            f"block=0 (dense, O(n^2) memory) for n = {n}."
+            f"kernel {kernel.name!r} couples the query rows (a row's weights read other "
+            f"rows' logits), so query tiles cannot compute it exactly; use block=0 "
+            f"(dense, O(n^2) memory) for n = {n}."
         )
 
     def masked(L, row0):

@@ -1,24 +1,46 @@
-"""Masks: which logits a query row keeps. A dropped logit is ``-inf`` before the kernel
-(weight 0 under every kernel that takes a mask).
+"""Masks and positions: which logits a query row keeps, what is added to them, and how
+queries and keys are turned by position.
 
-``AbstractMask`` is an equinox module with ``keep(rows, cols)`` (boolean, for query rows
-``rows`` and key columns ``cols``, token indices) and ``describe()`` (the saved form).
-Every mask here keeps the diagonal, so no row is empty. ``check_mask`` accepts the
-objects and the older spellings (``"causal"``, ``("window", w)``); room is left for
-additive positional biases (a mask with ``bias(rows, cols)``).
+``AbstractMask`` is an equinox module with
+``keep(rows, cols)``  boolean, for query rows ``rows`` and key columns ``cols`` (token
+                      indices): a dropped logit is ``-inf`` before the kernel (weight 0
+                      under every kernel that takes a mask);
+``bias(rows, cols)``  an additive bias of the kept logits (``None``: none), added after
+                      ``beta``: ``L_ij = beta <q_i, k_j> + bias_ij`` (ALiBi);
+``turn(q, k)``        queries ``(n, p)`` and keys ``(m, p)`` as the logits see them, by
+                      position (RoPE; default unchanged);
+``describe()``        the saved form, read back by ``check_mask``.
+
+Every mask here keeps the diagonal, so no row is empty. Positions are token indices
+``0 .. n-1``. ``check_mask`` accepts the objects, their saved forms and the older
+spellings (``"causal"``, ``("window", w)``).
 """
 
 from __future__ import annotations
 
 import abc
+import math
 from typing import Any, ClassVar
 
 import equinox as eqx
+import jax
+import jax.core as jax_core
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool
+from jaxtyping import Array, Bool, Float
 
-__all__ = ["AbstractMask", "Causal", "Window", "check_mask", "mask_keep", "apply_mask"]
+__all__ = [
+    "AbstractMask",
+    "Causal",
+    "Window",
+    "ALiBi",
+    "RoPE",
+    "SinkWindow",
+    "alibi_slopes",
+    "check_mask",
+    "mask_keep",
+    "apply_mask",
+]
 
 
 class AbstractMask(eqx.Module):
@@ -34,11 +56,40 @@ class AbstractMask(eqx.Module):
     def describe(self) -> list:
         """The saved form (JSON-ready), read back by ``check_mask``."""
 
+    def bias(self, rows: Array, cols: Array) -> Float[Array, "r m"] | None:
+        """The additive bias of the logits of rows ``rows`` on columns ``cols``; ``None``
+        (the default) for none."""
+        del rows, cols
+        return None
+
+    def turn(self, q: Array, k: Array) -> tuple[Array, Array]:
+        """Queries ``(n, p)`` and keys ``(m, p)`` turned by position; default unchanged."""
+        return q, k
+
+    @property
+    def heads(self) -> int | None:
+        """The number of heads the mask has parameters for (``None``: one mask for
+        every head)."""
+        return None
+
+    def head(self, h: int) -> AbstractMask:
+        """The mask of head ``h`` (itself unless ``heads`` is set)."""
+        del h
+        return self
+
+    def apply_rows(self, L: Array, rows: Array) -> Array:
+        """Logits ``L`` ``(r, m)`` of query rows ``rows`` (indices) with the bias added and
+        the dropped entries ``-inf``."""
+        cols = jnp.arange(L.shape[-1])
+        b = self.bias(rows, cols)
+        if b is not None:
+            L = L + b.astype(L.dtype)
+        return jnp.where(self.keep(rows, cols), L, -jnp.inf)
+
     def apply(self, L: Array, row0: Any = 0) -> Array:
-        """Logits ``L`` ``(r, m)`` of query rows ``row0 ..`` with the dropped entries
-        ``-inf``."""
-        keep = self.keep(row0 + jnp.arange(L.shape[-2]), jnp.arange(L.shape[-1]))
-        return jnp.where(keep, L, -jnp.inf)
+        """Logits ``L`` ``(r, m)`` of query rows ``row0 ..`` with the bias added and the
+        dropped entries ``-inf``."""
+        return self.apply_rows(L, row0 + jnp.arange(L.shape[-2]))
 
 
 class Causal(AbstractMask):
@@ -74,11 +125,163 @@ class Window(AbstractMask):
         return ["window", self.w]
 
 
+def alibi_slopes(heads: int) -> np.ndarray:
+    """The slopes of Press et al.'s ALiBi for ``heads`` heads: ``2^(-8 h / heads)``,
+    ``h = 1 .. heads`` (for a power of two; otherwise those of the next power of two
+    below, then every other one of the next power above, as in their code)."""
+    heads = int(heads)
+    if heads < 1:
+        raise ValueError(f"heads must be a whole number >= 1; got {heads}.")
+
+    def power_of_two(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
+
+    low = 2 ** int(math.floor(math.log2(heads)))
+    out = power_of_two(low)
+    if low < heads:
+        out += power_of_two(2 * low)[0::2][: heads - low]
+    return np.asarray(out)
+
+
+def _slopes(value: Any) -> Array:
+    if isinstance(value, jax_core.Tracer):
+        return value
+    arr = np.asarray(value, dtype=np.float64) if not isinstance(value, jax.Array) else value
+    a = np.asarray(arr)
+    if a.ndim > 1 or a.size == 0 or not np.all(np.isfinite(a)) or np.any(a < 0):
+        raise ValueError(
+            f"ALiBi(slopes) needs one slope >= 0, or one per head (a 1-d array); got "
+            f"{value!r}. attnflow.masks.alibi_slopes(h) gives Press et al.'s."
+        )
+    return arr if isinstance(arr, jax.Array) else jnp.asarray(arr)
+
+
+class ALiBi(AbstractMask):
+    """Causal attention with a linear penalty of distance (Press et al., ALiBi):
+    ``L_ij + slope * (j - i)`` for ``j <= i``, dropped for ``j > i``: the weights are
+    those of the causal mask times ``e^{-slope (i - j)}``. ``slopes``: one slope, or one
+    per head (a trainable leaf; ``alibi_slopes(h)`` gives the published ones). The
+    lost-in-the-middle weights ``e^{-(lambda/N)(i - j)}`` are ``ALiBi(lambda / N)``."""
+
+    slopes: Array
+    name: ClassVar[str] = "alibi"
+
+    def __init__(self, slopes: Any):
+        self.slopes = _slopes(slopes)
+
+    @property
+    def heads(self) -> int | None:
+        return None if jnp.ndim(self.slopes) == 0 else int(self.slopes.shape[0])
+
+    def head(self, h: int) -> AbstractMask:
+        return self if self.heads is None else ALiBi(self.slopes[h])
+
+    def keep(self, rows: Array, cols: Array) -> Array:
+        return cols[None, :] <= rows[:, None]
+
+    def bias(self, rows: Array, cols: Array) -> Array:
+        if self.heads is not None:
+            raise ValueError(
+                f"ALiBi has {self.heads} slopes, one per head: a one-head model takes "
+                f"ALiBi(slope) with one slope (or ALiBi(slopes).head(h))."
+            )
+        dist = (cols[None, :] - rows[:, None]).astype(self.slopes.dtype)
+        return self.slopes * jnp.minimum(dist, 0)
+
+    def describe(self) -> list:
+        return ["alibi", np.asarray(self.slopes).tolist()]
+
+
+class RoPE(AbstractMask):
+    """Rotary position embedding (Su et al.): the ``c``-th 2-plane (coordinates ``2c``
+    and ``2c + 1``) of the query and key of token ``i`` is rotated by the angle
+    ``i * base^(-2c / p)``, ``p`` the (even) query-key dimension, so the logit of ``i``
+    on ``j`` depends on ``j - i`` only through the rotations. ``mask``: the mask applied
+    beside it (``None``: every token sees every token; ``Causal()`` for a decoder)."""
+
+    base: float = eqx.field(static=True)
+    mask: AbstractMask | None
+    name: ClassVar[str] = "rope"
+
+    def __init__(self, base: float = 10000.0, mask: Any = None):
+        try:
+            b = float(base)
+        except (TypeError, ValueError):
+            b = float("nan")
+        if not math.isfinite(b) or b <= 1:
+            raise ValueError(f"RoPE(base) needs a finite number > 1; got base = {base!r}.")
+        self.base = b
+        self.mask = check_mask(mask)
+        if isinstance(self.mask, RoPE):
+            raise ValueError("RoPE(mask=RoPE(...)): rotate once; give RoPE a plain mask.")
+
+    @property
+    def heads(self) -> int | None:
+        return None if self.mask is None else self.mask.heads
+
+    def head(self, h: int) -> AbstractMask:
+        return self if self.heads is None else RoPE(self.base, self.mask.head(h))  # pyright: ignore[reportOptionalMemberAccess]
+
+    def keep(self, rows: Array, cols: Array) -> Array:
+        if self.mask is None:
+            return jnp.ones((rows.shape[0], cols.shape[0]), dtype=bool)
+        return self.mask.keep(rows, cols)
+
+    def bias(self, rows: Array, cols: Array) -> Array | None:
+        return None if self.mask is None else self.mask.bias(rows, cols)
+
+    def turn(self, q: Array, k: Array) -> tuple[Array, Array]:
+        p = q.shape[-1]
+        if p % 2:
+            raise ValueError(
+                f"RoPE rotates 2-planes of the queries and keys: their dimension must be "
+                f"even; got {p}."
+            )
+        freq = self.base ** (-np.arange(0, p, 2) / p)
+
+        def rotate(u):
+            ang = jnp.arange(u.shape[0], dtype=u.dtype)[:, None] * jnp.asarray(freq, u.dtype)[None]
+            c, s = jnp.cos(ang), jnp.sin(ang)
+            a, b = u[..., 0::2], u[..., 1::2]
+            return jnp.stack([a * c - b * s, a * s + b * c], axis=-1).reshape(u.shape)
+
+        q, k = rotate(q), rotate(k)
+        return (q, k) if self.mask is None else self.mask.turn(q, k)
+
+    def describe(self) -> list:
+        return ["rope", self.base, None if self.mask is None else self.mask.describe()]
+
+
+class SinkWindow(AbstractMask):
+    """StreamingLLM's mask (Xiao et al.): causal, and token ``i`` sees the first
+    ``sinks`` tokens and the ``w`` tokens before it: ``j <= i`` and (``j < sinks`` or
+    ``i - j <= w``)."""
+
+    sinks: int = eqx.field(static=True)
+    w: int = eqx.field(static=True)
+    name: ClassVar[str] = "sinkwindow"
+
+    def __init__(self, sinks: int, w: int):
+        for arg, v in (("sinks", sinks), ("w", w)):
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ValueError(f"SinkWindow({arg}) needs a whole number >= 0; got {v!r}.")
+        self.sinks, self.w = int(sinks), int(w)
+
+    def keep(self, rows: Array, cols: Array) -> Array:
+        i, j = rows[:, None], cols[None, :]
+        return (j <= i) & ((j < self.sinks) | (i - j <= self.w))
+
+    def describe(self) -> list:
+        return ["sinkwindow", self.sinks, self.w]
+
+
 def check_mask(mask: Any) -> AbstractMask | None:
     """The mask argument of an attention model, checked and normalised to an object.
 
     ``None`` (every token sees every token), ``"causal"`` or ``Causal()``,
-    ``("window", w)`` or ``Window(w)`` (an integer ``w >= 0``), or any ``AbstractMask``.
+    ``("window", w)`` or ``Window(w)`` (an integer ``w >= 0``), the saved forms
+    ``["alibi", slopes]``, ``["rope", base, mask]``, ``["sinkwindow", sinks, w]``, or any
+    ``AbstractMask``.
     ``ValueError`` naming ``mask`` otherwise."""
     if mask is None or isinstance(mask, AbstractMask):
         return mask
@@ -90,9 +293,16 @@ def check_mask(mask: Any) -> AbstractMask | None:
             return Causal()
         if mask[0] == "window" and len(mask) == 2:
             return Window(mask[1])
+        if mask[0] == "alibi" and len(mask) == 2:
+            return ALiBi(mask[1])
+        if mask[0] == "rope" and len(mask) == 3:
+            return RoPE(mask[1], mask[2])
+        if mask[0] == "sinkwindow" and len(mask) == 3:
+            return SinkWindow(mask[1], mask[2])
     raise ValueError(
-        f"mask must be None, 'causal' or ('window', w) with an integer w >= 0 (or an "
-        f"attnflow.masks object); got {mask!r}."
+        f"mask must be None, 'causal' or ('window', w) with an integer w >= 0, an "
+        f"attnflow.masks object (Causal, Window, ALiBi, RoPE, SinkWindow) or its saved "
+        f"form; got {mask!r}."
     )
 
 

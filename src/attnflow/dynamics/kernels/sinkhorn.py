@@ -1,0 +1,52 @@
+"""``Sinkhorn``: doubly stochastic attention (Sander, Ablin, Blondel and Peyre 2022,
+Sinkformers). Starting from ``log K = L``, each of ``iters`` iterations normalises the
+columns and then the rows, in the log domain (``logsumexp``; no overflow):
+``L <- L - logsumexp_i L``, ``L <- L - logsumexp_j L``; ``P = e^L``. The rows sum to one
+exactly and the columns to one in the limit of many iterations (for a square ``L``).
+``iters = 1`` is softmax of the column-normalised logits.
+
+Every column depends on every query row, so the kernel is not row-wise: it is computed
+densely (``block=0``). Masked logits (``-inf``) stay at weight 0; every mask here keeps
+the diagonal, so no row or column is empty.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import equinox as eqx
+import jax
+from jaxtyping import Array
+
+from ._base import AbstractKernel
+
+__all__ = ["Sinkhorn", "sinkhorn"]
+
+
+def sinkhorn(L: Array, iters: int = 3) -> Array:
+    """``iters`` log-domain Sinkhorn iterations of the logits ``L`` ``(..., n, m)``
+    (columns, then rows); the weights ``e^L``."""
+    for _ in range(int(iters)):
+        L = L - jax.nn.logsumexp(L, axis=-2, keepdims=True)
+        L = L - jax.nn.logsumexp(L, axis=-1, keepdims=True)
+    return jax.numpy.exp(L)
+
+
+class Sinkhorn(AbstractKernel):
+    """Doubly stochastic attention by ``iters`` Sinkhorn iterations (a setting)."""
+
+    iters: int = eqx.field(static=True)
+    name: ClassVar[str] = "sinkhorn"
+    summary: ClassVar[str] = "iters log-domain Sinkhorn iterations: doubly stochastic (dense only)"
+    rowwise: ClassVar[bool] = False
+
+    def __init__(self, iters: Any = 3):
+        if isinstance(iters, bool) or not isinstance(iters, int) or not 1 <= iters <= 1000:
+            raise ValueError(
+                f"kernel_params['iters'] must be a whole number of Sinkhorn iterations in "
+                f"[1, 1000] for 'sinkhorn'; got {iters!r}."
+            )
+        self.iters = iters
+
+    def weights(self, L: Array) -> Array:
+        return sinkhorn(L, self.iters)
