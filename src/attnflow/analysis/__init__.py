@@ -3,7 +3,8 @@
 matrix's rank and leaders (``rank``), softmax dispersion (``dispersion``), clusters and
 energies of tokens on the sphere (``sphere``), the linear modes of the mean-field
 equation and the metastable cluster count they predict (``modes``), one layer at the
-critical long-context scaling ``beta = gamma log n`` (``critical``). Analyses ask a
+critical long-context scaling ``beta = gamma log n`` (``critical``), the kinetic
+theory's lost-in-the-middle profile (``position``). Analyses ask a
 trajectory for its attention and logits; they never run a simulation of their own."""
 
 import importlib as _importlib
@@ -20,6 +21,7 @@ _WHERE = {
     **dict.fromkeys(
         ("CriticalLayer", "critical_gamma", "critical_layer", "simplex_tokens"), ".critical"
     ),
+    **dict.fromkeys(("lost_in_middle_profile", "lost_in_middle_threshold"), ".position"),
     **dict.fromkeys(("RankTrack", "boolean_distance", "rank_of", "track_rank"), ".rank"),
     **dict.fromkeys(
         (
@@ -52,6 +54,7 @@ if _typing.TYPE_CHECKING:
     from .dispersion import DispersionReport, dispersion, dispersion_scan
     from .modes import ModePrediction, mode_rates, predict_metastable
     from .observe import Observation, observe_limit
+    from .position import lost_in_middle_profile, lost_in_middle_threshold
     from .rank import RankTrack, boolean_distance, rank_of, track_rank
     from .regimes import (
         LABELS,
@@ -119,6 +122,8 @@ __all__ = [
     "critical_gamma",
     "critical_layer",
     "simplex_tokens",
+    "lost_in_middle_profile",
+    "lost_in_middle_threshold",
     "Regime",
     "observe_limit",
     "predict_regime",
