@@ -133,6 +133,11 @@ def _kernel_case(name: str) -> Case:
 
 CASES: list[Case] = [_kernel_case(name) for name in K.KERNELS] + [
     Case("kernel-object-ssmax", lambda: af.Attention(Q2, K2, V2, kernel=K.SSMax(s=1.5))),
+    Case(
+        "kernel-object-qknorm-gains",
+        lambda: af.Attention(Q2, K2, V2, kernel=K.QKNorm(wq=[1.5, 0.5], wk=[0.8, 1.2])),
+    ),
+    Case("kernel-object-sink", lambda: af.Attention(Q2, K2, V2, kernel=K.Sink(b=1.5))),
     Case("mask-causal", lambda: af.Attention(Q2, K2, V2, mask=K.Causal())),
     Case("mask-window", lambda: af.Attention(Q2, K2, V2, mask=("window", 1))),
     Case("mask-alibi", lambda: af.Attention(Q2, K2, V2, mask=af.masks.ALiBi(0.4))),

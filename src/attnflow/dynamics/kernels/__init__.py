@@ -50,9 +50,10 @@ from .masks import (
 )
 from .offbyone import OffByOne, offbyone
 from .prenorm import PreNorm
-from .qknorm import QKNorm
+from .qknorm import QKNorm, QKNormSink, qknorm_logit_bound
 from .selective import Selective, selective_attention
 from .sigmoid import Sigmoid, sigmoid_attention
+from .sink import Sink, sink_share, sink_softmax
 from .sinkhorn import Sinkhorn, sinkhorn
 from .softmax import (
     Softmax,
@@ -96,6 +97,8 @@ __all__ = [
     "Selective",
     "Differential",
     "OffByOne",
+    "Sink",
+    "QKNormSink",
     "Sinkhorn",
     "Sparsemax",
     "Entmax",
@@ -146,6 +149,9 @@ __all__ = [
     "differential_attention",
     "offbyone",
     "usa",
+    "sink_softmax",
+    "sink_share",
+    "qknorm_logit_bound",
     "sinkhorn",
     "sparsemax",
     "sparsemax_threshold",
@@ -170,6 +176,8 @@ KERNELS: tuple[str, ...] = (
     "differential",
     "offbyone",
     "prenorm",
+    "sink",
+    "qknorm_sink",
     "sinkhorn",
     "sparsemax",
     "entmax",

@@ -149,6 +149,11 @@ class AbstractKernel(eqx.Module):
 
     def describe(self) -> str:
         """``name(param=value, ...)`` for messages and help."""
-        items = {**{k: float(np.asarray(v)) for k, v in self.params().items()}, **self.settings()}
+
+        def value(v):
+            a = np.asarray(v)
+            return float(a) if a.ndim == 0 else a.tolist()
+
+        items = {**{k: value(v) for k, v in self.params().items()}, **self.settings()}
         inner = ", ".join(f"{k}={v!r}" for k, v in items.items())
         return f"{self.name}({inner})" if inner else self.name

@@ -1,28 +1,101 @@
 """``QKNorm``: queries and keys RMS-normalised per token (over the head dimension ``p``:
-``q / sqrt(mean(q^2))``, so ``|q| = sqrt(p)``) before the logits, then softmax. The
-logits ``beta <q^, k^>`` lie in ``[-beta p, beta p]``: the spread is at most
-``2 beta p`` whatever the tokens, so it never overflows."""
+``q / sqrt(mean(q^2))``, so ``|q| = sqrt(p)``), each then multiplied channel by channel
+by its learnable gain (``wq``, ``wk``, shape ``(p,)``; ``None``: unit gains), then
+softmax. The logits ``beta <wq * q^, wk * k^>`` lie in ``[-B, B]`` with
+``B = beta p max|wq| max|wk|`` (``qknorm_logit_bound``): the spread is at most ``2 B``
+whatever the tokens, a cap fixed by the weights (``2 beta p`` at unit gains).
+
+``QKNormSink`` is the same with a learned sink (see ``attnflow.dynamics.kernels.sink``):
+an extra softmax column of logit ``b`` with no value, so rows sum to less than one
+(original frame only)."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
+import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array
 
-from ._base import AbstractKernel
+from ._base import AbstractKernel, parameter
+from .sink import sink_softmax
 from .softmax import rms_normalize, softmax
 
-__all__ = ["QKNorm"]
+__all__ = ["QKNorm", "QKNormSink", "qknorm_logit_bound"]
+
+
+def _gain(kernel: str, name: str, value: Any) -> Array | None:
+    if value is None:
+        return None
+    if not hasattr(value, "shape") or getattr(value, "ndim", None) != 1:
+        arr = np.asarray(value, dtype=np.float64)
+        if arr.ndim != 1 or arr.size == 0 or not np.all(np.isfinite(arr)):
+            raise ValueError(
+                f"kernel_params[{name!r}] of {kernel!r} must be a 1-d array of finite gains, "
+                f"one per channel of the head (p,); got {value!r}."
+            )
+        return jnp.asarray(arr)
+    return value if isinstance(value, jnp.ndarray) else jnp.asarray(value)
+
+
+def _scaled(u: Array, w: Array | None) -> Array:
+    u = rms_normalize(u)
+    if w is None:
+        return u
+    if w.shape[-1] != u.shape[-1]:
+        raise ValueError(
+            f"the QK-norm gains have {w.shape[-1]} channels; the head has p = "
+            f"{u.shape[-1]}: give one gain per channel."
+        )
+    return u * w.astype(u.dtype).reshape((1,) * (u.ndim - 1) + (-1,))
+
+
+def qknorm_logit_bound(kernel: QKNorm | QKNormSink, beta: Any, p: int) -> float:
+    """``B = beta p max|wq| max|wk|``: no logit of the kernel exceeds ``B`` in absolute
+    value, so no row spreads over more than ``2 B`` (unit gains: ``2 beta p``)."""
+    mq = 1.0 if kernel.wq is None else float(np.max(np.abs(np.asarray(kernel.wq))))
+    mk = 1.0 if kernel.wk is None else float(np.max(np.abs(np.asarray(kernel.wk))))
+    return float(beta) * int(p) * mq * mk
 
 
 class QKNorm(AbstractKernel):
-    """Softmax of ``beta <q^, k^>``, ``q^`` and ``k^`` RMS-normalised per token."""
+    """Softmax of ``beta <wq * q^, wk * k^>``, ``q^``, ``k^`` RMS-normalised per token."""
 
+    wq: Array | None
+    wk: Array | None
     name: ClassVar[str] = "qknorm"
-    summary: ClassVar[str] = "softmax of beta <q^, k^>, q^ and k^ RMS-normalised per token"
+    summary: ClassVar[str] = (
+        "softmax of beta <wq q^, wk k^>, q^ and k^ RMS-normalised per token, gains wq, wk"
+    )
+
+    def __init__(self, wq: Any = None, wk: Any = None):
+        self.wq = _gain("qknorm", "wq", wq)
+        self.wk = _gain("qknorm", "wk", wk)
 
     def prepare(self, q: Array, k: Array) -> tuple[Array, Array]:
-        return rms_normalize(q), rms_normalize(k)
+        return _scaled(q, self.wq), _scaled(k, self.wk)
 
     def weights(self, L: Array) -> Array:
         return softmax(L)
+
+
+class QKNormSink(AbstractKernel):
+    """``QKNorm`` with a learned sink logit ``b`` (an extra column with no value)."""
+
+    wq: Array | None
+    wk: Array | None
+    b: Array
+    name: ClassVar[str] = "qknorm_sink"
+    summary: ClassVar[str] = "qknorm with a learned sink logit b: e^L / (e^b + sum e^L)"
+    row_stochastic: ClassVar[bool] = False
+
+    def __init__(self, wq: Any = None, wk: Any = None, b: Any = 0.0):
+        self.wq = _gain("qknorm_sink", "wq", wq)
+        self.wk = _gain("qknorm_sink", "wk", wk)
+        self.b = parameter("qknorm_sink", "b", b)
+
+    def prepare(self, q: Array, k: Array) -> tuple[Array, Array]:
+        return _scaled(q, self.wq), _scaled(k, self.wk)
+
+    def weights(self, L: Array) -> Array:
+        return sink_softmax(L, self.b)
