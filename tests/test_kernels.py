@@ -92,6 +92,13 @@ def test_registry_lists_the_kernels():
         "differential",
         "offbyone",
         "prenorm",
+        "sink",
+        "qknorm_sink",
+        "sinkhorn",
+        "sparsemax",
+        "entmax",
+        "softpick",
+        "hardmax",
     )
     assert [K.row_stochastic(k) for k in K.KERNELS[5:]] == [
         False,
@@ -100,6 +107,13 @@ def test_registry_lists_the_kernels():
         False,
         True,
         False,
+        False,
+        True,
+        False,
+        False,
+        True,
+        True,
+        True,
         False,
         True,
     ]

@@ -52,6 +52,13 @@ KERNELS = (
     "differential",
     "offbyone",
     "prenorm",
+    "sink",
+    "qknorm_sink",
+    "sinkhorn",
+    "sparsemax",
+    "entmax",
+    "softpick",
+    "hardmax",
 )
 NORMS = ("inf", "l1")
 INTERVALS = ("wilson", "clopper-pearson")
