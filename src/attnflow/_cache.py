@@ -148,8 +148,7 @@ def enable_compilation_cache(
     # when the compile-time CPU features name LLVM tuning preferences the host list lacks
     # (``+prefer-no-gather``, ``+prefer-no-scatter`` on some x86 CPUs); the program loads
     # and runs, but a cached command would print dozens of such lines.
-    if _USER_XLA_LOG is None:  # JAX's own default ("1") is overridden, for children too
-        os.environ["TF_CPP_MIN_LOG_LEVEL"] = _QUIET_XLA
+    quiet_xla_log()
     import jax
 
     settings: dict[str, Any] = {
@@ -169,6 +168,14 @@ def enable_compilation_cache(
         for name, value in settings.items():
             os.environ[name.upper()] = str(value)
     return directory
+
+
+def quiet_xla_log() -> None:
+    """Set ``TF_CPP_MIN_LOG_LEVEL=3`` unless the user set it before attnflow was imported
+    (JAX's own default ``1`` is overridden, for child processes too). XLA reads it when
+    JAX is first imported, so callers that want it in this process call this first."""
+    if _USER_XLA_LOG is None:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = _QUIET_XLA
 
 
 def cache_info(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:

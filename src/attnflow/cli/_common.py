@@ -81,9 +81,9 @@ def setup_jax(x64: bool) -> None:
     Args:
         x64: True for float64 arithmetic, False for float32.
     """
+    setup_cache()  # first: it sets XLA's log level, which XLA reads when JAX is imported
     import jax
 
-    setup_cache()
     _remember("jax_enable_x64", bool(jax.config.read("jax_enable_x64")))
     jax.config.update("jax_enable_x64", bool(x64))
     if not x64:
@@ -118,6 +118,7 @@ def setup_cache(*, children: bool = False) -> None:
 
     if not STATE["cache"] or not _cache.cache_enabled_by_env():
         return
+    _cache.quiet_xla_log()  # before JAX is imported: XLA reads it then
     import jax
 
     for name in _CACHE_OPTIONS:
