@@ -345,9 +345,9 @@ def _redraw_figures(out_dir, *, only, quick, experiments, progress) -> dict:
 
 def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) -> dict:
     import matplotlib
-    from tqdm.auto import tqdm
 
     from .._meta import run_metadata
+    from ._progress import WorkProgress
 
     exp_dir = find_experiments(experiments)
     names, skipped = _select(exp_dir, only, quick)
@@ -365,10 +365,15 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) ->
     expected = _expected_seconds(exp_dir, names, quick, previous)
     order = sorted((n for n in names if n not in reused), key=lambda n: -expected[n])
     results, failed = dict(reused), {}
-    bar = tqdm(total=len(names), desc="attnflow figures", unit="fig", disable=not progress)
     t_all = time.perf_counter()
-
-    bar.update(len(reused))
+    bar = WorkProgress(
+        order,
+        expected,
+        1 if jobs == 1 or len(order) <= 1 else min(jobs, len(order)),
+        done=len(reused),
+        total_figures=len(names),
+        disable=not progress,
+    )
 
     def record(name, res, err):
         if err is None:
@@ -376,30 +381,30 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) ->
         else:
             failed[name] = err.splitlines()[0]
             print(err, file=sys.stderr)
-        bar.set_postfix_str(name)
-        bar.update(1)
+        bar.finished(name)
 
-    if not order:
-        pass
-    elif jobs == 1 or len(order) <= 1:
-        # rcParams as a fresh worker has them (the caller's own settings must not reach
-        # the figures), and as the caller had them again on return
-        with matplotlib.rc_context():
-            matplotlib.rc_file_defaults()
-            for name in order:
-                bar.set_postfix_str(name)
-                record(*_run_one(str(exp_dir), name, str(out), quick))
-    else:
-        # spawned workers, one BLAS thread each, that exit if this process dies; SIGTERM
-        # stops them with it
-        with (
-            _parallel.process_pool(min(jobs, len(order)), initializer=_init_worker) as pool,
-            _parallel.shutdown_on_sigterm(pool),
-        ):
-            futures = [pool.submit(_run_one, str(exp_dir), n, str(out), quick) for n in order]
-            for fut in as_completed(futures):
-                record(*fut.result())
-    bar.close()
+    try:
+        if not order:
+            pass
+        elif jobs == 1 or len(order) <= 1:
+            # rcParams as a fresh worker has them (the caller's own settings must not reach
+            # the figures), and as the caller had them again on return
+            with matplotlib.rc_context():
+                matplotlib.rc_file_defaults()
+                for name in order:
+                    record(*_run_one(str(exp_dir), name, str(out), quick))
+        else:
+            # spawned workers, one BLAS thread each, that exit if this process dies; SIGTERM
+            # stops them with it
+            with (
+                _parallel.process_pool(min(jobs, len(order)), initializer=_init_worker) as pool,
+                _parallel.shutdown_on_sigterm(pool),
+            ):
+                futures = [pool.submit(_run_one, str(exp_dir), n, str(out), quick) for n in order]
+                for fut in as_completed(futures):
+                    record(*fut.result())
+    finally:
+        bar.close()
     results = {n: results[n] for n in names if n in results}
     # a script whose compute raised Skipped (e.g. a model that is not installed)
     skipped.update({n: r["skipped"] for n, r in results.items() if r.get("skipped")})
