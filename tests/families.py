@@ -162,6 +162,14 @@ CASES: list[Case] = [_kernel_case(name) for name in K.KERNELS] + [
         "MultiHeadAttention-2",
         lambda: af.MultiHeadAttention(np.stack([Q2, K2]), np.stack([K2, Q2]), np.stack([V2, V2.T])),
     ),
+    Case(
+        "GatedAttention-element",
+        lambda: af.GatedAttention(af.Attention(Q2, K2, V2), np.array([[0.5, -0.3], [0.2, 0.4]])),
+    ),
+    Case(
+        "GatedAttention-head",
+        lambda: af.GatedAttention(af.Attention(Q2, K2, V2), np.array([[0.5, -0.3]]), [0.3]),
+    ),
     Case("Block-attention", lambda: af.Block(af.Attention(Q2, K2, V2))),
     Case("Block-isotropic", lambda: af.Block(af.IsotropicAttention(2))),
     Case(

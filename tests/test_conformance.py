@@ -123,9 +123,11 @@ def test_family_through_every_frame_and_analysis(case, tmp_path):
         obs = af.observe_limit(res if res is not None else ode)
         assert isinstance(obs.label, af.Label)
 
-    # ---- predict_regime: a theorem only for one head of plain softmax attention
+    # ---- predict_regime: a theorem only for one head of plain softmax attention, with
+    # nothing beyond it (no feed-forward term, no gate)
     reg = af.predict_regime(model)
-    one = model.head() if heads == 1 and model.pure_attention else None
+    alone = heads == 1 and model.pure_attention and not model.beyond_attention
+    one = model.head() if alone else None
     if one is not None and one.plain_softmax:
         Qm, Km = one.query_key_maps()
         assert reg.label == af.predict_regime(Qm, Km, one.value_matrix()).label

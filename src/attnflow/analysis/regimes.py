@@ -293,7 +293,7 @@ def predict_regime(
             raise ValueError("pass either a model or Q, K, V, not both.")
         rtol = _checks.number("rtol", rtol, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
         model = Q
-        if not (model.num_heads == 1 and model.pure_attention):
+        if not (model.num_heads == 1 and model.pure_attention) or model.beyond_attention:
             return _predict_family(model, rtol)
         one = model.head()
         V = one.value_matrix()
@@ -506,16 +506,19 @@ def _predict_family(model: Any, rtol: float) -> Regime:
         w = sort_spectrum(np.linalg.eigvals(Vh))
         parts.append(f"head {i}: {spectrum_text(w)}")
     what = []
+    extra = model.beyond_attention
     if h > 1:
         what.append(f"{h} heads")
     if h == 0:
         what.append("a feed-forward layer alone (no attention)")
     elif ff:
         what.append("a feed-forward term")
+    if extra:
+        what.append(extra)
     hyps = (
         Hypothesis("one attention head", h == 1, float(h)),
         Hypothesis("no feed-forward term", not (ff or h == 0)),
-    )
+    ) + ((Hypothesis(f"nothing beyond the attention (here {extra})", False),) if extra else ())
     reason = (
         f"{' and '.join(what)}: no theorem of [E] covers this model (the four regimes are "
         f"proved for one head of pure self-attention)."

@@ -4,6 +4,7 @@ This layer imports nothing from the layers above it (``analysis``, ``studies``, 
 ``plotting``, ``cli``); ``tests/test_layers.py`` checks it.
 """
 
+from .gated import GatedAttention
 from .isotropic import IsotropicAttention
 from .model import Attention
 from .propagator import Propagator
@@ -15,6 +16,7 @@ __all__ = [
     "Attention",
     "Block",
     "FeedForward",
+    "GatedAttention",
     "IsotropicAttention",
     "MultiHeadAttention",
     "Propagator",

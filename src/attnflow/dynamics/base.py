@@ -79,6 +79,13 @@ class AbstractModel(eqx.Module):
         return 0
 
     @property
+    def beyond_attention(self) -> str:
+        """What the model adds to its heads' attention besides a feed-forward term (an
+        output gate, say), for the analyses whose theorems assume nothing else; ``""``
+        for nothing."""
+        return ""
+
+    @property
     def pure_attention(self) -> bool:
         """Whether the field is attention alone (no feed-forward term)."""
         return self.num_heads > 0
