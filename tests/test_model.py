@@ -188,3 +188,27 @@ def test_unknown_kernel_and_bad_kernel_params_are_named(family):
         make(kernel="ssmax", kernel_params=[2.0])
     with pytest.raises(ValueError, match=r"kernel_params\['s'\] must be > 0"):
         make(kernel="ssmax", kernel_params={"s": -1.0})
+
+
+@pytest.mark.parametrize(
+    "V",
+    [
+        [[1.0, 1.0], [0.0, 1.0]],  # a Jordan block
+        [[0.0, 1.0], [0.0, 0.0]],  # nilpotent
+        [[2.0, 1.0, 0.0], [0.0, 2.0, 1.0], [0.0, 0.0, 2.0]],  # a 3x3 Jordan block
+    ],
+)
+def test_a_forced_eigen_propagator_refuses_a_defective_v(V):
+    """A defective V has no eigenbasis: propagator='eig' would build e^{tV} from a basis of
+    nearly parallel vectors and run with status ok. Refused; 'auto' and 'expm' are exact
+    (against scipy's expm)."""
+    from scipy.linalg import expm
+
+    V = np.asarray(V)
+    d = V.shape[0]
+    eye = np.eye(d)
+    with pytest.raises(ValueError, match="propagator='eig' needs a diagonalisable V"):
+        af.Attention(eye, eye, V, propagator="eig")
+    for method in ("auto", "expm"):
+        prop = af.Attention(eye, eye, V, propagator=method).propagator
+        np.testing.assert_allclose(np.asarray(prop(0.7)), expm(0.7 * V), rtol=1e-12, atol=1e-14)

@@ -147,9 +147,9 @@ def test_sphere_errors():
     x0 = np.random.default_rng(0).normal(size=(4, 3))
     bad = x0.copy()
     bad[2] = 0.0
-    with pytest.raises(ValueError, match="x0 has a zero token"):
+    with pytest.raises(ValueError, match="x0 has a zero or subnormal token"):
         af.simulate(model, bad, 1.0, frame="sphere")
-    with pytest.raises(ValueError, match="x0 has a zero token"):
+    with pytest.raises(ValueError, match="x0 has a zero or subnormal token"):
         af.simulate(model, np.stack([x0, bad]), 1.0, frame="sphere", method="euler", dt=0.1)
     with pytest.raises(ValueError, match="layernorm"):
         af.simulate(model, x0, 1.0, frame="sphere", method="euler", dt=0.1, layernorm="middle")
@@ -259,3 +259,23 @@ def test_isotropic_attention_equals_attention_of_identities(tmp_path):
     )
     with pytest.raises(ValueError, match="d must be"):
         af.IsotropicAttention(0)
+
+
+@pytest.mark.parametrize("scale", [1e-310, 3e-320])
+def test_subnormal_tokens_are_refused_not_flushed(scale):
+    """XLA flushes subnormal numbers to zero: a token whose every entry is subnormal would
+    become a zero token on the sphere, status ok. Refused by name, in every mode; a tiny
+    but normal scale is fine and gives the tokens of the unit-scale start."""
+    I3 = np.eye(3)
+    model = af.Attention(I3, I3, I3)
+    x0 = np.random.default_rng(1).normal(size=(4, 3))
+    bad = x0.copy()
+    bad[1] *= scale
+    for kw in ({}, {"method": "euler", "dt": 0.1}):
+        with pytest.raises(ValueError, match=r"zero or subnormal token \(row \(1,\)"):
+            af.simulate(model, bad, 0.5, frame="sphere", **kw)
+    ok = x0.copy()
+    ok[1] *= 1e-300  # normal in float64
+    a = af.simulate(model, ok, 0.5, frame="sphere")
+    b = af.simulate(model, x0, 0.5, frame="sphere")
+    np.testing.assert_allclose(np.asarray(a.x), np.asarray(b.x), atol=1e-12)

@@ -421,15 +421,20 @@ class Sphere(AbstractFrame):
         self.layernorm = layernorm
 
     def check_tokens(self, x0: Any) -> None:
-        # on the device for a jax.Array (one boolean comes back), else in numpy
+        # on the device for a jax.Array (one boolean comes back), else in numpy. A token
+        # whose every entry is subnormal counts as zero: XLA flushes subnormal numbers to
+        # zero, so its normalisation would be 0 (decided here, where numpy keeps them).
         xp = jnp if isinstance(x0, jax.Array) else np
-        zero = xp.max(xp.abs(x0), axis=-1) == 0
+        dtype = np.dtype(self.model.dtype)  # the working precision, where XLA computes
+        zero = xp.max(xp.abs(x0), axis=-1) < np.finfo(dtype).tiny
         if bool(xp.any(zero)):
             where = np.argwhere(np.asarray(zero))[0].tolist()
             raise ValueError(
-                f"x0 has a zero token (row {tuple(where)}): the sphere frame puts every "
-                f"token on the unit sphere, x_i / |x_i|, which a zero row does not have; "
-                f"give nonzero tokens."
+                f"x0 has a zero or subnormal token (row {tuple(where)}; every entry below "
+                f"{np.finfo(dtype).tiny:.3g} in {np.dtype(dtype).name}, which XLA flushes to "
+                f"zero): the sphere frame puts every token on the unit sphere, x_i / |x_i|, "
+                f"which a zero row does not have; give nonzero tokens (a common scale "
+                f"factor changes nothing on the sphere)."
             )
 
     def settings(self) -> dict:

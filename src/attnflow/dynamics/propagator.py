@@ -162,7 +162,16 @@ class Propagator(eqx.Module):
                     cond = float(np.linalg.cond(S))
                 if not np.isfinite(cond):
                     cond = float("inf")
-                if auto and not cond < condition_threshold(dtype):
+                if not cond < condition_threshold(dtype) and method != "expm":
+                    if not auto:  # a defective V has no eigenbasis: e^{tV} would be wrong
+                        raise ValueError(
+                            f"propagator='eig' needs a diagonalisable V with a "
+                            f"well-conditioned eigenvector basis; this V's basis has "
+                            f"condition number {cond:.3g} (>= "
+                            f"{condition_threshold(dtype):.3g}: V is defective, such as a "
+                            f"Jordan block, or nearly so). Use propagator='expm' (exact for "
+                            f"every V) or 'auto'."
+                        )
                     method = "expm"
                 if cond < float("inf"):
                     S_inv = np.linalg.inv(S)

@@ -70,8 +70,8 @@ def stack(models: Sequence[AbstractModel]) -> AbstractModel:
                 f"(kernel, mask, block or propagator method: "
                 f"{getattr(m, 'propagator', None) and m.propagator.method!r} vs "
                 f"{getattr(first, 'propagator', None) and first.propagator.method!r}); "
-                f"build every model with the same settings (propagator='eig' or 'expm' "
-                f"for value matrices of different kinds)."
+                f"build every model with the same settings (propagator='expm', exact for "
+                f"every V, for value matrices of different kinds)."
             )
         for a, b in zip(leaves, leaves0):
             if a.shape != b.shape or a.dtype != b.dtype:
