@@ -9,6 +9,7 @@ import math
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy.stats import binomtest
@@ -99,7 +100,7 @@ def test_head_matches_numpy(kernel):
 def test_training_resumes_bit_for_bit_and_reuses(tmp_path):
     full = R.train(TINY, tmp_path / "a", progress=False)
     part = R.train(TINY, tmp_path / "b", progress=False, stop_after=15)
-    assert not part["finished"] and (tmp_path / "b" / "checkpoint.eqx").exists()
+    assert not part["finished"] and (tmp_path / "b" / "checkpoint.bin").exists()
     rest = R.train(TINY, tmp_path / "b", progress=False)
     assert rest["resumed"] and rest["finished"] and rest["step"] == full["step"] == 30
     assert rest["history"] == full["history"]
@@ -171,3 +172,51 @@ def test_quick_cli_writes_the_study_and_reuses_models(tmp_path):
     res2 = json.loads(r2.stdout)
     assert res2["training"]["softmax"]["reused"] is True
     assert res2["accuracy"] == res["accuracy"]
+
+
+def test_checkpoints_are_atomic_units_and_survive_corruption(tmp_path):
+    """The checkpoint is one file written under a temporary name and renamed, the previous
+    one kept: a kill mid-write leaves the last whole one; a truncated or altered file is
+    named and the previous one read; a resume from either ends where an uninterrupted run
+    ends, bit for bit (the batches of step s come from fold_in(base, s))."""
+    from attnflow.studies import _checkpoint as C
+
+    tree = {"a": jnp.arange(5.0), "b": jnp.ones((2, 3))}
+    p = tmp_path / "c.bin"
+    C.save(p, tree, {"step": 1})
+    C.save(p, jax.tree.map(lambda x: 2 * x, tree), {"step": 2})
+    assert C.load(p, tree)[1] == {"step": 2}
+    # a kill during the write: only a temporary file appeared, the checkpoint is whole
+    (tmp_path / ".c.bin.999.tmp").write_bytes(b"attnflow-checkpoint 1 partial")
+    assert C.load(p, tree)[1] == {"step": 2}
+    raw = p.read_bytes()
+    p.write_bytes(raw[: len(raw) // 2])  # truncated: named, the previous one is read
+    with pytest.warns(RuntimeWarning, match=r"c\.bin is unreadable .*trying the previous"):
+        back, state = C.load(p, tree)
+    assert state == {"step": 1}
+    np.testing.assert_array_equal(np.asarray(back["a"]), np.arange(5.0))
+    p.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))  # one flipped bit: the hash says so
+    with pytest.warns(RuntimeWarning, match="does not match its hash"):
+        assert C.load(p, tree)[1] == {"step": 1}
+    (tmp_path / "c.bin.prev").write_bytes(b"garbage")
+    with pytest.warns(RuntimeWarning) as caught:
+        assert C.load(p, tree) is None
+    said = [str(w.message) for w in caught]
+    assert "trying the previous one" in said[0] and "training starts over" in said[1]
+
+
+@pytest.mark.slow
+def test_training_resumes_bit_for_bit_from_a_corrupted_checkpoint(tmp_path):
+    full = R.train(TINY, tmp_path / "a", progress=False)
+    R.train(TINY, tmp_path / "b", progress=False, stop_after=25)  # checkpoints at 10, 20, 25
+    ck = tmp_path / "b" / "checkpoint.bin"
+    ck.write_bytes(ck.read_bytes()[:100])  # the kill corrupted the newest: resume from 20
+    with pytest.warns(RuntimeWarning, match="trying the previous one"):
+        rest = R.train(TINY, tmp_path / "b", progress=False)
+    assert rest["resumed"] and rest["finished"] and rest["history"] == full["history"]
+    like = R.RetrievalModel(TINY, jax.random.key(0))
+    a = eqx.tree_deserialise_leaves(tmp_path / "a" / "model.eqx", like)
+    b = eqx.tree_deserialise_leaves(tmp_path / "b" / "model.eqx", like)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert not ck.exists() and not (tmp_path / "b" / "checkpoint.bin.prev").exists()

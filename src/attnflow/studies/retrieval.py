@@ -32,8 +32,10 @@ created float32).
 
 Saved models: ``cache/<kernel>-<hash>/`` holds ``config.json``, ``model.eqx``
 (``eqx.tree_serialise_leaves`` of the best model), ``train.json`` (history, timings) and,
-while training, ``checkpoint.eqx`` (model, optimizer state, best model, step counter) every
-``checkpoint_every`` steps, from which an interrupted run resumes.
+while training, ``checkpoint.bin`` (model, optimizer state, best model and step record in
+one file, written atomically, the previous one kept as ``checkpoint.bin.prev``;
+``attnflow.studies._checkpoint``) every ``checkpoint_every`` steps, from which an
+interrupted run resumes, bit for bit, whenever it was killed.
 
 The task's data and the network (``RetrievalConfig``, ``sample_sets``,
 ``RetrievalModel``, ``head_weights``) are defined in ``_retrieval_model`` and importable
@@ -58,6 +60,7 @@ import numpy as np
 
 from .._stats import binomial_interval
 from ..analysis.dispersion import bound_tight, dispersion
+from . import _checkpoint
 from ._retrieval_model import (
     EVAL_ONLY,
     RetrievalConfig,
@@ -178,7 +181,7 @@ def train(
 
     Args:
         config: the configuration.
-        directory: where ``config.json``, ``checkpoint.eqx``, ``model.eqx`` and
+        directory: where ``config.json``, ``checkpoint.bin``, ``model.eqx`` and
             ``train.json`` go (created).
         progress: a tqdm progress bar.
         stop_after: stop (as a crash would) after this many steps of this call, leaving
@@ -196,19 +199,17 @@ def train(
     model, opt_state = _template(config)
     best_model = model
     state: dict[str, Any] = dict(step=0, best=-1.0, bad=0, history=[], seconds=0.0)
-    ckpt = directory / "checkpoint.eqx"
-    resumed = ckpt.exists()
-    if resumed:
-        model, opt_state, best_model = eqx.tree_deserialise_leaves(
-            ckpt, (model, opt_state, best_model)
-        )
-        state = json.loads((directory / "checkpoint.json").read_text())
+    ckpt = directory / "checkpoint.bin"
+    found = _checkpoint.load(ckpt, (model, opt_state, best_model))
+    resumed = found is not None
+    if found is not None:
+        (model, opt_state, best_model), state = found
 
     steps_fn = _steps_fn(config)
 
     def save_checkpoint():
-        eqx.tree_serialise_leaves(ckpt, (model, opt_state, best_model))
-        (directory / "checkpoint.json").write_text(json.dumps(state))
+        # the model, the optimiser, the best model and the step record as one unit
+        _checkpoint.save(ckpt, (model, opt_state, best_model), state)
 
     base = jax.random.key(config.seed + 17)
     bar = tqdm(
@@ -259,8 +260,7 @@ def train(
     eqx.tree_serialise_leaves(directory / "model.eqx", best_model)
     record = dict(state, finished=True, resumed=resumed, config=config.to_dict())
     (directory / "train.json").write_text(json.dumps(record, indent=1))
-    ckpt.unlink(missing_ok=True)
-    (directory / "checkpoint.json").unlink(missing_ok=True)
+    _checkpoint.remove(ckpt)
     return record
 
 
