@@ -408,3 +408,20 @@ def test_clusters_are_the_connected_components_of_the_old_search():
         ref_lab, ref_cen = _clusters_by_hand(pts, tol)
         np.testing.assert_array_equal(lab, ref_lab)
         np.testing.assert_array_equal(cen, ref_cen)
+
+
+def test_phi1_sign_convention_is_pinned():
+    """phi_1 does not depend on the sign an SVD returns: its entry of largest modulus is
+    positive, for V and for every orthogonal similarity of V (whose SVDs differ)."""
+    rng = np.random.default_rng(12)
+    V = np.diag([1.9, 0.4, -0.3]) + 0.1 * rng.normal(size=(3, 3))
+    for _ in range(10):
+        Qo, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+        st = af.spectral_structure(Qo @ V @ Qo.T)
+        top = int(np.argmax(np.abs(st.phi1)))
+        assert st.phi1[top] > 0
+        np.testing.assert_allclose(st.phi1_left @ st.phi1, 1.0, rtol=1e-12)
+        # the same line as Qo's image of V's own phi_1, with the convention's sign
+        ref = Qo @ af.spectral_structure(V).phi1
+        ref = ref if ref[np.argmax(np.abs(ref))] > 0 else -ref
+        np.testing.assert_allclose(st.phi1, ref, atol=1e-10)

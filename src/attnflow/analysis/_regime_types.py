@@ -100,7 +100,9 @@ class SpectralStructure:
         F_coords: ``(k, d)`` the linear map ``z -> coordinates of the F-part of z`` along
             the invariant complement G (for k = 1: ``phi_1* / phi_1*(phi_1)``), else None.
         phi1, phi1_left: right and left eigenvectors for a simple lambda_1 (left
-            normalised so that ``phi1_left @ phi1 = 1``), else None.
+            normalised so that ``phi1_left @ phi1 = 1``; the sign chosen so that the
+            entry of ``phi1`` of largest modulus, the first on ties, is positive), else
+            None.
         scalar: ``c`` when V = c I, else None.
         scale: ``max(|lambda_1|, ||V||_2)``.
         rho_G: the spectral radius outside lambda_1's cluster, where decided.

@@ -246,6 +246,14 @@ def spectral_structure(V: Float[npt.ArrayLike, "d d"], *, rtol: float = 1e-8) ->
     coords = np.linalg.inv(basis)[:k]  # z -> F-coordinates along G
     if k == 1:
         phi1 = F[:, 0]
+        # the sign convention: the entry of largest modulus (the first on ties) is > 0,
+        # so phi1, phi1_left and the levels read from them do not depend on the sign
+        # LAPACK's SVD happens to return
+        top = int(np.argmax(np.abs(phi1)))
+        if phi1[top] < 0:
+            phi1 = -phi1
+            coords = coords.copy()
+            coords[0] = -coords[0]
         # left eigenvector: the functional vanishing on G, normalised on phi1
         left = coords[0] / (coords[0] @ phi1)
         return SpectralStructure(

@@ -35,11 +35,13 @@ Contracts of ``make = figure(name, compute, draw)``:
 - ``draw`` gets the same ``Data`` either way: arrays as numpy arrays (read back from the
   ``.npz`` bit for bit), ``sidecar`` and ``result`` as they read back from JSON (numpy
   scalars as Python numbers, tuples as lists, non-finite floats as strings). So a
-  redrawn figure is the drawn one, and the redrawn sidecar has the same numbers; only
-  ``runtime_seconds`` (compute time + this drawing) differs.
+  redrawn figure is the drawn one, and the redrawn sidecar is the same file.
 - The sidecar is ``Data.sidecar`` with ``"figures"`` set to every file written (PNG,
-  PDF, then GIFs), ``"movies"`` to the GIFs when there are any, and ``"runtime_seconds"``
-  where the key is present (``_plotting.sidecar`` puts it there).
+  PDF, then GIFs; paths inside the output folder), ``"movies"`` to the GIFs when there
+  are any, and without its measured durations (``split_timings``: every key named
+  ``seconds``, ``*_seconds`` or ``seconds_*``), which ``make`` returns under
+  ``"timings"`` (the runner's ``index.json`` keeps them). So a rerun of unchanged code
+  writes the same sidecar, PNG and PDF bytes (the PDF carries no creation date).
 
 Not a figure script (the runner only runs ``fig_*.py``).
 """
@@ -289,20 +291,56 @@ class FigureScript:
         seconds: float,
         path: Path,
     ) -> dict[str, Any]:
-        side = dict(data.sidecar)
-        if "runtime_seconds" in side:
-            side["runtime_seconds"] = round(seconds, 2)
-        side["figures"] = [*map(str, figures), *gifs]
+        side, timings = split_timings(dict(data.sidecar))
+        side.pop("runtime_seconds", None)
+        timings["runtime_seconds"] = round(seconds, 2)
+        # the files by their path inside the output folder: the same wherever it is
+        side["figures"] = [_relative(p, out) for p in [*figures, *gifs]]
         if gifs:
-            side["movies"] = gifs
+            side["movies"] = [_relative(g, out) for g in gifs]
         stem = self.name if self.sidecar_stem is None else self.sidecar_stem(data.quick)
         jpath = H.write_json(out, stem, H.jsonable(side), compact=self.compact)
         return {
             "figures": [*figures, *map(Path, gifs)],
             "json": str(jpath),
             "data": str(path),
+            "timings": H.jsonable(timings),
             **data.result,
         }
+
+
+def _relative(path: str | os.PathLike[str], out: Path) -> str:
+    return Path(os.path.relpath(Path(path), out)).as_posix()
+
+
+def _is_timing(key: str) -> bool:
+    return key == "seconds" or key.endswith("_seconds") or key.startswith("seconds_")
+
+
+def split_timings(obj: Any, where: str = "") -> tuple[Any, dict[str, Any]]:
+    """``(obj without its measured durations, {path: duration})``: every dict key named
+    ``seconds``, ``*_seconds`` or ``seconds_*``, at any depth, is a wall time of this
+    run. They go to the run's index, not to the sidecar, which then holds only what the
+    inputs determine (a rerun with the same code writes the same bytes)."""
+    timings: dict[str, Any] = {}
+    if isinstance(obj, dict):
+        clean = {}
+        for k, v in obj.items():
+            here = f"{where}.{k}" if where else str(k)
+            if isinstance(k, str) and _is_timing(k):
+                timings[here] = v
+            else:
+                clean[k], more = split_timings(v, here)
+                timings.update(more)
+        return clean, timings
+    if isinstance(obj, list):
+        out = []
+        for i, v in enumerate(obj):
+            item, more = split_timings(v, f"{where}[{i}]")
+            out.append(item)
+            timings.update(more)
+        return out, timings
+    return obj, timings
 
 
 def figure(

@@ -52,7 +52,6 @@ REQUIRED_KEYS = (
     "tolerances",
     "x64",
     "versions",
-    "runtime_seconds",
     "figures",
     "runs",
 )
@@ -188,6 +187,8 @@ def save(
             p,
             dpi=(DPI_QUICK if quick else DPI_FULL) if ext == "png" else None,
             bbox_inches="tight" if tight else None,
+            # no creation date: a rerun of unchanged code writes the same bytes
+            metadata={"CreationDate": None} if ext == "pdf" else None,
         )
         paths.append(p)
     plt.close(fig)
