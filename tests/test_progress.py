@@ -28,3 +28,11 @@ def test_work_progress_counts_running_and_finished_scripts():
     p.finished("long")
     assert p._work(time.perf_counter()) == 126.0 and p._figures == [5, 5]
     p.close()
+
+
+def test_a_script_that_skips_itself_leaves_the_total():
+    p = WorkProgress(["heads", "a"], {"heads": 600.0, "a": 10.0}, 2, total_figures=2, disable=True)
+    assert p.bar.total == 610
+    p.finished("heads", skipped=True)  # the optional model is not installed
+    assert p.bar.total == 10 and p._finished == 0.0
+    p.close()

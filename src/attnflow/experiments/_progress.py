@@ -78,14 +78,19 @@ class WorkProgress:
         while not self._stop.wait(0.5):
             self._refresh()
 
-    def finished(self, name: str) -> None:
-        """Script ``name`` is done (or failed): its expected seconds count in full."""
+    def finished(self, name: str, *, skipped: bool = False) -> None:
+        """Script ``name`` is done (or failed): its expected seconds count in full. A
+        script that skipped itself (an optional model not installed) did none of its
+        work: its expected seconds leave the total instead."""
         with self._lock:
             now = time.perf_counter()
             self._running.pop(name, None)
             if name in self._queue:  # finished before it was thought to start
                 self._queue.remove(name)
-            self._finished += self._expected.get(name, 1.0)
+            if skipped:
+                self.bar.total = max(self.bar.total - round(self._expected.get(name, 1.0)), 1)
+            else:
+                self._finished += self._expected.get(name, 1.0)
             self._figures[0] += 1
             self._last = name
             self._start_next(now)

@@ -381,7 +381,7 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) ->
         else:
             failed[name] = err.splitlines()[0]
             print(err, file=sys.stderr)
-        bar.finished(name)
+        bar.finished(name, skipped=bool(err is None and res.get("skipped")))
 
     try:
         if not order:
