@@ -195,3 +195,13 @@ def test_phase_diagram_skips_clustered_systems_exactly():
         y = rng.uniform(0, 1, (5, 5)) @ x  # positive combinations
         y /= np.linalg.norm(y, axis=1, keepdims=True)
         assert c > 0 and (y @ y.T).min() >= c - 1e-12
+
+
+def test_wendel_at_large_n_against_the_binomial_tail():
+    """The sum is the binomial tail P(Bin(n - 1, 1/2) <= d - 1): against scipy's
+    incomplete-beta form at sizes where the exact sum has 20,000 terms."""
+    from scipy.special import bdtr
+
+    for n, d in ((20000, 20000), (20000, 9900), (20000, 10100), (4096, 100), (301, 150)):
+        ref = float(bdtr(min(d, n) - 1, n - 1, 0.5))
+        assert af.wendel_probability(n, d) == pytest.approx(ref, rel=1e-9, abs=1e-300)

@@ -242,7 +242,13 @@ def wendel_probability(n: int, d: int) -> float:
     some open hemisphere, ``2^{-(n-1)} sum_{k=0}^{d-1} C(n-1, k)`` (1 when ``n <= d``)."""
     n = _checks.integer("n", n, lo=1)
     d = _checks.integer("d", d, lo=1)
-    return float(sum(math.comb(n - 1, k) for k in range(min(d, n))) / 2 ** (n - 1))
+    # exact integers, each binomial from the one before (one big-integer product per
+    # term, not a fresh C(n-1, k)); the quotient of two integers is correctly rounded
+    term = total = 1
+    for k in range(min(d, n) - 1):
+        term = term * (n - 1 - k) // (k + 1)
+        total += term
+    return total / 2 ** (n - 1)
 
 
 def renyi_centres(
