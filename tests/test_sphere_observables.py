@@ -205,3 +205,19 @@ def test_wendel_at_large_n_against_the_binomial_tail():
     for n, d in ((20000, 20000), (20000, 9900), (20000, 10100), (4096, 100), (301, 150)):
         ref = float(bdtr(min(d, n) - 1, n - 1, 0.5))
         assert af.wendel_probability(n, d) == pytest.approx(ref, rel=1e-9, abs=1e-300)
+
+
+@pytest.mark.parametrize(("beta", "kernel"), [(50.0, "usa"), (30.0, "usa"), (1.0, "softmax")])
+def test_equiangular_curve_at_large_beta_inverts_the_time_integral(beta, kernel):
+    """At large beta USA's gamma jumps from near 0 to 1 within less than the spacing of
+    the floats around t (the ODE solve cannot step): the curve then inverts the time
+    integral, and at t = equiangular_time(level) it is at the level (quad in gamma
+    against brentq in log(1 - gamma)); 1 afterwards, 0 at t = 0."""
+    # past gamma ~ 1 / beta the rest of USA's climb takes less than the float spacing of
+    # t: only the levels before it have distinguishable times
+    levels = (0.3, 0.9, 0.999) if kernel == "softmax" else (0.002, 0.01)
+    for level in levels:
+        t_star = af.equiangular_time(32, beta, level, kernel=kernel)
+        g = af.equiangular_curve(32, beta, [0.0, t_star, 10 * t_star + 20], kernel=kernel)
+        assert g[0] == 0.0 and g[2] == pytest.approx(1.0, abs=1e-12)
+        assert g[1] == pytest.approx(level, rel=1e-8)

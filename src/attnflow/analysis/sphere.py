@@ -208,12 +208,58 @@ def equiangular_curve(
     def rhs(_t, u):
         return -_rate_over_gap(-np.expm1(u), n, b, kernel)
 
+    # Once 1 - gamma < e^{-60} (far below float64's resolution of 1) gamma is 1 to the
+    # last bit: the solve stops there (at large beta, USA's approach, 1 - gamma ~
+    # e^{-2 e^beta t}, is too steep for any step) and the rest of the curve is 1.
+    def reached(_t, u):
+        return u[0] + 60.0
+
+    reached.terminal = True  # pyright: ignore[reportFunctionMemberAccess]
+    reached.direction = -1  # pyright: ignore[reportFunctionMemberAccess]
     sol = solve_ivp(
-        rhs, (0.0, float(t[-1])), [0.0], t_eval=t, method="DOP853", rtol=1e-12, atol=1e-14
+        rhs,
+        (0.0, float(t[-1])),
+        np.array([0.0]),
+        t_eval=t,
+        method="DOP853",
+        rtol=1e-12,
+        atol=1e-14,
+        events=reached,
     )
-    if not sol.success:  # pragma: no cover - the ODE is smooth and bounded
-        raise RuntimeError(f"equiangular_curve: the solve failed: {sol.message}")
-    return 0.0 - np.expm1(sol.y[0])
+    if not sol.success:
+        # at large beta gamma jumps from near 0 to near 1 within a time below the
+        # spacing of the floats around t: invert the time integral instead
+        return _curve_by_quadrature(t, n, b, kernel)
+    out = np.ones_like(t)
+    out[: sol.y.shape[1]] = 0.0 - np.expm1(sol.y[0])
+    return out
+
+
+def _curve_by_quadrature(t: np.ndarray, n: int, b: float, kernel: str) -> np.ndarray:
+    """``gamma(t)`` by inverting ``t(gamma) = int_0^gamma dg / rate(g)``: with
+    ``g = 1 - e^w`` the integral is ``T(u) = int_u^0 (1 - g) / rate(g) dw``, smooth in
+    ``w``, and ``u = log(1 - gamma)`` solves ``T(u) = t`` (``brentq``); 1 past
+    ``T(-60)``."""
+    from scipy.integrate import quad
+    from scipy.optimize import brentq
+
+    def T(u: float) -> float:
+        def f(w: float) -> float:  # e^w / rate(g) = 1 / (rate(g) / (1 - g)), 1 - g = e^w
+            return 1.0 / float(_rate_over_gap(-math.expm1(w), n, b, kernel))
+
+        return quad(f, u, 0.0, limit=400, epsabs=0.0, epsrel=1e-12)[0]
+
+    end = T(-60.0)
+    out = np.empty_like(t)
+    for i, ti in enumerate(t):
+        if ti <= 0:
+            out[i] = 0.0
+        elif ti >= end:
+            out[i] = 1.0
+        else:
+            u = brentq(lambda v, ti=ti: T(v) - ti, -60.0, 0.0, xtol=1e-14, rtol=1e-14)
+            out[i] = -math.expm1(u)
+    return out
 
 
 def equiangular_time(
