@@ -220,3 +220,31 @@ def test_training_resumes_bit_for_bit_from_a_corrupted_checkpoint(tmp_path):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     assert not ck.exists() and not (tmp_path / "b" / "checkpoint.bin.prev").exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("checkpoint_every", 0),
+        ("val_sets", 0),
+        ("patience", 0),
+        ("lr", float("nan")),
+        ("lr", 0.0),
+        ("lr", -1e-3),
+        ("min_delta", float("inf")),
+        ("warmup", -1),
+        ("seed", 1.5),
+        ("batch", True),
+    ],
+)
+def test_every_config_field_is_checked_up_front(field, value):
+    with pytest.raises(ValueError, match=rf"^{field} must be"):
+        R.RetrievalConfig(**{field: value})
+
+
+def test_a_diverging_training_stops_and_records_nothing_finished(tmp_path):
+    cfg = dataclasses.replace(TINY, lr=1e30, schedule="constant")
+    with pytest.raises(FloatingPointError, match="diverged: the loss is"):
+        R.train(cfg, tmp_path / "x", progress=False)
+    assert not (tmp_path / "x" / "train.json").exists()
+    assert not (tmp_path / "x" / "model.eqx").exists()

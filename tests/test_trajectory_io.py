@@ -223,3 +223,21 @@ def test_extra_keys_that_are_not_json_are_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"\['x'\] cannot be written as JSON"):
         traj.save(tmp_path / "b.npz", seed=1, x=np.zeros(2))
     assert not (tmp_path / "b.npz").exists()
+
+
+def test_saved_runs_follow_the_umask(tmp_path):
+    """A run is written under a private temporary name and renamed: it must end with the
+    mode of any new file (0666 minus the umask), so colleagues on a shared directory can
+    read it."""
+    import os
+    import stat
+
+    tr = af.simulate(af.Attention(np.eye(2), np.eye(2), 0.5 * np.eye(2)), np.eye(2), 0.1)
+    old = os.umask(0o022)
+    try:
+        for mask in (0o022, 0o077, 0o002):
+            os.umask(mask)
+            p = tr.save(tmp_path / f"r{mask:o}.npz")
+            assert stat.S_IMODE(os.stat(p).st_mode) == 0o666 & ~mask
+    finally:
+        os.umask(old)

@@ -231,6 +231,8 @@ def save(traj: Trajectory, path: str | os.PathLike, **extra: Any) -> Path:
         with os.fdopen(fd, "wb") as fh:
             payload: dict[str, Any] = {"metadata": text, **arrays}
             np.savez_compressed(fh, **payload)
+        # the temporary file is private (0600); the run gets the mode of any new file
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -240,6 +242,13 @@ def save(traj: Trajectory, path: str | os.PathLike, **extra: Any) -> Path:
 
 def _python_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, (bool, np.generic))
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _jsonable(v: Any) -> bool:

@@ -78,10 +78,30 @@ class RetrievalConfig:
                 f"kernel {self.kernel!r} is applied at evaluation to the "
                 f"{EVAL_ONLY[self.kernel]!r}-trained model, not trained."
             )
-        for name in ("width", "depth", "n_train", "batch", "max_steps", "eval_every"):
+        for name in (
+            "width",
+            "depth",
+            "n_train",
+            "batch",
+            "max_steps",
+            "eval_every",
+            "patience",
+            "val_sets",
+            "checkpoint_every",
+        ):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a whole number >= 1; got {v!r}.")
+        for name in ("warmup", "seed"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be a whole number >= 0; got {v!r}.")
+        for name, lo_open in (("lr", True), ("min_delta", False)):
+            v = getattr(self, name)
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            if not ok or v < 0 or (lo_open and v == 0):
+                bound = "> 0" if lo_open else ">= 0"
+                raise ValueError(f"{name} must be a finite number {bound}; got {v!r}.")
         if self.schedule not in ("cosine", "constant"):
             raise ValueError(f"schedule must be 'cosine' or 'constant'; got {self.schedule!r}.")
         if self.kernel == "differential" and self.width % 2:

@@ -233,6 +233,14 @@ def train(
         )
         keys = jax.vmap(lambda s: jax.random.fold_in(base, s))(jnp.arange(s0, s0 + block))
         model, opt_state, loss = steps_fn(model, opt_state, keys)
+        if not math.isfinite(float(loss)):
+            bar.close()
+            raise FloatingPointError(
+                f"training {config.kernel!r} diverged: the loss is {float(loss)} after step "
+                f"{s0 + block} (lr = {config.lr}); the last checkpoint "
+                f"({ckpt.name}, step {state['step']}) is kept, nothing is recorded as "
+                f"finished. Lower lr or change the schedule."
+            )
         state["step"] += block
         done_here += block
         bar.update(block)
