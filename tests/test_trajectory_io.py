@@ -212,7 +212,8 @@ def test_a_newer_version_is_refused_with_what_to_do(tmp_path):
 def test_a_missing_weight_array_is_named(tmp_path):
     path = _block_run().save(tmp_path / "b.npz")
     with np.load(path) as f:
-        data = {k: f[k] for k in f.files if k != "model.attention.V"}
+        # as a file written before the hash (which would name the change first)
+        data = {k: f[k] for k in f.files if k not in ("model.attention.V", "sha256")}
     np.savez(tmp_path / "cut.npz", **data)
     with pytest.raises(ValueError, match="'model.attention.V', which it does not hold"):
         af.Trajectory.load(tmp_path / "cut.npz")
@@ -241,3 +242,51 @@ def test_saved_runs_follow_the_umask(tmp_path):
             assert stat.S_IMODE(os.stat(p).st_mode) == 0o666 & ~mask
     finally:
         os.umask(old)
+
+
+def _rewrite(src, dst, **change):
+    """Copy the .npz at src to dst with some arrays replaced (the hash kept as it was)."""
+    with np.load(src, allow_pickle=False) as f:
+        data = {k: f[k] for k in f.files}
+    data.update(change)
+    np.savez(dst, **data)
+
+
+def test_a_file_checks_its_hash_and_its_consistency(tmp_path):
+    """Saved runs carry a SHA-256 of their metadata and arrays: an altered state is named,
+    not loaded; a file without the hash (written before it existed) still loads, but
+    non-finite states under 'ok' statuses are refused; malformed metadata is one error
+    naming the file."""
+    import json
+
+    tr = af.simulate(af.Attention(np.eye(2), np.eye(2), 0.5 * np.eye(2)), np.eye(2) + 0.1, 0.5)
+    p = tr.save(tmp_path / "a.npz")
+    with np.load(p) as f:
+        state, meta = f["state"], str(f["metadata"])
+    bad = state.copy()
+    bad[0, -1, 0, 0] += 1e-9
+    _rewrite(p, tmp_path / "b.npz", state=bad)
+    with pytest.raises(ValueError, match=r"b\.npz' does not match the hash"):
+        af.Trajectory.load(tmp_path / "b.npz")
+    # no hash: an older file; a NaN where the status says ok is refused anyway
+    with np.load(p) as f:
+        old = {k: f[k] for k in f.files if k != "sha256"}
+    np.savez(tmp_path / "c.npz", **old)
+    np.testing.assert_array_equal(
+        np.asarray(af.Trajectory.load(tmp_path / "c.npz").x), np.asarray(tr.x)
+    )
+    nan = state.copy()
+    nan[0, -1] = np.nan
+    np.savez(tmp_path / "d.npz", **{**old, "state": nan})
+    with pytest.raises(
+        ValueError, match=r"d\.npz' holds non-finite states at saves its statuses call 'ok'"
+    ):
+        af.Trajectory.load(tmp_path / "d.npz")
+    np.savez(tmp_path / "e.npz", **{**old, "metadata": np.asarray("{not json")})
+    with pytest.raises(ValueError, match=r"e\.npz' has metadata that is not JSON"):
+        af.Trajectory.load(tmp_path / "e.npz")
+    record = json.loads(meta)
+    del record["run"]["solver"]
+    np.savez(tmp_path / "f.npz", **{**old, "metadata": np.asarray(json.dumps(record))})
+    with pytest.raises(ValueError, match=r"f\.npz' is a malformed trajectory file: KeyError"):
+        af.Trajectory.load(tmp_path / "f.npz")

@@ -19,7 +19,11 @@ Contract:
 - ``load`` reads version 2 and the files of attnflow 0.1.0 (version 1: the metadata
   flat, ``"format": 1``), every array bit for bit, and rebuilds the model through its
   registered family (``AbstractModel.family``) from ``describe()`` and ``arrays()``
-  exactly as they were. ``traj.saved_metadata`` is the nested metadata with the
+  exactly as they were. A file carries the SHA-256 of its metadata and arrays
+  (``sha256``, beside them; files written before it existed have none): a file whose
+  content does not match is refused, naming it, and so is one whose states are not
+  finite at saves its statuses call ok; a malformed file is one ``ValueError`` naming it.
+  ``traj.saved_metadata`` is the nested metadata with the
   references resolved (the weights as lists again): for a version-2 file it equals
   ``traj.metadata(**extra)`` of the run that was saved. A file of a newer version is
   refused with the version and the upgrade to make.
@@ -27,6 +31,7 @@ Contract:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -230,6 +235,7 @@ def save(traj: Trajectory, path: str | os.PathLike, **extra: Any) -> Path:
     try:
         with os.fdopen(fd, "wb") as fh:
             payload: dict[str, Any] = {"metadata": text, **arrays}
+            payload["sha256"] = np.asarray(_digest(text, arrays))
             np.savez_compressed(fh, **payload)
         # the temporary file is private (0600); the run gets the mode of any new file
         os.chmod(tmp, 0o666 & ~_umask())
@@ -242,6 +248,17 @@ def save(traj: Trajectory, path: str | os.PathLike, **extra: Any) -> Path:
 
 def _python_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, (bool, np.generic))
+
+
+def _digest(text: str, arrays: dict[str, np.ndarray]) -> str:
+    """SHA-256 of the metadata text and of every array (name, dtype, shape, bytes), in
+    the order of their names: what ``load`` checks."""
+    h = hashlib.sha256(text.encode())
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"\0{name}\0{a.dtype.str}\0{a.shape}\0".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def _umask() -> int:
@@ -274,7 +291,27 @@ def _read(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
             f"{str(path)!r} was not written by Trajectory.save of attnflow "
             f"(no metadata/state arrays); re-save the run."
         )
-    return json.loads(str(data.pop("metadata"))), data
+    text = str(data.pop("metadata"))
+    try:
+        meta = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{str(path)!r} has metadata that is not JSON ({exc}).") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{str(path)!r} has metadata that is not a JSON object.")
+    meta["__text__"] = text  # for the hash, checked once the layout is known
+    return meta, data
+
+
+def _check_hash(meta: dict, data: dict, path: Path) -> None:
+    """The file's SHA-256 (``save`` writes it beside the arrays) against its content;
+    files written before it existed have none."""
+    text = meta.pop("__text__")
+    digest = data.pop("sha256", None)
+    if digest is not None and str(digest) != _digest(text, data):
+        raise ValueError(
+            f"{str(path)!r} does not match the hash it was saved with: the file was "
+            f"altered or damaged after it was written; re-save the run from its source."
+        )
 
 
 def _version(meta: dict, path: Path) -> int:
@@ -327,6 +364,31 @@ def load(cls: type[Trajectory], path: str | os.PathLike) -> Trajectory:
     path = Path(path)
     meta, data = _read(path)
     version = _version(meta, path)
+    _check_hash(meta, data, path)
+    try:
+        traj = _build(cls, meta, data, version, path)
+    except (KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise ValueError(
+            f"{str(path)!r} is a malformed trajectory file: {type(exc).__name__}: {exc} "
+            f"(a field of its metadata or an array is missing or of the wrong kind)."
+        ) from None
+    ok = np.asarray([st == "ok" for st in traj.statuses])
+    reached = np.asarray(traj.reached, bool)
+    state = np.asarray(data["state"])  # (b, m, ...), b = 1 for one system
+    rows = reached if reached.ndim == 2 else reached[None]
+    if state.ndim >= 2 and state.shape[:2] == rows.shape and ok.shape == rows.shape[:1]:
+        live = state.reshape(rows.shape + (-1,))[rows & ok[:, None]]
+        if live.size and not np.all(np.isfinite(live)):
+            raise ValueError(
+                f"{str(path)!r} holds non-finite states at saves its statuses call 'ok': "
+                f"the file is inconsistent (altered or damaged); re-save the run."
+            )
+    return traj
+
+
+def _build(cls, meta: dict, data: dict, version: int, path: Path):
+    """The ``Trajectory`` of a read file (``load``'s body; its key errors become one
+    error naming the file)."""
     state = data["state"]
     if state.dtype == np.float64 and not jax.config.read("jax_enable_x64"):
         raise ValueError(
