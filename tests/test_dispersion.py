@@ -473,3 +473,15 @@ def test_trajectory_saves_of_a_failed_system_give_nan_rows():
     np.testing.assert_array_equal(rep.argmax[0], ref.argmax[0])
     with pytest.raises(IndexError, match="k = 3 is out of range for 3 saved times"):
         af.dispersion(traj, k=3)
+
+
+@pytest.mark.parametrize("rows", [[0.5], [1.0, 2.5], [True, False], [np.nan]])
+def test_rows_must_be_whole_indices(rows):
+    """A fractional index was cast to an integer (0.5 read row 0, silently)."""
+    x = np.random.default_rng(0).normal(size=(6, 3))
+    m = af.Attention(np.eye(3), np.eye(3), np.eye(3))
+    with pytest.raises(ValueError, match="whole query indices"):
+        af.dispersion(m, x=x, rows=rows)
+    np.testing.assert_array_equal(
+        af.dispersion(m, x=x, rows=[1.0, 2.0]).max, af.dispersion(m, x=x, rows=[1, 2]).max
+    )

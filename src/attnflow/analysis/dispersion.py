@@ -260,7 +260,20 @@ def _model_report(model, x, rows, sink, block, *, finite: bool = True) -> Disper
     if rows is None:
         idx = np.arange(n)
     else:
-        idx = np.arange(n)[rows] if isinstance(rows, slice) else np.asarray(rows, np.int64)
+        if isinstance(rows, slice):
+            idx = np.arange(n)[rows]
+        else:
+            given = np.asarray(rows)
+            whole = given.dtype.kind in "iu" or (
+                given.dtype.kind == "f"
+                and bool(np.all(np.isfinite(given) & (given == np.round(given))))
+            )
+            if not whole or given.dtype == bool:  # 0.5 would have become row 0
+                raise ValueError(
+                    f"rows must be a slice or a 1-d array of whole query indices in "
+                    f"[0, {n}); got {rows!r}."
+                )
+            idx = given.astype(np.int64)
         if idx.ndim != 1 or idx.size < 1 or np.any((idx < -n) | (idx >= n)):
             raise ValueError(
                 f"rows must be a slice or a 1-d array of query indices in [0, {n}); got {rows!r}."
