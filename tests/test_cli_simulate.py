@@ -93,6 +93,10 @@ def run_inprocess(capsys, *args):
         (("--t1", "-1"), "t1"),
         (("--method", "euler"), "--dt"),
         (("--bogus",), "bogus"),
+        (("--kernel", "nope"), "--kernel"),
+        (("--mask", "alibi:x"), "--mask"),
+        (("--mask", "window"), "--mask"),
+        (("--layernorm", "middle"), "--layernorm"),
     ],
 )
 def test_simulate_errors_are_one_line_exit_2(capsys, args, word):
@@ -110,3 +114,55 @@ def test_overflow_reported_not_raised():
     res = json.loads(p.stdout)
     assert res["status"] == "overflow" and 30 < res["t_stop"] < 50
     assert all(np.isfinite(np.array(res["z_final"])).ravel())
+
+
+@pytest.mark.parametrize(
+    ("kernel", "mask", "frame"),
+    [
+        ("sparsemax", "alibi:0.3", "original"),
+        ("softmax", "rope:100,causal", "rescaled"),
+        ("sink", "sinkwindow:1,2", "original"),
+    ],
+)
+def test_simulate_kernel_and_mask_are_the_library_model(capsys, kernel, mask, frame):
+    """`--kernel` and `--mask` build the same head as the library (the same tokens at t1)."""
+    import jax
+
+    import attnflow as af
+    from attnflow import masks
+    from attnflow.cli._common import initial_tokens, mask_object
+    from attnflow.io.matrices import PAPER
+
+    args = (
+        "simulate",
+        "--x64",
+        "--V",
+        "paper-2d",
+        "--n",
+        "5",
+        "--t1",
+        "1",
+        "--seed",
+        "2",
+        "--kernel",
+        kernel,
+        "--mask",
+        mask,
+        "--frame",
+        frame,
+        "--json",
+    )
+    code, out, err = run_inprocess(capsys, *args)
+    assert code == 0, err
+    got = np.asarray(json.loads(out)["x_final"])
+    before = jax.config.read("jax_enable_x64")
+    jax.config.update("jax_enable_x64", True)
+    try:
+        V = PAPER["paper-2d"]
+        head = af.Attention(np.eye(2), np.eye(2), V, kernel=kernel, mask=mask_object(mask))
+        assert isinstance(head.mask, (masks.ALiBi, masks.RoPE, masks.SinkWindow))
+        x0 = initial_tokens("uniform", 5, 2, 2, 5.0)  # the CLI's default --scale
+        ref = np.asarray(af.simulate(head, x0, 1.0, frame=frame, ts=[0.0, 1.0]).x[-1])
+    finally:
+        jax.config.update("jax_enable_x64", before)
+    np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)

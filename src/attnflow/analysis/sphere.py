@@ -257,8 +257,8 @@ def _curve_by_quadrature(t: np.ndarray, n: int, b: float, kernel: str) -> np.nda
         elif ti >= end:
             out[i] = 1.0
         else:
-            u = brentq(lambda v, ti=ti: T(v) - ti, -60.0, 0.0, xtol=1e-14, rtol=1e-14)
-            out[i] = -math.expm1(u)
+            u = brentq(lambda v, ti=ti: T(v) - ti, -60.0, 0.0, xtol=1e-14)
+            out[i] = -math.expm1(float(u))  # pyright: ignore[reportArgumentType]
     return out
 
 

@@ -254,16 +254,45 @@ def simulate_head(
     scale: float,
     beta: float,
     t1: float,
+    *,
+    kernel: str = "softmax",
+    mask: str = "none",
     **solve: Any,
 ) -> Any:
-    """Build one head from ``--V/--Q/--K`` and its starting tokens from ``--x0``, then
-    ``attnflow.simulate`` it with the solver options ``solve``; returns the Trajectory.
-    Call after ``setup_jax`` (the weights are cast to the working precision here)."""
+    """Build one head from ``--V/--Q/--K`` (with ``--kernel`` and ``--mask``) and its
+    starting tokens from ``--x0``, then ``attnflow.simulate`` it with the solver options
+    ``solve``; returns the Trajectory. Call after ``setup_jax`` (the weights are cast to
+    the working precision here)."""
     import attnflow as af
 
     Qm, Km, Vm = load_weights(V, Q, K, d, seed)
     tokens = initial_tokens(x0, n, Vm.shape[0], seed, scale)
-    return af.simulate(af.Attention(Qm, Km, Vm, beta=beta), tokens, t1, **solve)
+    try:
+        head = af.Attention(Qm, Km, Vm, beta=beta, kernel=kernel, mask=mask_object(mask))
+    except ValueError as exc:
+        raise CLIError(f"--kernel {kernel} --mask {mask}: {exc}") from None
+    return af.simulate(head, tokens, t1, **solve)
+
+
+def mask_object(value: str) -> Any:
+    """The mask object of a ``--mask`` spelling (``_options.parse_mask``)."""
+    from attnflow import masks
+
+    from ._options import parse_mask
+
+    spec = parse_mask(value)
+    if spec is None:
+        return None
+    kind, *args = spec
+    if kind == "causal":
+        return masks.Causal()
+    if kind == "window":
+        return masks.Window(args[0])
+    if kind == "alibi":
+        return masks.ALiBi(args[0])
+    if kind == "sinkwindow":
+        return masks.SinkWindow(args[0], args[1])
+    return masks.RoPE(args[0], masks.Causal() if args[1] else None)
 
 
 def initial_tokens(kind: str, n: int, d: int, seed: int, scale: float) -> Float[np.ndarray, "n d"]:

@@ -382,6 +382,77 @@ def scale(
     return typer.Option(default, "--scale", callback=checked(_checks.positive), help=help)
 
 
+LAYERNORMS = ("post", "pre", "peri", "ngpt")
+_MASK_FORMS = "none, causal, window:W, alibi:SLOPE, sinkwindow:SINKS,W or rope:BASE[,causal]"
+
+
+def _check_kernel(value: str) -> str:
+    if value not in KERNELS:
+        raise typer.BadParameter(f"must be one of {', '.join(KERNELS)}; got {value!r}.")
+    return value
+
+
+def parse_mask(value: str) -> tuple | None:
+    """The ``--mask`` spelling as ``(kind, numbers...)`` (``None`` for none): checked at
+    parse time, turned into a mask object by the command (which imports JAX)."""
+    v = value.strip().lower()
+    if v in ("", "none"):
+        return None
+    if v == "causal":
+        return ("causal",)
+    kind, _, rest = v.partition(":")
+    parts = [p.strip() for p in rest.split(",")] if rest else []
+    try:
+        if kind == "window" and len(parts) == 1:
+            return ("window", int(parts[0]))
+        if kind == "alibi" and len(parts) == 1:
+            return ("alibi", float(parts[0]))
+        if kind == "sinkwindow" and len(parts) == 2:
+            return ("sinkwindow", int(parts[0]), int(parts[1]))
+        if kind == "rope" and len(parts) in (1, 2) and parts[1:] in ([], ["causal"]):
+            return ("rope", float(parts[0]), len(parts) == 2)
+    except ValueError:
+        pass
+    raise typer.BadParameter(f"must be one of {_MASK_FORMS}; got {value!r}.")
+
+
+def _check_mask(value: str) -> str:
+    parse_mask(value)
+    return value
+
+
+def kernel() -> Any:
+    """``--kernel``: the attention kernel of ``KERNELS`` (default parameters)."""
+    return typer.Option(
+        "softmax",
+        "--kernel",
+        callback=_check_kernel,
+        help=f"the attention kernel, one of: {', '.join(KERNELS)}",
+    )
+
+
+def mask() -> Any:
+    """``--mask``: which logits a row keeps (and positions): ``parse_mask``."""
+    return typer.Option(
+        "none", "--mask", callback=_check_mask, help=f"the attention mask: {_MASK_FORMS}"
+    )
+
+
+def layernorm() -> Any:
+    """``--layernorm``: where the layer norm sits (``--frame sphere --method euler``)."""
+    return typer.Option(
+        None,
+        "--layernorm",
+        callback=lambda v: v if v is None or v in LAYERNORMS else _bad_layernorm(v),
+        help=f"the layer norm's place on the sphere's layers: {', '.join(LAYERNORMS)} "
+        "(with --frame sphere --method euler; default post)",
+    )
+
+
+def _bad_layernorm(v: str) -> str:
+    raise typer.BadParameter(f"must be one of {', '.join(LAYERNORMS)}; got {v!r}.")
+
+
 def kernels(default: str, help: str) -> Any:
     """``--kernels``: a comma list of attention kernels of ``KERNELS``."""
     return typer.Option(default, "--kernels", callback=_check_kernels, help=help)

@@ -30,6 +30,9 @@ def simulate(
     t1: float = opt.t1(),
     seed: int = opt.seed(),
     beta: float = opt.beta(),
+    kernel: str = opt.kernel(),
+    mask: str = opt.mask(),
+    layernorm: str | None = opt.layernorm(),
     frame: opt.Frame = opt.frame(),
     method: opt.Method = opt.method(),
     dt: float | None = opt.dt(),
@@ -73,6 +76,9 @@ def simulate(
         atol=atol,
         max_steps=max_steps,
         progress=progress,
+        kernel=kernel,
+        mask=mask,
+        **({} if layernorm is None else {"layernorm": layernorm}),
     )
     meta = traj.metadata(seed=seed, x0=x0, scale=scale, command="attnflow simulate")
     saved = None
