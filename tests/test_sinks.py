@@ -125,3 +125,21 @@ def test_gains_check_their_shape_and_save(tmp_path):
     back = af.Trajectory.load(tmp_path / "s.npz").model.kernel
     assert back.describe() == B.kernel.describe()
     np.testing.assert_array_equal(np.asarray(back.wq), [1.0, 2.0])
+
+
+def test_fig_escapes_kernels_meet_their_closed_forms(tmp_path):
+    """The figure's every point is a kernel's weight; each curve equals its closed form,
+    and the halving sizes are 1 + e^g (needles) and e^b (sinks)."""
+    import json
+    import math
+
+    from attnflow.experiments import fig_escapes
+
+    res = fig_escapes.make(tmp_path, quick=True)
+    assert res["max_relative_difference"] < 1e-13
+    runs = {r["name"]: r for r in json.loads((tmp_path / "fig_escapes.json").read_text())["runs"]}
+    assert runs["softmax, g = 6"]["halves_at_n"] == pytest.approx(1 + math.exp(6), rel=1e-3)
+    assert runs["softmax, g = 8"]["halves_at_n"] == pytest.approx(1 + math.exp(8), rel=1e-3)
+    assert runs["learned sink, b = 8"]["halves_at_n"] == pytest.approx(math.exp(8))
+    sink = runs["learned sink, b = 4"]
+    np.testing.assert_allclose(sink["one_minus_row_sum"], sink["sink_share"], rtol=1e-9)
