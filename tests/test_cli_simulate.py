@@ -166,3 +166,19 @@ def test_simulate_kernel_and_mask_are_the_library_model(capsys, kernel, mask, fr
     finally:
         jax.config.update("jax_enable_x64", before)
     np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
+
+
+def test_simulate_says_where_the_tokens_went(capsys):
+    """One line beside the prediction, and the labels in --json (the library's own)."""
+    import attnflow as af
+
+    code, out, err = run_inprocess(capsys, "simulate", "--V", "paper-2d", "--n", "12", "--t1", "10")
+    assert code == 0, err
+    assert "where the tokens went: observed hyperplanes; predicted hyperplanes (agrees)" in out
+    code, out, err = run_inprocess(
+        capsys, "simulate", "--V", "paper-2d", "--n", "12", "--t1", "10", "--json"
+    )
+    limit = json.loads(out)["limit"]
+    assert limit["observed"] == limit["predicted"] == str(af.Label.HYPERPLANES)
+    code, out, err = run_inprocess(capsys, "simulate", "--n", "6", "--t1", "2")
+    assert "not settled by t1" in out

@@ -91,6 +91,7 @@ def simulate(
         z_status = common.array_status(traj, "z", z_final)
         x_status = common.array_status(traj, "x", x_final)
     t_stop = float(traj.t_stop[0])
+    limit = _where_they_went(traj)
     result = {
         "status": traj.status,
         "ok": traj.ok,
@@ -106,6 +107,7 @@ def simulate(
         "x_final_status": x_status,
         "metadata": meta,
         "out": str(saved) if saved is not None else None,
+        "limit": limit,
     }
     if as_json:
         common.emit_json(result)
@@ -116,8 +118,37 @@ def simulate(
     typer.echo(f"status: {headline}   (t_stop = {t_stop:.6g} of t1 = {t1})")
     typer.echo(f"solver: {traj.solver}   steps: {int(np.asarray(traj.stats['num_steps']))}")
     typer.echo(f"n = {traj.n}, d = {traj.d}, frame = {traj.frame}, x64 = {x64}")
+    typer.echo(f"where the tokens went: {limit['summary']}")
     with np.printoptions(precision=4, suppress=True, threshold=200):
         typer.echo(f"final z (rescaled frame; status: {z_status}):\n{z_final}")
     if saved is not None:
         typer.echo(f"saved: {saved}")
     common.report_status(traj, strict)
+
+
+def _where_they_went(traj) -> dict:
+    """The observed limit of the run beside the prediction from the model (one line,
+    and the labels for --json); a run or model the analyses refuse says why."""
+    from ..analysis.observe import observe_limit
+    from ..analysis.regimes import predict_regime
+
+    out: dict = {"observed": None, "predicted": None}
+    try:
+        out["predicted"] = str(predict_regime(traj.model).label)
+    except ValueError as exc:
+        out["predicted_why_not"] = str(exc)
+    try:
+        obs = observe_limit(traj)
+        out["observed"] = str(obs.label)
+    except ValueError as exc:
+        out["observed_why_not"] = str(exc)
+    seen = out["observed"] or f"not observed ({out.get('observed_why_not', '')[:80]})"
+    said = out["predicted"] or "no prediction"
+    if None in (out["observed"], out["predicted"]):
+        agree = ""
+    elif out["observed"] == "not-converged":
+        agree = " (not settled by t1: a larger --t1 may tell)"
+    else:
+        agree = " (agrees)" if out["observed"] == out["predicted"] else " (differs)"
+    out["summary"] = f"observed {seen}; predicted {said}{agree}"
+    return out
