@@ -490,3 +490,32 @@ def test_temporary_files_of_dead_processes_of_this_host_are_removed(tmp_path):
     assert not (out / names["dead"]).exists()
     assert (out / names["live"]).exists() and (out / names["foreign"]).exists()
     same(S.merge(out).arrays, reference(tmp_path, size=8))
+
+
+def test_an_edited_manifest_and_an_unhashed_shard_are_refused(tmp_path):
+    """A manifest edited by hand (size, seed) used to merge relabelled; a shard whose hash
+    was deleted was accepted with whatever arrays it held. Both are refused by name, and
+    a rerun recomputes the unhashed shard (the result equals the uninterrupted one)."""
+    out = tmp_path / "run"
+    sw = logged(tmp_path)
+    S.run(sw, out, progress=False)
+    good = S.merge(out).arrays
+    man = json.loads((out / "manifest.json").read_text())
+    for field, value in (("size", 22), ("seed", 5)):
+        (out / "manifest.json").write_text(json.dumps({**man, field: value}))
+        with pytest.raises(ValueError, match=r"manifest\.json' was edited: its identity"):
+            S.merge(out)
+    (out / "manifest.json").write_text(json.dumps(man))
+    shard = sorted(out.glob("shard-*.npz"))[0]
+    with np.load(shard) as f:
+        data = {k: f[k] for k in f.files}
+    meta = json.loads(str(data["__meta__"]))
+    del meta["sha256"]
+    data["x"] = data["x"] + 1.0  # wrong data, and nothing to tell
+    np.savez(shard, **{**data, "__meta__": np.asarray(json.dumps(meta))})
+    with pytest.raises(ValueError, match="records no SHA-256"):
+        S.merge(out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        S.run(sw, out, progress=False)  # the bad shard is computed again
+    same(S.merge(out).arrays, good)

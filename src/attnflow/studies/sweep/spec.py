@@ -41,6 +41,13 @@ __all__ = [
 IDENTITY = ("name", "config", "size", "seed", "shard_size")
 
 
+def identity_digest(identity: Mapping) -> str:
+    """The first 16 hex digits of the SHA-256 of a sweep's identity (``IDENTITY``'s
+    fields, as JSON with sorted keys): the digest its manifest and every shard record."""
+    ident = {k: identity[k] for k in IDENTITY}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def parse_shard(text: str | tuple[int, int] | None) -> tuple[int, int] | None:
     """Parse ``"i/N"`` (0 <= i < N) into ``(i, N)``; ``None`` stays ``None``."""
     if text is None:
@@ -145,13 +152,13 @@ class Sweep:
         """The manifest written into a run's directory: the identity, its digest (which
         every shard records), the shard count, the kernel's name and versions."""
         ident = self.identity()
-        digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+        digest = identity_digest(ident)
         kern = (
             f"{getattr(self.kernel, '__module__', '?')}.{getattr(self.kernel, '__qualname__', '?')}"
         )
         return {
             **ident,
-            "digest": digest[:16],
+            "digest": digest,
             "n_shards": self.n_shards,
             "kernel": kern,
             "versions": run_metadata(),

@@ -9,8 +9,9 @@ Contract:
 * A shard file records its sweep's digest, its sample range and the SHA-256 of its
   arrays (names, dtypes, shapes and C-order bytes); ``read_shard`` returns its arrays
   only if all of these hold, else raises ``BadShard`` saying what is wrong (truncated,
-  corrupted, edited, or from another sweep). Shards written before the hash was recorded
-  are accepted when everything else holds.
+  corrupted, edited, or from another sweep); a shard without the hash is refused
+  (nothing vouches for its arrays; a run recomputes it). ``read_manifest`` refuses a
+  manifest whose identity no longer matches the digest it records (edited by hand).
 * A directory holds one sweep: ``prepare_dir`` and ``check_dir`` refuse a different
   identity before anything is computed, naming each field that differs.
 * Temporary files are named ``.<name>.<host>.<pid>.<random>.tmp``; ``remove_dead_tmp``
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from ... import _checks
-from .spec import IDENTITY, Sweep
+from .spec import IDENTITY, Sweep, identity_digest
 
 __all__ = [
     "HOST",
@@ -165,9 +166,9 @@ class BadShard(Exception):
 
 def read_shard(path: Path, digest: str, start: int, stop: int) -> dict[str, np.ndarray]:
     """The arrays of a shard file, verified: readable, of this sweep (digest), for
-    samples ``[start, stop)``, and equal to the SHA-256 in its metadata. Shards written
-    before the hash was recorded are accepted when everything else holds. Raises
-    ``BadShard`` saying what is wrong."""
+    samples ``[start, stop)``, and equal to the SHA-256 in its metadata (a shard without
+    one is refused: nothing vouches for its arrays). Raises ``BadShard`` saying what is
+    wrong."""
     try:
         # our own handle: np.load leaves its file open when the zip cannot be read
         with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as f:
@@ -195,7 +196,11 @@ def read_shard(path: Path, digest: str, start: int, stop: int) -> dict[str, np.n
         if a.ndim < 1 or a.shape[0] != stop - start:
             raise BadShard(f"array {k!r} has shape {a.shape}, not {stop - start} rows")
     want = meta.get("sha256")
-    if want is not None and arrays_sha256(arrays) != want:
+    if want is None:  # nothing vouches for its arrays: recomputed, not trusted
+        raise BadShard(
+            "it records no SHA-256 of its arrays (edited, or written before shards were hashed)"
+        )
+    if arrays_sha256(arrays) != want:
         raise BadShard("its arrays do not match the SHA-256 in its metadata (edited or corrupted)")
     return arrays
 
@@ -229,7 +234,7 @@ def read_manifest(out_dir: str | os.PathLike) -> dict:
     for attempt in range(50):
         text = p.read_text()
         try:
-            return json.loads(text)
+            man = json.loads(text)
         except json.JSONDecodeError as exc:
             # a manifest being created without hard links is empty for a moment
             if attempt < 49 and not text.strip() and time.time() - p.stat().st_mtime < 5:
@@ -238,7 +243,28 @@ def read_manifest(out_dir: str | os.PathLike) -> dict:
             raise ValueError(
                 f"{str(p)!r} is not valid JSON ({exc}); delete the directory or choose another one."
             ) from None
+        _check_manifest(man, p)
+        return man
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _check_manifest(man: Any, p: Path) -> None:
+    """A manifest edited by hand (its size, seed, ...) no longer matches the digest it
+    records, which every shard records too: refused, naming the file."""
+    if not isinstance(man, dict) or any(k not in man for k in (*IDENTITY, "digest")):
+        raise ValueError(
+            f"{str(p)!r} is not a sweep manifest (it lacks {', '.join(IDENTITY)} or its "
+            f"digest); delete the directory or choose another one."
+        )
+    try:
+        ok = identity_digest(man) == man["digest"]
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{str(p)!r} was edited: its identity ({', '.join(IDENTITY)}) does not match the "
+            f"digest it records; restore it, or delete the directory and rerun the sweep."
+        )
 
 
 def _create_exclusive(path: Path, text: str) -> None:
