@@ -184,3 +184,19 @@ def test_weights_beyond_float32_are_refused_after_the_cast():
                 af.Attention(np.eye(2), np.eye(2), 1e300 * np.eye(2))
     finally:
         jax.config.update("jax_enable_x64", True)
+
+
+def test_flags_and_indices_that_are_not_what_they_look_like():
+    """progress='yes' was taken for True and unstack(st, 1.7) for model 1."""
+    I2 = np.eye(2)
+    m = af.Attention(I2, I2, I2)
+    with pytest.raises(ValueError, match="progress must be True or False; got 'yes'"):
+        af.simulate(m, I2, 0.1, progress="yes")
+    with pytest.raises(ValueError, match="residual must be True or False"):
+        af.simulate(m, I2, 0.1, method="euler", dt=0.1, residual=1)
+    st = af.stack([m, af.Attention(I2, I2, 2 * I2)])
+    with pytest.raises(ValueError, match="i must be an integer"):
+        af.unstack(st, 1.7)
+    with pytest.raises(IndexError, match="i = 2 is out of range for 2 stacked models"):
+        af.unstack(st, 2)
+    np.testing.assert_array_equal(np.asarray(af.unstack(st, -1).V), 2 * I2)

@@ -94,6 +94,14 @@ def check_tolerances(rtol, atol) -> tuple[float, float]:
     return r, a
 
 
+def check_flags(**flags: Any) -> None:
+    """``ValueError`` naming a flag that is not ``True`` or ``False`` (``"yes"`` or
+    ``0.5`` would be taken for true)."""
+    for name, value in flags.items():
+        if not isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"{name} must be True or False; got {value!r}.")
+
+
 def solver_options(
     solver: Any, method: str, dt: float | None, rtol: float, atol: float, max_steps: int
 ) -> tuple[str, float | None, float, float, int]:

@@ -400,8 +400,7 @@ def simulate(
             solver, method, dt, rtol, atol, max_steps
         )
     _checks.choice("method", method, (*SOLVERS, *FIXED))
-    if not isinstance(residual, (bool, np.bool_)):
-        raise ValueError(f"residual must be True or False; got {residual!r}.")
+    _inputs.check_flags(residual=residual, progress=progress)
     if layernorm is not None:
         _checks.choice("layernorm", layernorm, LAYERNORMS)
         if frame != "sphere" or method != "euler":

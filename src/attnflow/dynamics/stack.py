@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _checks
 from .base import AbstractModel
 
 __all__ = ["stack", "unstack"]
@@ -92,7 +93,5 @@ def unstack(model: AbstractModel, i: Any) -> AbstractModel:
     size = model.stack_size
     if size is None:
         raise ValueError("model is not stacked (attnflow.stack); there is nothing to unstack.")
-    i = int(i)
-    if not -size <= i < size:
-        raise ValueError(f"i = {i} is out of range for {size} stacked models.")
+    i = _checks.index("i", i, size, what="stacked models")  # 1.7 is not an index
     return jax.tree_util.tree_map(lambda a: a[i] if eqx.is_array(a) else a, model)
