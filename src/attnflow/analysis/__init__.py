@@ -22,6 +22,7 @@ _WHERE = {
         ("CriticalLayer", "critical_gamma", "critical_layer", "simplex_tokens"), ".critical"
     ),
     **dict.fromkeys(("lost_in_middle_profile", "lost_in_middle_threshold"), ".position"),
+    "consensus_distance": ".collapse",
     **dict.fromkeys(("RankTrack", "boolean_distance", "rank_of", "track_rank"), ".rank"),
     **dict.fromkeys(
         (
@@ -50,6 +51,7 @@ _WHERE = {
 }
 
 if _typing.TYPE_CHECKING:
+    from .collapse import consensus_distance
     from .critical import CriticalLayer, critical_gamma, critical_layer, simplex_tokens
     from .dispersion import DispersionReport, dispersion, dispersion_scan
     from .modes import ModePrediction, mode_rates, predict_metastable
@@ -124,6 +126,7 @@ __all__ = [
     "simplex_tokens",
     "lost_in_middle_profile",
     "lost_in_middle_threshold",
+    "consensus_distance",
     "Regime",
     "observe_limit",
     "predict_regime",
