@@ -47,6 +47,8 @@ def _needle(n: int, g: float) -> np.ndarray:
 def compute(quick: bool) -> F.Data:
     """The kernels' weights of constructed rows at every n, and their closed forms."""
     H.setup()
+    import jax.numpy as jnp
+
     from attnflow import kernels as K
 
     ns = np.array([16, 256, 4096]) if quick else 2 ** np.arange(4, 17)
@@ -74,7 +76,7 @@ def compute(quick: bool) -> F.Data:
     runs, arrays = [], {"n": ns.astype(np.float64)}
     for i, (label, kernel, params, g, closed) in enumerate(needles):
         k = K.get(kernel, **params)
-        got = np.array([float(np.asarray(k.weights(_needle(int(n), g)))[0, 0]) for n in ns])
+        got = np.array([float(k.weights(jnp.asarray(_needle(int(n), g)))[0, 0]) for n in ns])
         ref = np.array([closed(int(n)) for n in ns])
         runs.append(
             dict(
@@ -90,8 +92,8 @@ def compute(quick: bool) -> F.Data:
         arrays[f"needle{i}"] = got
     for j, b in enumerate(SINKS):
         k = K.Sink(b=b)
-        got = np.array([float(np.asarray(K.sink_share(np.zeros((1, int(n))), b))[0]) for n in ns])
-        rows = [1 - float(np.asarray(k.weights(np.zeros((1, int(n))))).sum()) for n in ns]
+        got = np.array([float(K.sink_share(jnp.zeros((1, int(n))), b)[0]) for n in ns])
+        rows = [1 - float(np.asarray(k.weights(jnp.zeros((1, int(n))))).sum()) for n in ns]
         ref = 1 / (1 + ns * math.exp(-b))
         runs.append(
             dict(
