@@ -31,10 +31,8 @@ Contract:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +43,7 @@ import numpy as np
 from .._meta import run_metadata
 from ..dynamics.base import AbstractModel, family_class
 from ..dynamics.trajectory import Continuous, Layers  # the time discretisations
+from .files import arrays_sha256, temporary_name, write_atomic
 
 if TYPE_CHECKING:
     from ..dynamics.trajectory import Trajectory
@@ -231,41 +230,19 @@ def save(traj: Trajectory, path: str | os.PathLike, **extra: Any) -> Path:
             f"pass numbers, strings, lists or dicts of them (e.g. x.tolist())."
         ) from None
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            payload: dict[str, Any] = {"metadata": text, **arrays}
-            payload["sha256"] = np.asarray(_digest(text, arrays))
-            np.savez_compressed(fh, **payload)
-        # the temporary file is private (0600); the run gets the mode of any new file
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    payload: dict[str, Any] = {"metadata": np.asarray(text), **arrays}
+    payload["sha256"] = np.asarray(arrays_sha256(payload))
+
+    def writer(fh):
+        np.savez_compressed(fh, **payload)
+
+    # a temporary file with the mode of any new file, then a rename
+    write_atomic(path, writer, temporary_name(path))
     return path
 
 
 def _python_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, (bool, np.generic))
-
-
-def _digest(text: str, arrays: dict[str, np.ndarray]) -> str:
-    """SHA-256 of the metadata text and of every array (name, dtype, shape, bytes), in
-    the order of their names: what ``load`` checks."""
-    h = hashlib.sha256(text.encode())
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        h.update(f"\0{name}\0{a.dtype.str}\0{a.shape}\0".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
-
-
-def _umask() -> int:
-    """The process's umask (read by setting it and putting it back)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _jsonable(v: Any) -> bool:
@@ -307,7 +284,7 @@ def _check_hash(meta: dict, data: dict, path: Path) -> None:
     files written before it existed have none."""
     text = meta.pop("__text__")
     digest = data.pop("sha256", None)
-    if digest is not None and str(digest) != _digest(text, data):
+    if digest is not None and str(digest) != arrays_sha256({"metadata": np.asarray(text), **data}):
         raise ValueError(
             f"{str(path)!r} does not match the hash it was saved with: the file was "
             f"altered or damaged after it was written; re-save the run from its source."

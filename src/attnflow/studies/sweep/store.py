@@ -22,7 +22,6 @@ Contract:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ... import _checks
+from ...io.files import arrays_sha256, write_atomic
 from .spec import IDENTITY, Sweep, identity_digest
 
 __all__ = [
@@ -94,17 +94,6 @@ def shard_name(start: int, stop: int) -> str:
     return f"shard-{start:010d}-{stop:010d}.npz"
 
 
-def arrays_sha256(arrays: Mapping[str, np.ndarray]) -> str:
-    """SHA-256 of a shard's arrays: names, dtypes, shapes and C-order bytes, by name."""
-    h = hashlib.sha256()
-    for k in sorted(arrays):
-        a = np.ascontiguousarray(arrays[k])
-        h.update(json.dumps([k, a.dtype.str, list(a.shape)]).encode())
-        if a.size:
-            h.update(a.reshape(-1).view(np.uint8).data)
-    return h.hexdigest()
-
-
 def _tmp_path(path: Path) -> Path:
     """A temporary name beside ``path``: ``.<name>.<host>.<pid>.<random>.tmp`` (the host
     with its dots replaced), so a later run can tell the leftovers of a dead process of
@@ -127,17 +116,7 @@ def remove_dead_tmp(out_dir: Path) -> None:
 
 
 def _write_atomic(path: Path, writer: Callable[[Any], None]) -> None:
-    tmp = _tmp_path(path)
-    try:
-        with open(tmp, "wb") as f:
-            writer(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, writer, _tmp_path(path))
 
 
 def write_shard(
