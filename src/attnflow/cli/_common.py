@@ -276,23 +276,11 @@ def simulate_head(
 
 def mask_object(value: str) -> Any:
     """The mask object of a ``--mask`` spelling (``_options.parse_mask``)."""
-    from attnflow import masks
+    from attnflow.masks import check_mask
 
     from ._options import parse_mask
 
-    spec = parse_mask(value)
-    if spec is None:
-        return None
-    kind, *args = spec
-    if kind == "causal":
-        return masks.Causal()
-    if kind == "window":
-        return masks.Window(args[0])
-    if kind == "alibi":
-        return masks.ALiBi(args[0])
-    if kind == "sinkwindow":
-        return masks.SinkWindow(args[0], args[1])
-    return masks.RoPE(args[0], masks.Causal() if args[1] else None)
+    return check_mask(parse_mask(value))
 
 
 def initial_tokens(kind: str, n: int, d: int, seed: int, scale: float) -> Float[np.ndarray, "n d"]:

@@ -392,25 +392,26 @@ def _check_kernel(value: str) -> str:
     return value
 
 
-def parse_mask(value: str) -> tuple | None:
-    """The ``--mask`` spelling as ``(kind, numbers...)`` (``None`` for none): checked at
-    parse time, turned into a mask object by the command (which imports JAX)."""
+def parse_mask(value: str) -> list | None:
+    """The ``--mask`` spelling as the mask's saved form (``None`` for none), checked at
+    parse time; ``attnflow.masks.check_mask`` turns it into the object when the command
+    runs (it imports JAX)."""
     v = value.strip().lower()
     if v in ("", "none"):
         return None
     if v == "causal":
-        return ("causal",)
+        return ["causal"]
     kind, _, rest = v.partition(":")
     parts = [p.strip() for p in rest.split(",")] if rest else []
     try:
         if kind == "window" and len(parts) == 1:
-            return ("window", int(parts[0]))
+            return ["window", int(parts[0])]
         if kind == "alibi" and len(parts) == 1:
-            return ("alibi", float(parts[0]))
+            return ["alibi", float(parts[0])]
         if kind == "sinkwindow" and len(parts) == 2:
-            return ("sinkwindow", int(parts[0]), int(parts[1]))
+            return ["sinkwindow", int(parts[0]), int(parts[1])]
         if kind == "rope" and len(parts) in (1, 2) and parts[1:] in ([], ["causal"]):
-            return ("rope", float(parts[0]), len(parts) == 2)
+            return ["rope", float(parts[0]), ["causal"] if len(parts) == 2 else None]
     except ValueError:
         pass
     raise typer.BadParameter(f"must be one of {_MASK_FORMS}; got {value!r}.")
