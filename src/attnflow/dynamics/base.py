@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from . import kernels as _kernels
+from .kernels._tiling import prepared as _prepared
 
 __all__ = [
     "AbstractModel",
@@ -339,16 +340,10 @@ class AbstractKernelAttention(AbstractAttentionSystem):
     def prepare_tokens(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
         return self.kernel.prepare_tokens(x)
 
-    def _prepared(self, q: Array, k: Array) -> tuple[Array, Array]:
-        """Queries and keys as the logits see them: the kernel's preparation, then the
-        mask's turn by position (RoPE)."""
-        q, k = self.kernel.prepare(q, k)
-        return (q, k) if self.mask is None else self.mask.turn(q, k)
-
     def logits_qk(self, q: Array, k: Array) -> Array:
         """The pre-kernel logits ``beta <q_i, k_j>`` of the prepared (and, under RoPE,
         turned) queries and keys, unmasked and without a mask's bias."""
-        return _kernels.logits(*self._prepared(q, k), self.beta)
+        return _kernels.logits(*_prepared(self.kernel, self.mask, q, k), self.beta)
 
     def _masked_logits(self, q: Array, k: Array) -> Array:
         L = self.logits_qk(q, k)
@@ -379,13 +374,12 @@ class AbstractKernelAttention(AbstractAttentionSystem):
         if not self.kernel.rowwise:
             L = self._masked_logits(q, k)
             return self.kernel.weights(L)[rows], L[rows], None
-        q, k = self._prepared(q, k)
+        q, k = _prepared(self.kernel, self.mask, q, k)
         L = _kernels.logits(q[rows], k, self.beta)
         if self.mask is None:
             return self.kernel.weights(L), L, None
         cols = jnp.arange(k.shape[0])
-        b = self.mask.bias(rows, cols)
-        L = L if b is None else L + b.astype(L.dtype)
+        L = self.mask.add_bias(L, rows, cols)
         keep = self.mask.keep(rows, cols)
         return self.kernel.weights(jnp.where(keep, L, -jnp.inf)), L, keep
 

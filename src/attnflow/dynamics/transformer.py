@@ -36,6 +36,7 @@ from jaxtyping import Array, Float
 from .. import _checks
 from . import kernels as _kernels
 from .base import AbstractAttentionSystem, AbstractModel, family_class
+from .kernels._tiling import prepared as _prepared
 from .model import Attention, describe_kernel, kernel_and_mask, saved_kernel
 from .propagator import Propagator
 
@@ -281,10 +282,7 @@ class MultiHeadAttention(AbstractModel):
         q, k = self._queries_keys(x)
 
         def one(qh, kh, mask):
-            qh, kh = self.kernel.prepare(qh, kh)
-            if mask is not None:
-                qh, kh = mask.turn(qh, kh)
-            return _kernels.logits(qh, kh, self.beta)
+            return _kernels.logits(*_prepared(self.kernel, mask, qh, kh), self.beta)
 
         return jax.vmap(one, in_axes=(0, 0, self._mask_axis))(q, k, self.mask)
 

@@ -19,6 +19,7 @@ from .masks import AbstractMask
 
 __all__ = [
     "attend_with",
+    "prepared",
     "auto_block",
     "check_kernel_mask",
     "logits",
@@ -46,6 +47,15 @@ def check_kernel_mask(kernel: AbstractKernel, mask: AbstractMask | None) -> None
     if mask is not None and not kernel.takes_mask:
         why = f" ({kernel.no_mask_reason})" if kernel.no_mask_reason else ""
         raise ValueError(f"kernel {kernel.name!r} takes no mask{why}; use mask=None.")
+
+
+def prepared(
+    kernel: AbstractKernel, mask: AbstractMask | None, q: Array, k: Array
+) -> tuple[Array, Array]:
+    """Queries and keys as the logits see them: the kernel's preparation, then the
+    mask's turn by position (RoPE)."""
+    q, k = kernel.prepare(q, k)
+    return (q, k) if mask is None else mask.turn(q, k)
 
 
 def logits(q: Array, k: Array, beta: Any) -> Array:
@@ -79,9 +89,7 @@ def attend_with(
             each tile masks its own rows.
     """
     check_kernel_mask(kernel, mask)
-    q, k = kernel.prepare(q, k)
-    if mask is not None:
-        q, k = mask.turn(q, k)
+    q, k = prepared(kernel, mask, q, k)
     n = q.shape[0]
     if block is None:
         block = auto_block(k.shape[0])

@@ -77,14 +77,16 @@ class AbstractMask(eqx.Module):
         del h
         return self
 
+    def add_bias(self, L: Array, rows: Array, cols: Array) -> Array:
+        """Logits ``L`` of query rows ``rows`` on columns ``cols`` with the bias added."""
+        b = self.bias(rows, cols)
+        return L if b is None else L + b.astype(L.dtype)
+
     def apply_rows(self, L: Array, rows: Array) -> Array:
         """Logits ``L`` ``(r, m)`` of query rows ``rows`` (indices) with the bias added and
         the dropped entries ``-inf``."""
         cols = jnp.arange(L.shape[-1])
-        b = self.bias(rows, cols)
-        if b is not None:
-            L = L + b.astype(L.dtype)
-        return jnp.where(self.keep(rows, cols), L, -jnp.inf)
+        return jnp.where(self.keep(rows, cols), self.add_bias(L, rows, cols), -jnp.inf)
 
     def apply(self, L: Array, row0: Any = 0) -> Array:
         """Logits ``L`` ``(r, m)`` of query rows ``row0 ..`` with the bias added and the
