@@ -18,6 +18,7 @@ import equinox as eqx
 import jax
 from jaxtyping import Array
 
+from ... import _checks
 from ._base import AbstractKernel
 
 __all__ = ["Sinkhorn", "sinkhorn"]
@@ -41,12 +42,7 @@ class Sinkhorn(AbstractKernel):
     rowwise: ClassVar[bool] = False
 
     def __init__(self, iters: Any = 3):
-        if isinstance(iters, bool) or not isinstance(iters, int) or not 1 <= iters <= 1000:
-            raise ValueError(
-                f"kernel_params['iters'] must be a whole number of Sinkhorn iterations in "
-                f"[1, 1000] for 'sinkhorn'; got {iters!r}."
-            )
-        self.iters = iters
+        self.iters = _checks.integer("kernel_params['iters'] of 'sinkhorn'", iters, lo=1, hi=1000)
 
     def weights(self, L: Array) -> Array:
         return sinkhorn(L, self.iters)

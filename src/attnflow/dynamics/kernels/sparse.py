@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
+from ... import _checks
 from ._base import AbstractKernel
 
 __all__ = [
@@ -153,12 +154,8 @@ class Entmax(AbstractKernel):
                 f"kernel_params['alpha'] must be a number > 1 for 'entmax' (1 is softmax, "
                 f"2 sparsemax); got {alpha!r}."
             )
-        if isinstance(iters, bool) or not isinstance(iters, int) or not 8 <= iters <= 200:
-            raise ValueError(
-                f"kernel_params['iters'] must be a whole number of bisection steps in "
-                f"[8, 200] for 'entmax'; got {iters!r}."
-            )
-        self.alpha, self.iters = a, iters
+        self.alpha = a
+        self.iters = _checks.integer("kernel_params['iters'] of 'entmax'", iters, lo=8, hi=200)
 
     def weights(self, L: Array) -> Array:
         return entmax(L, self.alpha, self.iters)
