@@ -18,20 +18,25 @@ from ._base import AbstractKernel, parameter
 __all__ = ["Sink", "sink_softmax", "sink_share"]
 
 
+def _pivoted(L: Array, b: Any) -> tuple[Array, Array, Array]:
+    """``(e^{L - m}, e^{b - m}, their row sum)`` with the pivot ``m = max(max L, b)``."""
+    b = jnp.asarray(b, L.dtype)
+    m = jax.lax.stop_gradient(jnp.maximum(jnp.max(L, axis=-1, keepdims=True), b))
+    e, eb = jnp.exp(L - m), jnp.exp(b - m)
+    return e, eb, eb + jnp.sum(e, axis=-1, keepdims=True)
+
+
 def sink_softmax(L: Array, b: Any) -> Array:
     """``e^{L_j} / (e^b + sum_k e^{L_k})`` of logits ``L`` ``(..., n)`` (masked ``-inf``
     keys weigh 0), pivoted at ``max(max L, b)``."""
-    b = jnp.asarray(b, L.dtype)
-    m = jax.lax.stop_gradient(jnp.maximum(jnp.max(L, axis=-1, keepdims=True), b))
-    e = jnp.exp(L - m)
-    return e / (jnp.exp(b - m) + jnp.sum(e, axis=-1, keepdims=True))
+    e, _, total = _pivoted(L, b)
+    return e / total
 
 
 def sink_share(L: Array, b: Any) -> Array:
     """The sink column's weight ``1 / (1 + sum_j e^{L_j - b})`` per row (pivoted)."""
-    b = jnp.asarray(b, L.dtype)
-    m = jnp.maximum(jnp.max(L, axis=-1), b)
-    return jnp.exp(b - m) / (jnp.exp(b - m) + jnp.sum(jnp.exp(L - m[..., None]), axis=-1))
+    _, eb, total = _pivoted(L, b)
+    return (eb / total)[..., 0]
 
 
 class Sink(AbstractKernel):
