@@ -5,7 +5,7 @@ Thin on purpose: simulation is ``attnflow.plotting.simulate_tokens`` (over
 ``observe_limit``, ``predict_regime``), drawing helpers are ``attnflow.plotting``. What is
 here is bookkeeping and the figures' common layout: every figure writes PNG + PDF and a
 sidecar JSON holding every parameter (seed, n, d, t1, Q, K, V, solver, tolerances, x64,
-versions, runtime).
+versions); wall times go to the runner's index, not the sidecar.
 
 Not a figure script (the runner only runs ``fig_*.py``).
 """
@@ -18,7 +18,6 @@ import functools
 import json
 import os
 import re
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -242,16 +241,16 @@ def sidecar(
     quick: bool,
     runs: list[dict],
     figures: Sequence[str | os.PathLike[str]] = (),
-    runtime_seconds: float | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """The sidecar of a figure as a dict: every parameter of every run, versions, runtime.
+    """The sidecar of a figure as a dict: every parameter of every run, and versions.
 
     ``runs``: one dict per simulation (``simulate_tokens``'s params plus a ``name`` and
     whatever was measured). The top-level keys ``seed, n, d, t1, Q, K, V, solver,
     tolerances`` hold the common value, or ``{run name: value}`` where runs differ.
-    ``figures`` and ``runtime_seconds`` may be left for later: ``_figure.figure`` fills
-    them in once the figure is drawn. ``extra``: more keys, after ``runs``.
+    ``figures`` may be left for later: ``_figure.figure`` fills it in once the figure is
+    drawn (and keeps wall times out of the sidecar: ``_figure.split_timings``).
+    ``extra``: more keys, after ``runs``.
     """
     from attnflow._meta import run_metadata
 
@@ -262,65 +261,11 @@ def sidecar(
     side.update(
         x64=versions["x64"],
         versions=versions,
-        runtime_seconds=runtime_seconds,
         figures=[str(p) for p in figures],
         runs=runs,
     )
     side.update(extra)
     return side
-
-
-def write_sidecar(
-    out_dir: str | os.PathLike[str],
-    stem: str,
-    *,
-    script: str,
-    quick: bool,
-    runs: list[dict],
-    figures: Sequence[str | os.PathLike[str]],
-    t_start: float,
-    **extra: Any,
-) -> Path:
-    """Write ``stem.json``: ``sidecar(...)`` with the runtime since ``t_start``."""
-    side = sidecar(
-        script=script,
-        quick=quick,
-        runs=runs,
-        figures=figures,
-        runtime_seconds=round(time.perf_counter() - t_start, 2),
-        **extra,
-    )
-    return write_json(out_dir, stem, jsonable(side), compact=True)
-
-
-def finish(
-    out_dir: str | os.PathLike[str],
-    stem: str,
-    *,
-    script: str,
-    quick: bool,
-    runs: list[dict],
-    figures: Sequence[Path],
-    t_start: float,
-    movies: Sequence[str] = (),
-    **extra: Any,
-) -> dict[str, Any]:
-    """Write the sidecar of a figure (``write_sidecar``; ``movies`` listed with the
-    figures and under ``"movies"``) and return what ``make`` returns: ``{"figures":
-    [paths], "json": sidecar path}``."""
-    if movies:
-        extra["movies"] = list(movies)
-    jpath = write_sidecar(
-        out_dir,
-        stem,
-        script=script,
-        quick=quick,
-        runs=runs,
-        figures=[*figures, *movies],
-        t_start=t_start,
-        **extra,
-    )
-    return {"figures": [*figures, *map(Path, movies)], "json": str(jpath)}
 
 
 _NUMBER_LIST = re.compile(r"\[(?:\s*-?[0-9][0-9.eE+-]*\s*,)*\s*-?[0-9][0-9.eE+-]*\s*\]")
