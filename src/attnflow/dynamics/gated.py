@@ -18,13 +18,23 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import jax
+import jax.core as jax_core
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .. import _checks
 from .base import AbstractAttentionSystem, AbstractModel, family_class
 
 __all__ = ["GatedAttention"]
+
+
+def _checked(name: str, value: Any, ndim: int, hint: str) -> Any:
+    """A real, finite array of ``ndim`` dimensions (``_checks.real_array``); traced
+    values pass unchecked."""
+    if isinstance(value, jax_core.Tracer):
+        return value
+    return _checks.real_array(name, value, ndim=ndim, shape_hint=hint)
 
 
 class GatedAttention(AbstractModel):
@@ -58,21 +68,16 @@ class GatedAttention(AbstractModel):
                 f"{type(attention).__name__}. Gates of several heads are not built."
             )
         d = attention.d
-        W = np.asarray(Wg, dtype=np.float64) if not isinstance(Wg, jax.Array) else Wg
-        if np.ndim(W) != 2 or np.shape(W)[1] != d or np.shape(W)[0] not in (1, d):
+        W = _checked("Wg", Wg, 2, f"(({d}, {d}) or (1, {d}))")
+        if np.shape(W)[1] != d or np.shape(W)[0] not in (1, d):
             raise ValueError(
                 f"Wg must be ({d}, {d}) (element-wise gates) or (1, {d}) (one head-wise gate "
                 f"per token); got shape {np.shape(W)}."
             )
         rows = int(np.shape(W)[0])
-        b = np.zeros(rows) if bg is None else bg
-        b = np.asarray(b, dtype=np.float64) if not isinstance(b, jax.Array) else b
+        b = _checked("bg", np.zeros(rows) if bg is None else bg, 1, f"(({rows},))")
         if np.shape(b) != (rows,):
             raise ValueError(f"bg must have shape ({rows},) to match Wg; got {np.shape(b)}.")
-        if not isinstance(W, jax.Array) and not np.all(np.isfinite(W)):
-            raise ValueError("Wg must be finite.")
-        if not isinstance(b, jax.Array) and not np.all(np.isfinite(b)):
-            raise ValueError("bg must be finite.")
         self.attn = attention
         self.Wg = jnp.asarray(W, attention.dtype)
         self.bg = jnp.asarray(b, attention.dtype)
