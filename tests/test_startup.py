@@ -130,6 +130,9 @@ def test_option_tables_are_the_library_tables():
     assert _options.FIXED == tuple(FIXED)
     assert _options.MAX_STEPS_LIMIT == MAX_STEPS_LIMIT
     assert _options.KERNELS == tuple(KERNELS)
+    from attnflow.dynamics.frames import LAYERNORMS
+
+    assert _options.LAYERNORMS == tuple(LAYERNORMS)
     assert _options.NORMS == tuple(NORMS)
     assert _options.INTERVALS == tuple(INTERVALS)
     assert _options.BACKENDS == tuple(BACKENDS)

@@ -14,7 +14,8 @@ This module imports neither JAX nor any layer of attnflow that does (``--help``,
 subcommand's ``--help`` and every usage error answer without the numerical stack), so
 the tables of choices are copies of the library's own: ``FRAMES``, ``SOLVERS`` and
 ``_FIXED`` of ``attnflow.dynamics``, ``KERNELS`` of ``attnflow.dynamics.kernels``,
-``NORMS`` of ``attnflow.analysis.rank``, ``INTERVALS`` and ``BACKENDS`` of
+``NORMS`` of ``attnflow.analysis.rank``, ``LAYERNORMS`` of ``attnflow.dynamics.frames``,
+``INTERVALS`` and ``BACKENDS`` of
 ``attnflow.studies.ginibre``, the names of ``attnflow.studies.setups.MOVIE_CASES``.
 ``tests/test_startup.py`` checks that each copy equals the library's table: a new
 solver, frame, norm, interval, backend or movie case is added here too.
