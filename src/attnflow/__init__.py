@@ -52,6 +52,9 @@ _LAZY: dict[str, str] = {
     ),
     **dict.fromkeys(("solve", "Solution", "AdaptiveSolver", "LayerSolver"), ".dynamics.solve"),
     "KERNELS": ".dynamics.kernels",
+    **dict.fromkeys(
+        ("CircleMeanField", "DensityTrajectory", "solve_density"), ".dynamics.meanfield"
+    ),
     "stack": ".dynamics.stack",
     "unstack": ".dynamics.stack",
     **dict.fromkeys(
@@ -132,6 +135,7 @@ if _typing.TYPE_CHECKING:  # what a type checker and an editor see; nothing is i
     )
     from .dynamics.base import AbstractAttentionSystem, AbstractKernelAttention, AbstractModel
     from .dynamics.kernels import KERNELS
+    from .dynamics.meanfield import CircleMeanField, DensityTrajectory, solve_density
     from .dynamics.solve import AdaptiveSolver, LayerSolver, Solution, solve
     from .dynamics.stack import stack, unstack
     from .studies import GinibreEstimate, HeadsAnalysis, analyze_heads, ginibre_fraction
@@ -182,6 +186,9 @@ __all__ = [
     "AbstractModel",
     "ModePrediction",
     "predict_metastable",
+    "CircleMeanField",
+    "DensityTrajectory",
+    "solve_density",
     "AbstractAttentionSystem",
     "AbstractKernelAttention",
     "kernels",

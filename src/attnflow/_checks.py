@@ -225,3 +225,13 @@ def warn_float64_cast(*inputs: Any, stacklevel: int = 3) -> None:
             UserWarning,
             stacklevel=stacklevel,
         )
+
+
+def refuse_mean_field(obj: Any, analysis: str, instead: str) -> None:
+    """Refuse a mean-field density (``CircleMeanField``, ``DensityTrajectory``: class fact
+    ``mean_field = True``) in an analysis of tokens or attention matrices, by name."""
+    if getattr(type(obj), "mean_field", False):
+        raise ValueError(
+            f"{analysis} reads tokens and attention matrices; a {type(obj).__name__} is a "
+            f"token density (n = infinity) and has neither. {instead}"
+        )

@@ -3,7 +3,8 @@
 matrix's rank and leaders (``rank``), softmax dispersion (``dispersion``), clusters and
 energies of tokens on the sphere (``sphere``), the linear modes of the mean-field
 equation and the metastable cluster count they predict (``modes``), one layer at the
-critical long-context scaling ``beta = gamma log n`` (``critical``), the kinetic
+critical long-context scaling ``beta = gamma log n`` (``critical``), measures on the
+circle, particles and mean-field densities alike (``density``), the kinetic
 theory's lost-in-the-middle profile (``position``). Analyses ask a
 trajectory for its attention and logits; they never run a simulation of their own."""
 
@@ -23,6 +24,7 @@ _WHERE = {
     ),
     **dict.fromkeys(("lost_in_middle_profile", "lost_in_middle_threshold"), ".position"),
     "consensus_distance": ".collapse",
+    **dict.fromkeys(("circle_wasserstein", "density_clusters", "fourier_modes"), ".density"),
     **dict.fromkeys(("RankTrack", "boolean_distance", "rank_of", "track_rank"), ".rank"),
     **dict.fromkeys(
         (
@@ -53,6 +55,7 @@ _WHERE = {
 if _typing.TYPE_CHECKING:
     from .collapse import consensus_distance
     from .critical import CriticalLayer, critical_gamma, critical_layer, simplex_tokens
+    from .density import circle_wasserstein, density_clusters, fourier_modes
     from .dispersion import DispersionReport, dispersion, dispersion_scan
     from .modes import ModePrediction, mode_rates, predict_metastable
     from .observe import Observation, observe_limit
@@ -127,6 +130,9 @@ __all__ = [
     "lost_in_middle_profile",
     "lost_in_middle_threshold",
     "consensus_distance",
+    "fourier_modes",
+    "circle_wasserstein",
+    "density_clusters",
     "Regime",
     "observe_limit",
     "predict_regime",

@@ -335,6 +335,7 @@ def dispersion(
     from ..dynamics.base import AbstractModel
     from ..dynamics.trajectory import Trajectory
 
+    _checks.refuse_mean_field(P, "dispersion", "Its Fourier modes: analysis.fourier_modes.")
     if isinstance(P, Trajectory):
         if logits is not None or x is not None:
             raise ValueError("with a trajectory, pass k (the saved index), not logits or x.")

@@ -293,6 +293,7 @@ def predict_regime(
         A ``Regime``. ``Label.UNCLASSIFIED`` means no proved theorem covers the triple;
         its reason names the failing hypothesis.
     """
+    _checks.refuse_mean_field(Q, "predict_regime", "Its modes: predict_metastable.")
     # a model exists only once the seam is imported: matrices need neither JAX nor it
     base = sys.modules.get("attnflow.dynamics.base")
     rect = False

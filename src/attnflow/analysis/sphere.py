@@ -53,6 +53,9 @@ __all__ = [
 
 def _tokens(traj: Any) -> np.ndarray:
     """Normalised tokens ``(..., m, n, d)`` in float64 of a Trajectory or an array."""
+    _checks.refuse_mean_field(
+        traj, "this observable", "Its peaks: density_clusters; energy: interaction_energy."
+    )
     x = getattr(traj, "x", traj)
     x = np.asarray(x, np.float64)
     if x.ndim not in (3, 4):
@@ -108,12 +111,23 @@ def count_clusters(traj: Any, threshold: float = 0.999) -> Int[np.ndarray, "*b m
     ``scipy.sparse.csgraph.connected_components`` (tested).
 
     Args:
-        traj: a ``Trajectory`` or tokens ``(m, n, d)`` / ``(b, m, n, d)``.
+        traj: a ``Trajectory`` or tokens ``(m, n, d)`` / ``(b, m, n, d)``; or a mean-field
+            ``DensityTrajectory``, whose clusters are its density's peaks
+            (``density_clusters`` with its defaults; ``threshold`` does not apply).
         threshold: in ``[-1, 1)``; 0.999 by default.
 
     Returns:
         ``(m,)`` or ``(b, m)`` integers; -1 at saves a failed system never reached.
     """
+    if getattr(type(traj), "mean_field", False):
+        if threshold != 0.999:
+            raise ValueError(
+                "threshold is an inner product of tokens; a density's peaks are counted "
+                "by height: use analysis.density_clusters(traj, level=...)."
+            )
+        from .density import density_clusters
+
+        return density_clusters(traj)
     thr = _threshold(threshold)
     G = gram(traj)
     n = G.shape[-1]
@@ -136,13 +150,24 @@ def interaction_energy(traj: Any, beta: float) -> Float[np.ndarray, "*b m"]:
     well-separated clusters (the staircase of the metastability paper).
 
     Args:
-        traj: a ``Trajectory`` or tokens ``(m, n, d)`` / ``(b, m, n, d)``.
+        traj: a ``Trajectory`` or tokens ``(m, n, d)`` / ``(b, m, n, d)``, or a mean-field
+            ``DensityTrajectory`` (its measure's energy, ``(1/(2 beta)) sum_k I_k(beta)
+            |c_k|^2`` over its exact Fourier coefficients).
         beta: the inverse temperature, > 0.
 
     Returns:
         ``(m,)`` or ``(b, m)``.
     """
     b = _checks.positive("beta", beta)
+    from ..dynamics.meanfield import DensityTrajectory
+
+    if isinstance(traj, DensityTrajectory):  # (1/(2 beta)) sum_k I_k(beta) |c_k|^2, exact
+        from scipy.special import ive
+
+        c2 = np.abs(traj.coefficients()) ** 2
+        c2[..., 1:] *= 2.0
+        log_sum = np.log((c2 * ive(np.arange(c2.shape[-1]), b)).sum(-1))
+        return np.exp(log_sum + b) / (2.0 * b)
     G = gram(traj)
     n = G.shape[-1]
     return np.exp(b * G).sum(axis=(-2, -1)) / (2.0 * b * n * n)

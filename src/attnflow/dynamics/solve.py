@@ -25,7 +25,7 @@ differentiate with respect to ``V`` in the original frame (or with respect to ``
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import diffrax
 import equinox as eqx
@@ -150,8 +150,17 @@ class Solution(eqx.Module):
         return self.status == Status.OK.code
 
 
+class ContinuousTerm(Protocol):
+    """What ``adaptive_solve`` integrates: a field and the overflow guard's log bound
+    (``FlowTerm`` for tokens, ``CircleMeanField`` for a density)."""
+
+    def field(self, t: Any, y: Array) -> Array: ...
+
+    def log_bound(self, t: Any, y: Array) -> Array: ...
+
+
 def adaptive_solve(
-    term: FlowTerm,
+    term: ContinuousTerm,
     y0: Array,
     ts: Array,
     t1: Any,
