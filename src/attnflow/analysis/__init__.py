@@ -22,6 +22,17 @@ _WHERE = {
     **dict.fromkeys(
         ("CriticalLayer", "critical_gamma", "critical_layer", "simplex_tokens"), ".critical"
     ),
+    **dict.fromkeys(
+        (
+            "CriticalSphere",
+            "SphereExponent",
+            "critical_beta_sphere",
+            "critical_exponent_sphere",
+            "largest_weight",
+            "sphere_gaps",
+        ),
+        ".critical",
+    ),
     **dict.fromkeys(("lost_in_middle_profile", "lost_in_middle_threshold"), ".position"),
     "consensus_distance": ".collapse",
     **dict.fromkeys(("circle_wasserstein", "density_clusters", "fourier_modes"), ".density"),
@@ -54,7 +65,18 @@ _WHERE = {
 
 if _typing.TYPE_CHECKING:
     from .collapse import consensus_distance
-    from .critical import CriticalLayer, critical_gamma, critical_layer, simplex_tokens
+    from .critical import (
+        CriticalLayer,
+        CriticalSphere,
+        SphereExponent,
+        critical_beta_sphere,
+        critical_exponent_sphere,
+        critical_gamma,
+        critical_layer,
+        largest_weight,
+        simplex_tokens,
+        sphere_gaps,
+    )
     from .density import circle_wasserstein, density_clusters, fourier_modes
     from .dispersion import DispersionReport, dispersion, dispersion_scan
     from .modes import ModePrediction, mode_rates, predict_metastable
@@ -127,6 +149,12 @@ __all__ = [
     "critical_gamma",
     "critical_layer",
     "simplex_tokens",
+    "CriticalSphere",
+    "SphereExponent",
+    "critical_beta_sphere",
+    "critical_exponent_sphere",
+    "largest_weight",
+    "sphere_gaps",
     "lost_in_middle_profile",
     "lost_in_middle_threshold",
     "consensus_distance",
