@@ -72,3 +72,29 @@ def test_renyi_centres_are_separated_maximal_and_pack_at_renyis_constant():
     assert np.mean(counts) == pytest.approx(0.7476 * 2 * np.pi / theta, rel=0.03)
     with pytest.raises(ValueError, match="exactly one of beta"):
         renyi_centres(x, beta=1.0, delta=0.1)
+
+
+def test_the_plateau_count_of_a_causal_run_is_the_number_of_renyi_centres():
+    """The set-up of Karagodin, Polyanskiy and Rigollet's Figure 2 (n = 200 uniform tokens
+    on the circle, beta = 64, Q = K = V = I, causal SA): the count of clusters most
+    frequent over t in [10, 100] (``fig_renyi.plateau_count``, threshold 0.999) is the
+    number of Renyi centres of the start (delta = 4 beta^{-1/2} = 0.5) within one, for
+    each of four seeds, and not the Renyi count at half or twice that delta."""
+    from attnflow.analysis import renyi_centres
+    from attnflow.experiments import fig_renyi as R
+
+    beta, n, seeds = 64.0, 200, 4
+    x0 = np.random.default_rng(7).normal(size=(seeds, n, 2))
+    x0 /= np.linalg.norm(x0, axis=-1, keepdims=True)
+    ts = np.concatenate([[0.0], np.geomspace(1.0, R.T1, R.SAVES - 1)])
+    renyi = np.array([len(renyi_centres(x, beta=beta)) for x in x0])
+    assert np.all((renyi >= 7) & (renyi <= 12)), renyi  # ~ 0.75 * 2 pi / 0.5
+    model = af.IsotropicAttention(2, beta=beta, mask="causal")
+    traj = af.simulate(model, x0, R.T1, ts=ts, frame="sphere", rtol=R.RTOL, atol=R.ATOL)
+    traj.raise_for_status()
+    counts = np.asarray(af.count_clusters(traj, threshold=R.THRESHOLD))
+    plateau = np.array([R.plateau_count(ts, c) for c in counts])
+    assert np.all(np.abs(plateau - renyi) <= 1), (plateau, renyi)
+    finer = np.array([len(renyi_centres(x, delta=0.25)) for x in x0])
+    coarser = np.array([len(renyi_centres(x, delta=1.0)) for x in x0])
+    assert np.all(finer - plateau >= 4) and np.all(plateau - coarser >= 2), (finer, coarser)
