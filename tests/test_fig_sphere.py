@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from scipy import special
 
 import attnflow as af
 
@@ -109,3 +110,24 @@ def test_fig_modes_quick(tmp_path):
     assert ten["plateau_counts"] == [4, 4] and ten["agrees"]
     assert F.plateau_count(np.array([0.0, 3.0, 4.0, 5.0, 7.0]), np.array([9, 3, 2, 3, 1])) == 3
     assert "| 10 | 4 | 4, 4 |" in (tmp_path / "fig_modes.md").read_text()
+
+
+@pytest.mark.slow  # 25 s; the solver, its rates and the W1 fit are in test_meanfield.py
+def test_fig_meanfield_quick(tmp_path):
+    from attnflow.experiments import fig_meanfield as F
+
+    F.make(tmp_path, quick=True)
+    side = _side(tmp_path, F.NAME)
+    (rate,) = side["rates"]
+    assert rate["status"] == "ok" and rate["max_relative_error"] < 1e-3
+    # the measured rates against the closed form k^2 I_k(beta) / (beta I_0(beta))
+    k = np.asarray(rate["k"], float)
+    closed = k**2 * special.ive(k, 5.0) / (5.0 * special.ive(0, 5.0))
+    np.testing.assert_allclose(rate["predicted"], closed, rtol=1e-12)
+    (cl,) = side["clusters"]
+    assert cl["predicted_clusters"] == 3 and cl["counted"] == 3
+    conv = side["convergence"]
+    # W1 against n: particles at the density's quantiles converge like 1/n
+    assert abs(conv["slope_quantile"] + 1.0) < 0.15
+    assert np.all(np.diff(conv["w1_quantile"]) < 0)
+    assert "| 5 | 3 | 3 |" in (tmp_path / "fig_meanfield.md").read_text()

@@ -8,7 +8,8 @@ package root (``import attnflow``, the public API) is open to the figure scripts
 command line only. Lazy imports inside functions count too, with one listed exception
 (``FACES``): ``Trajectory``'s file methods (``save``, ``load``, ``metadata``,
 ``to_xarray``) are the face of ``io.trajectory_file``, the file format, which they import
-inside a function, so that loading the dynamics never loads ``io``.
+inside a function, so that loading the dynamics never loads ``io``; ``DensityTrajectory``'s
+``save`` and ``load`` are the face of ``io.density_file`` in the same way.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ PKG = Path(attnflow.__file__).resolve().parent
 ORDER = ["dynamics", "analysis", "io", "studies", "plotting", "experiments", "cli"]
 # (module, the module of a higher layer it may import inside a function): its methods
 # are that module's face
-FACES = {("attnflow.dynamics.trajectory", "attnflow.io.trajectory_file")}
+FACES = {
+    ("attnflow.dynamics.trajectory", "attnflow.io.trajectory_file"),
+    ("attnflow.dynamics.meanfield", "attnflow.io.density_file"),
+}
 
 
 def _layer(module: str) -> int | None:

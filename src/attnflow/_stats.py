@@ -1,20 +1,24 @@
-"""Binomial proportions: confidence intervals for ``count`` successes in ``samples`` trials.
+"""Binomial proportions and power-law fits.
 
-Contract: ``binomial_interval`` returns ``(low, high)`` with ``0 <= low <= count/samples
-<= high <= 1``, exactly 0 for ``count = 0`` and 1 for ``count = samples``, for the Wilson
-score interval (no continuity correction) or the exact Clopper-Pearson interval (beta
-quantiles, to the last bits); arguments are checked first (``ValueError`` naming the
-argument). scipy is imported on the first call only. Below every layer: imports no
-module of attnflow's layers.
+Contract: ``binomial_interval`` returns confidence intervals ``(low, high)`` for ``count``
+successes in ``samples`` trials, with ``0 <= low <= count/samples <= high <= 1``, exactly
+0 for ``count = 0`` and 1 for ``count = samples``, for the Wilson score interval (no
+continuity correction) or the exact Clopper-Pearson interval (beta quantiles, to the last
+bits); arguments are checked first (``ValueError`` naming the argument). ``loglog_slope``
+fits ``log y`` against ``log x`` by least squares and returns the slope with its standard
+error. scipy is imported on the first call only. Below every layer: imports no module of
+attnflow's layers.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from . import _checks
 
-__all__ = ["INTERVALS", "binomial_interval", "check_level", "interval_name"]
+__all__ = ["INTERVALS", "binomial_interval", "check_level", "interval_name", "loglog_slope"]
 
 INTERVALS = ("wilson", "clopper-pearson")
 
@@ -92,3 +96,17 @@ def interval_name(method: str) -> str:
             f"'clopper-pearson'); got {method!r}."
         )
     return m
+
+
+def loglog_slope(x: Any, y: Any) -> tuple[float, float]:
+    """The least-squares slope of ``log y`` against ``log x`` and its standard error
+    (``scipy.stats.linregress``), for a fitted power law ``y ~ x^slope``.
+
+    Examples:
+        >>> [round(v, 6) for v in loglog_slope([1.0, 2.0, 4.0], [3.0, 1.5, 0.75])]
+        [-1.0, 0.0]
+    """
+    from scipy import stats
+
+    fit: Any = stats.linregress(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)))
+    return float(fit.slope), float(fit.stderr)

@@ -37,9 +37,10 @@ which is the continuity equation for ``q^2`` in skew-symmetric form. Consequence
 
 Resolution. A spectral solution is only as good as its last modes: ``tail`` is, at each
 save, the share of ``q``'s L2 norm in the degrees above ``3 K / 4``; a save is
-``resolved`` when ``tail <= tail_tol`` (1e-6 by default; keep the solver's rtol well below it). A solve that reaches ``t1``
-with a save not resolved has status ``"unresolved"`` (not ``"ok"``), ``solve_density``
-warns, and ``raise_for_status`` raises, naming ``modes`` to increase.
+``resolved`` when ``tail <= tail_tol`` (1e-6 by default; keep the solver's rtol well below
+it). A solve that reaches ``t1`` with a save not resolved has status ``"unresolved"`` (not
+``"ok"``), ``solve_density`` warns, and ``raise_for_status`` raises, naming ``modes`` to
+increase.
 Clusters are peaks of width ``~ beta^{-1/2}`` at first and narrower as they contract, so
 every run is resolved only up to some time.
 
@@ -50,7 +51,6 @@ particles' ``1/n sum_j e^{-i k theta_j}``), the CDF, save and load.
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from collections.abc import Callable
@@ -64,9 +64,15 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .. import _checks
-from ..io.files import arrays_sha256, temporary_name, write_atomic
 from .solve import AdaptiveSolver, adaptive_solve
 from .status import BY_CODE, SimulationError, Status
+
+
+def _file():  # the density files (the io layer), imported when a method needs them
+    from ..io import density_file
+
+    return density_file
+
 
 __all__ = ["CircleMeanField", "DensityTrajectory", "solve_density"]
 
@@ -74,8 +80,6 @@ KERNELS = ("softmax", "usa")
 TAIL_TOL = 1e-6
 # The status of a solve that reached t1 with a save whose tail is above tail_tol.
 UNRESOLVED = "unresolved"
-_FORMAT = "attnflow-density"
-_VERSION = 1
 
 
 class CircleMeanField(eqx.Module):
@@ -282,52 +286,14 @@ class DensityTrajectory(eqx.Module):
         return self
 
     def save(self, path: Any) -> Path:
-        """Write the run (``q``, times and set-up as JSON metadata) to an ``.npz`` file."""
-        p = _checks.output_file("path", path, suffix=".npz")
-        arrays = {"ts": np.asarray(self.ts), "q": np.asarray(self.q)}
-        meta = {
-            "format": _FORMAT,
-            "version": _VERSION,
-            "model": self.model.describe(),
-            "status": str(self.status),
-            "t_stop": self.t_stop,
-            "num_steps": self.num_steps,
-            "tail_tol": self.tail_tol,
-            "sha256": arrays_sha256(arrays),
-        }
-        text = np.array(json.dumps(meta))
-        write_atomic(
-            p, lambda f: np.savez(f, meta=text, ts=arrays["ts"], q=arrays["q"]), temporary_name(p)
-        )
-        return p
+        """Write the run (``q``, times and set-up as JSON metadata, hashed) to an ``.npz``
+        file, atomically; ``DensityTrajectory.load`` reads it back bit for bit."""
+        return _file().save(self, path)
 
     @classmethod
     def load(cls, path: Any) -> DensityTrajectory:
-        """Read a run written by ``save`` (its hash checked)."""
-        with np.load(Path(path), allow_pickle=False) as f:
-            try:
-                meta = json.loads(str(f["meta"]))
-                arrays = {"ts": f["ts"], "q": f["q"]}
-            except KeyError as exc:
-                raise ValueError(f"{path} is not a mean-field density file ({exc}).") from None
-        if meta.get("format") != _FORMAT or meta.get("version", 99) > _VERSION:
-            raise ValueError(
-                f"{path} is not a density file this attnflow reads (format "
-                f"{meta.get('format')!r} version {meta.get('version')!r}); upgrade attnflow."
-            )
-        if arrays_sha256(arrays) != meta["sha256"]:
-            raise ValueError(f"{path} is corrupted: its arrays do not match their hash.")
-        m = meta["model"]
-        model = CircleMeanField(m["beta"], m["kernel"], modes=m["modes"])
-        return cls(
-            model,
-            arrays["ts"],
-            arrays["q"],
-            meta["status"],
-            meta["t_stop"],
-            meta["num_steps"],
-            meta["tail_tol"],
-        )
+        """Read a run written by ``save`` (its hash checked; another format is refused)."""
+        return _file().load(cls, path)
 
 
 @eqx.filter_jit
@@ -405,8 +371,8 @@ def solve_density(
     tail_tol = _checks.number("tail_tol", tail_tol, lo=0.0, hi=1.0, lo_open=True)
     if not jax.config.read("jax_enable_x64"):
         raise ValueError(
-            "solve_density needs JAX's x64 mode (the spectral tail is judged far below float32 rounding): "
-            "jax.config.update('jax_enable_x64', True)."
+            "solve_density needs JAX's x64 mode (the spectral tail is judged far below "
+            "float32 rounding): jax.config.update('jax_enable_x64', True)."
         )
     q0 = _initial_q(model, rho0)
     sol = _solve(
