@@ -152,6 +152,44 @@ def test_stacked_shared_start_and_per_head_beta():
         np.testing.assert_allclose(np.asarray(traj.x[i]), np.asarray(one.x), rtol=1e-12, atol=1e-13)
 
 
+def test_analyses_of_stacked_runs_are_those_of_each_system():
+    """track_rank, dispersion and observe_limit serve a run of stacked weights system by
+    system (system i with model i), equal to the runs of each model alone; predict_regime
+    refuses a stacked model naming unstack. (They crashed with raw shape errors.)"""
+    b = 3
+    Q, K, V = _triples(b, seed=5)
+    heads = [af.Attention(Q[i], K[i], V[i]) for i in range(b)]
+    x0 = RNG.uniform(-1, 1, (b, 5, 2))
+    ts = np.linspace(0, 3, 7)
+    traj = af.simulate(af.stack(heads), x0, 3.0, ts=ts, method="euler", dt=0.1)
+    rank = af.track_rank(traj)
+    disp = af.dispersion(traj, k=3)
+    lam = np.max(np.linalg.eigvals(V).real, axis=-1)
+    np.testing.assert_allclose(rank.lambda_max, lam, rtol=1e-12)
+    for i, head in enumerate(heads):
+        one = af.simulate(head, x0[i], 3.0, ts=ts, method="euler", dt=0.1)
+        r1 = af.track_rank(one)
+        np.testing.assert_array_equal(rank.rank[i], r1.rank)
+        np.testing.assert_array_equal(rank.attends_to[i], r1.attends_to)
+        np.testing.assert_allclose(rank.boolean_distance[i], r1.boolean_distance, rtol=1e-12)
+        d1 = af.dispersion(one, k=3)
+        np.testing.assert_allclose(disp.max[i], d1.max, rtol=1e-12)
+        np.testing.assert_allclose(disp.entropy[i], d1.entropy, rtol=1e-12, atol=1e-15)
+        # the largest coefficient is that of the attention matrix itself
+        np.testing.assert_allclose(
+            disp.max[i], np.asarray(traj.attention(3)[i]).max(-1), rtol=1e-12
+        )
+        o, o1 = af.observe_limit(traj, system=i), af.observe_limit(one)
+        assert o.label == o1.label and o.reason == o1.reason
+    # a model input: a batch with one system per stacked model
+    dm = af.dispersion(af.stack(heads), x=x0)
+    np.testing.assert_allclose(dm.max[1], af.dispersion(heads[1], x=x0[1]).max, rtol=1e-12)
+    with pytest.raises(ValueError, match=r"stacked.*\(3, n, 2\)"):
+        af.dispersion(af.stack(heads), x=x0[0])
+    with pytest.raises(ValueError, match="unstack"):
+        af.predict_regime(af.stack(heads))
+
+
 def test_stack_refuses_what_differs():
     Q, K, V = _triples(2)
     a = af.Attention(Q[0], K[0], V[0])

@@ -221,3 +221,34 @@ def test_equiangular_curve_at_large_beta_inverts_the_time_integral(beta, kernel)
         g = af.equiangular_curve(32, beta, [0.0, t_star, 10 * t_star + 20], kernel=kernel)
         assert g[0] == 0.0 and g[2] == pytest.approx(1.0, abs=1e-12)
         assert g[1] == pytest.approx(level, rel=1e-8)
+
+
+def test_a_zero_token_is_refused_by_name_not_counted_as_unreached():
+    """A zero token has no direction: the observables say so (count_clusters returned -1,
+    the code of a save never reached)."""
+    x = np.array([[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]] * 2)
+    x[1, 2] = 0.0
+    with pytest.raises(ValueError, match=r"zero token \(save 1, token 2\)"):
+        af.count_clusters(x)
+    with pytest.raises(ValueError, match="zero token"):
+        af.clustered_fraction(x[None])
+    # NaN saves (never reached) still count as -1
+    x[1] = np.nan
+    np.testing.assert_array_equal(af.count_clusters(x), [3, -1])
+
+
+def test_observe_limit_on_the_sphere_uses_no_theorem_label():
+    """On the sphere every token is on the boundary of the hull, so the polytope test
+    would always pass: observe_limit says that the theorems' labels do not apply, and
+    counts the clusters of the unit tokens instead."""
+    model = af.Attention(np.eye(3), np.eye(3), np.eye(3), beta=1.0)
+    x0 = np.random.default_rng(3).normal(size=(6, 3))
+    ts = np.linspace(0.0, 60.0, 13)
+    traj = af.simulate(model, x0, 60.0, ts=ts, frame="sphere")
+    obs = af.observe_limit(traj)
+    assert obs.label == "unclassified" and "do not apply" in obs.reason
+    assert obs.details["structure"] == "sphere"
+    # one cluster (d = 3, V = I), the same as count_clusters at a tight threshold
+    assert obs.n_clusters == 1 == af.count_clusters(traj, threshold=0.99)[-1]
+    early = af.simulate(model, x0, 0.5, ts=np.linspace(0, 0.5, 3), frame="sphere")
+    assert af.observe_limit(early).label == "not-converged"

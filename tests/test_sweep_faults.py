@@ -437,6 +437,32 @@ def test_claims_of_dead_or_silent_runs_are_taken_over_and_live_ones_respected(tm
     same(S.merge(out).arrays, reference(tmp_path, size=8, shard_size=2))
 
 
+def test_empty_or_unreadable_claims_are_taken_over_after_a_short_grace(tmp_path):
+    """A run killed between creating its claim and writing it leaves an empty file: once
+    older than the grace period it is stale (it used to block the shard for
+    CLAIM_STALE_SECONDS), while a fresh one is respected (it may still be written)."""
+    from attnflow.studies.sweep.claims import UNREADABLE_GRACE_SECONDS
+
+    out = tmp_path / "run"
+    sw = logged(tmp_path, size=6, shard_size=2)
+    S._prepare_dir(sw, out)
+    empty = out / (S._shard_name(0, 2) + ".claim")
+    empty.write_text("")
+    garbled = out / (S._shard_name(2, 4) + ".claim")
+    garbled.write_text('{"pid": ')
+    old = time.time() - UNREADABLE_GRACE_SECONDS - 1
+    for p in (empty, garbled):
+        os.utime(p, (old, old))
+    fresh = out / (S._shard_name(4, 6) + ".claim")
+    fresh.write_text("")
+    rep = S.run(sw, out, wait=False)
+    assert rep.computed == [0, 1] and rep.busy == [2] and not rep.complete
+    fresh.unlink()
+    rep = S.run(sw, out)
+    assert rep.computed == [2] and rep.complete
+    same(S.merge(out).arrays, reference(tmp_path, size=6, shard_size=2))
+
+
 def test_a_run_waits_for_a_shard_another_run_is_computing(tmp_path):
     """wait=True: the shard claimed by a live run is not computed here; the run returns
     once the other run has written it."""

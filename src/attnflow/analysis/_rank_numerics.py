@@ -3,7 +3,8 @@ the rank rules and the doubly exponential fit.
 
 Contract: the functions take arrays already checked by their caller in ``rank`` (the
 ``check_*`` functions are those checks: a ``ValueError`` naming the argument) and return
-numpy values, except ``traj_stats`` (jitted), which takes a model and tokens and returns
+numpy values, except ``traj_stats`` and ``traj_stats_each`` (jitted), which take a model
+(or a stacked model, one per state) and tokens and return
 JAX arrays; none of them reads a trajectory. The rank of a stack (``rank_stack``) is
 decided, matrix by matrix, by the first rule that applies:
 
@@ -187,42 +188,51 @@ def rank_stack(
 
 
 # -------------------------------------------------------- trajectory statistics
+def _one_stats(model, x, stochastic: bool) -> dict:
+    """The attention of tokens ``x`` ``(n, d)`` and its per-row statistics, all through the
+    model's seam (its own attention, argmax and log-masses)."""
+    P = model.attention(x)
+    n = P.shape[-1]
+    k = model.attention_argmax(x, P)
+    hot = jax.nn.one_hot(k, n, dtype=bool)
+    off = jnp.where(hot, 0.0, P)
+    s = off.sum(-1)
+    pk = jnp.take_along_axis(P, k[:, None], axis=-1)[:, 0]
+    sq = (off * off).sum(-1)
+    second = off.max(-1)
+    # Cluster of a leader: the tokens that attend it. Mass outside the row's cluster.
+    same = k[None, :] == k[:, None]  # (i, j): token j attends the leader of row i
+    out_mass = jnp.where(same, 0.0, P).sum(-1)
+    log_off = model.attention_log_mass(x, P, ~hot)
+    log_out = model.attention_log_mass(x, P, ~same)
+    gap = s if stochastic else jnp.abs(1.0 - pk)
+    d_inf = s if stochastic else jnp.maximum(gap, second)
+    d_l1 = 2.0 * s if stochastic else gap + s
+    return dict(
+        P=P,
+        k=k,
+        d_inf=d_inf,
+        d_l1=d_l1,
+        fro2=gap * gap + sq,
+        log_off=log_off,
+        out=out_mass,
+        log_out=log_out,
+        colmass=P.sum(0),
+    )
+
+
 @eqx.filter_jit
 def traj_stats(model, x, stochastic: bool):
-    """Tokens ``x`` ``(c, n, d)`` (original frame) -> ``P`` and per-row statistics, all
-    through the model's seam (its own attention, argmax and log-masses)."""
+    """Tokens ``x`` ``(c, n, d)`` (original frame) -> ``P`` and per-row statistics of one
+    model (``_one_stats`` of each state)."""
+    return jax.vmap(lambda xi: _one_stats(model, xi, stochastic))(x)
 
-    def one(x):
-        P = model.attention(x)
-        n = P.shape[-1]
-        k = model.attention_argmax(x, P)
-        hot = jax.nn.one_hot(k, n, dtype=bool)
-        off = jnp.where(hot, 0.0, P)
-        s = off.sum(-1)
-        pk = jnp.take_along_axis(P, k[:, None], axis=-1)[:, 0]
-        sq = (off * off).sum(-1)
-        second = off.max(-1)
-        # Cluster of a leader: the tokens that attend it. Mass outside the row's cluster.
-        same = k[None, :] == k[:, None]  # (i, j): token j attends the leader of row i
-        out_mass = jnp.where(same, 0.0, P).sum(-1)
-        log_off = model.attention_log_mass(x, P, ~hot)
-        log_out = model.attention_log_mass(x, P, ~same)
-        gap = s if stochastic else jnp.abs(1.0 - pk)
-        d_inf = s if stochastic else jnp.maximum(gap, second)
-        d_l1 = 2.0 * s if stochastic else gap + s
-        return dict(
-            P=P,
-            k=k,
-            d_inf=d_inf,
-            d_l1=d_l1,
-            fro2=gap * gap + sq,
-            log_off=log_off,
-            out=out_mass,
-            log_out=log_out,
-            colmass=P.sum(0),
-        )
 
-    return jax.vmap(one)(x)
+@eqx.filter_jit
+def traj_stats_each(models, head: int | None, x, stochastic: bool):
+    """As ``traj_stats``, state ``c`` with head ``head`` of model ``c``: ``models`` is
+    stacked (``attnflow.stack``) along the same leading axis as ``x`` ``(c, n, d)``."""
+    return eqx.filter_vmap(lambda m, xi: _one_stats(m.head(head), xi, stochastic))(models, x)
 
 
 def fit_double_exponential(

@@ -243,9 +243,18 @@ def _auto_rows_block(n: int) -> int:
     return max(1, _kernels.BLOCK_ENTRIES // max(1, n))
 
 
-def _model_report(model, x, rows, sink, block, *, finite: bool = True) -> DispersionReport:
-    """``finite=False`` for a trajectory's saves: the unreached saves of a failed system
-    are NaN, and their rows come out NaN (``argmax`` -1), the other systems' as usual."""
+def _model_report(full, head, x, rows, sink, block, *, finite: bool = True) -> DispersionReport:
+    """The report of ``full.head(head)`` on tokens ``x``. A stacked model (``attnflow.stack``)
+    serves a batch ``(b, n, d)`` with ``b`` its stack size, system ``i`` with model ``i``.
+    ``finite=False`` for a trajectory's saves: the unreached saves of a failed system are
+    NaN, and their rows come out NaN (``argmax`` -1), the other systems' as usual."""
+    stacked = full.stack_size
+    if stacked is None:
+        model = full.head(head)
+    else:
+        from ..dynamics.stack import unstack
+
+        model = unstack(full, 0).head(head)  # its d, dtype and kernel: those of every one
     hint = f"(n, {model.d}) or (b, n, {model.d})"
     x = jnp.asarray(
         _checks.real_array("x", x, ndim=(2, 3), finite=finite, shape_hint=hint), model.dtype
@@ -254,6 +263,11 @@ def _model_report(model, x, rows, sink, block, *, finite: bool = True) -> Disper
         raise ValueError(
             f"x must be tokens (n, {model.d}) or a batch (b, n, {model.d}); "
             f"got shape {tuple(x.shape)}."
+        )
+    if stacked is not None and (x.ndim != 3 or x.shape[0] != stacked):
+        raise ValueError(
+            f"the model is stacked ({stacked} models, attnflow.stack): x must be a batch "
+            f"({stacked}, n, {model.d}), system i for model i; got shape {tuple(x.shape)}."
         )
     n = x.shape[-2]
     sink = _check_sink(sink, n)
@@ -281,11 +295,16 @@ def _model_report(model, x, rows, sink, block, *, finite: bool = True) -> Disper
     block = _auto_rows_block(n) if block is None else int(block)
     idx = jnp.asarray(idx % n)
 
-    def one(xi):
-        q, k = model.queries_keys(xi)
-        return _qk_stats(model, q, k, idx, sink, block)
+    def one_of(m, xi):
+        q, k = m.queries_keys(xi)
+        return _qk_stats(m, q, k, idx, sink, block)
 
-    st = one(x) if x.ndim == 2 else jax.vmap(one)(x)
+    if stacked is not None:
+        st = eqx.filter_vmap(lambda m, xi: one_of(m.head(head), xi))(full, x)
+    elif x.ndim == 2:
+        st = one_of(model, x)
+    else:
+        st = jax.vmap(lambda xi: one_of(model, xi))(x)
     return _report(st, n, sink, _kind(model))
 
 
@@ -341,13 +360,13 @@ def dispersion(
             raise ValueError("with a trajectory, pass k (the saved index), not logits or x.")
         k = _checks.index("k", k, P.x.shape[-3], what="saved times")
         xk = P.x[..., k, :, :]
-        return _model_report(P.model.head(head), xk, rows, sink, block, finite=False)
+        return _model_report(P.model, head, xk, rows, sink, block, finite=False)
     if isinstance(P, AbstractModel):
         if x is None:
             raise ValueError("dispersion(model, x=tokens): the tokens x are required.")
         if logits is not None:
             raise ValueError("with a model, the logits are computed: pass x, not logits.")
-        return _model_report(P.head(head), x, rows, sink, block)
+        return _model_report(P, head, x, rows, sink, block)
     if head is not None:
         raise ValueError("head applies to a model or a trajectory, not to a matrix P.")
     if x is not None or rows is not None:

@@ -99,6 +99,55 @@ def _boundary_distances(points: np.ndarray, tol: float) -> np.ndarray:
     return np.maximum(dist.min(axis=1), 0.0)
 
 
+def _observe_sphere(
+    traj: Trajectory, tol: float | None, move_tol: float, system: int | None
+) -> Observation:
+    """A run on the sphere: the theorems' labels do not apply; clusters and motion only."""
+    rel = 1e-2 if tol is None else _checks.positive("tol", tol)
+    move_tol = _checks.positive("move_tol", move_tol)
+    if traj.batched:
+        if system is None:
+            raise ValueError("traj is a batch: pass system=i to observe one system.")
+        traj = traj.system(_checks.index("system", system, len(traj.statuses), what="systems"))
+    elif system is not None:
+        _checks.index("system", system, 1, what="system (the trajectory is not a batch)")
+    x = np.asarray(traj.x, np.float64)
+    ts = np.asarray(traj.ts, np.float64)
+    if x.shape[0] < 2:
+        raise ValueError("observe_limit needs at least two saved times (pass ts=...).")
+    dt_last = max(float(ts[-1] - ts[-2]), 1e-300)
+    moving = float(np.abs(x[-1] - x[-2]).max() / dt_last)  # unit tokens: relative already
+    labels, centres = clusters(x[-1], rel)
+    details = {
+        "t_final": float(ts[-1]),
+        "status": traj.status,
+        "structure": "sphere",
+        "tol": rel,
+        "moving": moving,
+        "limit_points": centres,
+        "cluster_of": labels,
+    }
+    why = (
+        "tokens on the sphere (layer normalisation in place of e^(-tV)): the theorems' "
+        "labels (polytope, hyperplanes, subspace, origin) are about the rescaled frame and "
+        "do not apply here"
+    )
+    if moving > move_tol:
+        return Observation(
+            Label.NOT_CONVERGED,
+            None,
+            details,
+            f"{why}; the tokens still move (rate {moving:.3g} > {move_tol}).",
+        )
+    return Observation(
+        Label.UNCLASSIFIED,
+        len(centres),
+        details,
+        f"{why}; {len(centres)} cluster(s) at distance {rel:g} "
+        "(attnflow.analysis.count_clusters counts them by inner product).",
+    )
+
+
 def observe_limit(
     traj: Trajectory,
     *,
@@ -130,6 +179,11 @@ def observe_limit(
       (relative change per unit time above ``move_tol`` between the last two saves),
       else "unclassified" with what failed in ``reason``.
 
+    On the sphere (``frame="sphere"``, layer normalisation) no theorem of the rescaled
+    frame applies: the label is "not-converged" while the tokens move, else
+    "unclassified", with the single-linkage clusters of the unit tokens as ``n_clusters``
+    and a reason that says so (``details["structure"]`` is ``"sphere"``).
+
     For a ``MultiHeadAttention`` or a ``Block`` the structure tested is that of the
     rescaling matrix W of the rescaled frame (``z = e^{-tW} x``; by default the sum of the
     heads' V), which no theorem covers: the observation is then a measurement only, and
@@ -153,6 +207,8 @@ def observe_limit(
             f"traj must be an attnflow.Trajectory (from attnflow.simulate); got "
             f"{type(traj).__name__}. To predict from matrices use predict_regime."
         )
+    if traj.frame == "sphere":
+        return _observe_sphere(traj, tol, move_tol, system)
     if traj.model.propagator is None:
         raise ValueError(
             f"observe_limit reads the limit in the rescaled frame z = e^(-tV) x; "
@@ -162,9 +218,14 @@ def observe_limit(
     rel = 1e-2 if tol is None else _checks.positive("tol", tol)
     move_tol = _checks.positive("move_tol", move_tol)
     origin_tol = _checks.positive("origin_tol", origin_tol)
+    if traj.batched and system is None:
+        raise ValueError("traj is a batch: pass system=i to observe one system.")
+    if traj.batched and traj.stacked:
+        # stacked weights: system i with its own model i, the saves it reached
+        traj = traj.system(_checks.index("system", system, len(traj.statuses), what="systems"))
+        system = None
     if traj.batched:
-        if system is None:
-            raise ValueError("traj is a batch: pass system=i to observe one system.")
+        assert system is not None
         system = _checks.index("system", system, len(traj.statuses), what="systems")
         z = np.asarray(traj.z[system], np.float64)
         x = np.asarray(traj.x[system], np.float64)

@@ -109,6 +109,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -129,6 +130,7 @@ from ._rank_numerics import (
     rank_stack,
     row_stats,
     traj_stats,
+    traj_stats_each,
 )
 
 if TYPE_CHECKING:
@@ -306,7 +308,8 @@ class RankTrack:
             ``[t_start, t_end]``; ``fit_points`` ``(b?,)`` how many saved times.
         cluster_rate, cluster_r2, cluster_fit_window, cluster_fit_points: the same fit of
             the cluster distance.
-        lambda_max: largest real part of the eigenvalues of ``V``: the rate scale.
+        lambda_max: largest real part of the eigenvalues of ``V``: the rate scale
+            (``(b,)``, one per system, for a run of stacked weights).
         tol, norm, leader_threshold, fit_min, fit_max: the settings used.
         statuses: the trajectory's status per system.
     """
@@ -337,7 +340,7 @@ class RankTrack:
     cluster_r2: np.ndarray
     cluster_fit_window: np.ndarray
     cluster_fit_points: np.ndarray
-    lambda_max: float
+    lambda_max: float | np.ndarray
     tol: float
     norm: str
     leader_threshold: float
@@ -387,7 +390,8 @@ class RankTrack:
                 f"{pre}fit log(-log D) = {float(g(self.rate)):.4f} t + "
                 f"{float(g(self.intercept)):.4f}, r2 = {float(g(self.r2)):.6f}, "
                 f"window [{float(w[0]):.4g}, {float(w[1]):.4g}], "
-                f"{int(g(self.fit_points))} points (lambda_max = {self.lambda_max:.4g})"
+                f"{int(g(self.fit_points))} points (lambda_max = "
+                f"{float(np.asarray(self.lambda_max).reshape(-1)[i or 0]):.4g})"
             )
         return "\n".join(lines)
 
@@ -463,7 +467,15 @@ def track_rank(
             "fit_min", fit_min, lo=0.0, hi=fmax, hi_open=True, what=f"in [0, fit_max = {fmax})"
         )
 
-    model = traj.model.head(head)
+    stacked = traj.stacked  # system i has its own model i (attnflow.stack)
+    if stacked:
+        from ..dynamics.stack import unstack
+
+        dyn, static = eqx.partition(traj.model, eqx.is_array)
+        model = unstack(traj.model, 0).head(head)  # the class facts of every one
+    else:
+        dyn = static = None
+        model = traj.model.head(head)
     stochastic = model.rows_sum_to_one
     ts = np.asarray(traj.ts)
     x = traj.x if traj.batched else traj.x[None]  # (b, m, n, d)
@@ -493,7 +505,12 @@ def track_rank(
         idx = todo[a : a + chunk]
         # pad to a fixed chunk size so that one compilation serves every chunk
         pad = np.concatenate([idx, np.full(min(chunk, todo.size) - idx.size, idx[-1])])
-        st = jax.device_get(traj_stats(model, flat_x[pad], stochastic))
+        if stacked:
+            each = jax.tree_util.tree_map(lambda a: a[pad // m], dyn)
+            st = traj_stats_each(eqx.combine(each, static), head, flat_x[pad], stochastic)
+        else:
+            st = traj_stats(model, flat_x[pad], stochastic)
+        st = jax.device_get(st)
         st = {key: np.asarray(v)[: idx.size] for key, v in st.items()}
         bi, mi = np.divmod(idx, m)
         Pc = np.asarray(st["P"])
@@ -552,11 +569,11 @@ def track_rank(
 
     # the growth rate of the rescaling (V's largest real part), the scale of the fit
     prop = getattr(traj.model, "propagator", None)
-    lam = (
-        float(np.max(np.linalg.eigvals(np.asarray(prop.V, np.float64)).real))
-        if prop is not None
-        else float("nan")
-    )
+    if prop is None:
+        lam: Any = float("nan")
+    else:
+        lam = np.max(np.linalg.eigvals(np.asarray(prop.V, np.float64)).real, axis=-1)
+        lam = lam if stacked else float(lam)  # stacked: one per system
 
     one = (lambda a: a) if traj.batched else (lambda a: a[0])
     return RankTrack(

@@ -302,6 +302,11 @@ def predict_regime(
             raise ValueError("pass either a model or Q, K, V, not both.")
         rtol = _checks.number("rtol", rtol, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
         model = Q
+        if model.stack_size is not None:
+            raise ValueError(
+                f"model is stacked ({model.stack_size} weight triples, attnflow.stack): "
+                "predict each one, predict_regime(attnflow.unstack(model, i))."
+            )
         if not (model.num_heads == 1 and model.pure_attention) or model.beyond_attention:
             return _predict_family(model, rtol)
         one = model.head()

@@ -66,6 +66,17 @@ def _tokens(traj: Any) -> np.ndarray:
     if x.shape[-2] < 2:
         raise ValueError(f"traj has n = {x.shape[-2]} token(s); pairs need n >= 2.")
     r = np.linalg.norm(x, axis=-1, keepdims=True)
+    zero = r[..., 0] == 0  # NaN (a save never reached) is not zero
+    if zero.any():
+        where = np.argwhere(zero)[0]
+        at = ", ".join(
+            f"{name} {int(i)}"
+            for name, i in zip(("system", "save", "token")[-len(where) :], where, strict=True)
+        )
+        raise ValueError(
+            f"traj has a zero token ({at}): it has no direction, so no inner product on "
+            "the sphere; the sphere observables need non-zero tokens."
+        )
     with np.errstate(invalid="ignore", divide="ignore"):
         return x / r
 

@@ -283,7 +283,25 @@ class Trajectory:
         and the skip connection: not after ``residual=False``)."""
         if self.solver.get("residual", True) is False:
             return False
-        return self.frame in ("rescaled", "sphere") or self.model.propagator is not None
+        if self.frame in ("rescaled", "sphere"):
+            return True
+        return self.model.propagator is not None and self._singular_layer_map() is None
+
+    def _singular_layer_map(self) -> str | None:
+        """Why ``z^k = R^{-k} x^k`` does not exist for a layer run in the original frame
+        (``R = I + dt V`` singular in the working precision), else None."""
+        dt = self.solver.get("dt")
+        if self.solver.get("method") != "euler" or dt is None:
+            return None
+        V = np.asarray(self.model.propagator.V, np.float64)
+        R = np.eye(V.shape[-1]) + float(dt) * V
+        eps = np.finfo(np.dtype(self._y.dtype)).eps
+        if np.max(np.linalg.cond(R)) > 1.0 / eps:
+            return (
+                f"I + dt V is singular for dt = {float(dt):g} (V has an eigenvalue near "
+                f"{-1.0 / float(dt):g})"
+            )
+        return None
 
     @property
     def stacked(self) -> bool:
@@ -363,11 +381,12 @@ class Trajectory:
         if self.frame == "sphere":  # layer normalisation in place of e^{-tV}: z = x
             return self._x
         if not self.has_z:
-            why = (
-                "the layers had no skip connection (residual=False)"
-                if self.solver.get("residual", True) is False
-                else f"{type(self.model).__name__} has no value matrix V"
-            )
+            if self.solver.get("residual", True) is False:
+                why = "the layers had no skip connection (residual=False)"
+            elif self.model.propagator is None:
+                why = f"{type(self.model).__name__} has no value matrix V"
+            else:
+                why = self._singular_layer_map()
             raise ValueError(
                 f"{why}, so the rescaled frame z = e^(-tV) x is not defined; use traj.x."
             )

@@ -5,8 +5,9 @@ Contract: a run claims a shard by creating ``<shard>.claim`` with ``O_CREAT | O_
 modification time every ``CLAIM_STALE_SECONDS / 10`` (at most 30 s) while it is held. A
 claim is stale, and may be taken over, when its process is dead (same host), when it has
 this process's pid but a token no live run of this process holds (an earlier process
-with the same pid), or when it has not been refreshed for ``CLAIM_STALE_SECONDS``
-(another host that crashed). A take-over that finds a fresh claim of another run gives
+with the same pid), when it is empty or unreadable for ``UNREADABLE_GRACE_SECONDS`` (a
+run that died between creating and writing it), or when it has not been refreshed for
+``CLAIM_STALE_SECONDS`` (another host that crashed). A take-over that finds a fresh claim of another run gives
 it back. A run removes only claims that are still its own. Claims only divide the work:
 correctness never depends on them, since shard files appear atomically and two
 computations of a shard are bit-identical.
@@ -30,6 +31,9 @@ CLAIM_SUFFIX = ".claim"
 # A claim whose file has not been refreshed for this long is abandoned (its run's host
 # crashed); a run refreshes its claims every CLAIM_STALE_SECONDS / 10 (at most 30 s).
 CLAIM_STALE_SECONDS = 600.0
+# A claim file that is empty or unreadable for this long was left by a run that died
+# between creating and writing it: stale.
+UNREADABLE_GRACE_SECONDS = 5.0
 # How often a run looks at shards that another run is computing.
 POLL_SECONDS = 0.2
 # Tokens of the claims held by runs in this process (a claim with this process's pid
@@ -86,6 +90,15 @@ class Claims:
             self._take_over(path, info)
 
     def _stale(self, path: Path, info: dict | None) -> bool:
+        if info is None:
+            # empty or unreadable: its run died between creating the file and writing it
+            # (a write takes microseconds), so after a short grace it is abandoned
+            try:
+                return time.time() - path.stat().st_mtime > min(
+                    UNREADABLE_GRACE_SECONDS, self.stale_after
+                )
+            except FileNotFoundError:
+                return True
         if info is not None and info.get("host") == HOST and isinstance(info.get("pid"), int):
             if info["pid"] == os.getpid():
                 return info.get("token") not in _LIVE_TOKENS
