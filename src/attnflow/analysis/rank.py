@@ -506,7 +506,8 @@ def track_rank(
         # pad to a fixed chunk size so that one compilation serves every chunk
         pad = np.concatenate([idx, np.full(min(chunk, todo.size) - idx.size, idx[-1])])
         if stacked:
-            each = jax.tree_util.tree_map(lambda a: a[pad // m], dyn)
+            rows = pad // m  # the system of each state
+            each = jax.tree_util.tree_map(lambda a, rows=rows: a[rows], dyn)
             st = traj_stats_each(eqx.combine(each, static), head, flat_x[pad], stochastic)
         else:
             st = traj_stats(model, flat_x[pad], stochastic)

@@ -7,8 +7,9 @@ claim is stale, and may be taken over, when its process is dead (same host), whe
 this process's pid but a token no live run of this process holds (an earlier process
 with the same pid), when it is empty or unreadable for ``UNREADABLE_GRACE_SECONDS`` (a
 run that died between creating and writing it), or when it has not been refreshed for
-``CLAIM_STALE_SECONDS`` (another host that crashed). A take-over that finds a fresh claim of another run gives
-it back. A run removes only claims that are still its own. Claims only divide the work:
+``CLAIM_STALE_SECONDS`` (another host that crashed). A take-over that finds a fresh
+claim of another run gives it back. A run removes only claims that are still its own.
+Claims only divide the work:
 correctness never depends on them, since shard files appear atomically and two
 computations of a shard are bit-identical.
 """
