@@ -233,6 +233,26 @@ def test_in_process_runs_restore_the_x64_mode(capsys):
 
 
 # ------------------------------------------------------------------- exit codes
+@pytest.mark.parametrize(
+    "exc, size",
+    [
+        (MemoryError(), ""),
+        (RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 32412502432 bytes."), "30.2"),
+    ],
+)
+def test_out_of_memory_is_a_size_not_an_internal_error(capsys, monkeypatch, exc, size):
+    def too_big(*args, **kwargs):
+        raise exc
+
+    monkeypatch.setattr(_common, "load_weights", too_big)
+    code, out, err = run(capsys, "simulate", "--json")
+    assert code == 1 and out == ""
+    line = one_line(err)
+    assert line.startswith("attnflow: error: out of memory") and "--n" in line
+    assert "internal error" not in line
+    assert (f"({size} GiB asked)" in line) if size else ("asked" not in line)
+
+
 def test_internal_error_exits_1_with_one_line(capsys, monkeypatch):
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug")

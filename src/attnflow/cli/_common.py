@@ -12,6 +12,7 @@ import enum
 import errno
 import json
 import os
+import re
 import sys
 import traceback as _traceback
 import warnings
@@ -494,6 +495,15 @@ def report(exc: BaseException) -> int:
         return fail(str(exc) or type(exc).__name__, 2)
     if isinstance(exc, (SimulationError, ImportError)):
         return fail(str(exc) or type(exc).__name__, 1)
+    if isinstance(exc, MemoryError) or "RESOURCE_EXHAUSTED" in str(exc):
+        # numpy's MemoryError, XLA's RESOURCE_EXHAUSTED: a size, not a bug
+        asked = re.search(r"allocating (\d+) bytes", str(exc))
+        size = f" ({int(asked.group(1)) / 2**30:.1f} GiB asked)" if asked else ""
+        return fail(
+            f"out of memory{size}: the run does not fit in this machine's memory; use fewer "
+            "tokens (--n) or systems, or fewer saved times.",
+            1,
+        )
     hint = (
         ""
         if tb
