@@ -226,3 +226,24 @@ def test_sphere_arguments_are_refused_by_name():
         critical_beta_sphere(10, 3, seeds=1)
     with pytest.raises(ValueError, match="at least three distinct"):
         critical_exponent_sphere([10, 10, 100], 3)
+
+
+def test_fig_critical_quick(tmp_path):
+    """The figure's measured layer equals the closed form, the sphere's exponents hold
+    2/(d-1) in their intervals, and the transition's probe is attnflow's own layer."""
+    import json
+
+    from attnflow.experiments import fig_critical as F
+
+    F.make(tmp_path, quick=True)
+    side = json.loads((tmp_path / "fig_critical.json").read_text())
+    for r in side["simplex"]:
+        assert r["max_abs_error"] < 1e-12
+        np.testing.assert_allclose(r["measured_cosine"], r["closed_cosine"], rtol=1e-12)
+    phases = [r["phase"] for r in side["simplex"]]
+    assert phases == ["collapse", "critical", "preserved"]
+    t = side["transition"]
+    np.testing.assert_allclose(t["probe_cosine"], t["probe_closed"], rtol=1e-12)
+    for r in side["sphere"]:
+        assert r["agrees"], r
+    assert "| 2 | critical | 256 |" in (tmp_path / "fig_critical.md").read_text()
