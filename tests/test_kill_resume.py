@@ -121,42 +121,27 @@ def test_training_killed_at_many_moments_resumes_bit_for_bit(tmp_path, fraction,
 SIZE, SHARD = 12, 2
 
 
-def _sweep_script(out: Path, log: Path) -> str:
+def _sweep_script(tmp_path: Path) -> str:
     return textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(HERE)!r})
         from pathlib import Path
         from attnflow.studies import sweep as S
-        from test_kill_resume import logged_sweep
-        S.run(logged_sweep(Path({str(log)!r})), Path({str(out)!r}))
+        from test_sweep_faults import logged
+        tmp = Path({str(tmp_path)!r})
+        S.run(logged(tmp, size={SIZE}, shard_size={SHARD}, sleep=0.05), tmp / "run")
     """)
 
 
-def kernel(config, start, stop, seed):
-    """Logs ``start`` once the shard's rows are computed (after $KILL_RESUME_SLEEP seconds:
-    the killed run only, so that the rerun has the same configuration), then returns rows
-    that depend on (seed, index) only."""
-    time.sleep(float(os.environ.get("KILL_RESUME_SLEEP", "0")))
-    x = np.stack([S.rng(seed, 5, i).standard_normal(4) for i in range(start, stop)])
-    if config.get("log"):
-        fd = os.open(config["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, f"{start}\n".encode())
-        finally:
-            os.close(fd)
-    return {"x": x, "index": np.arange(start, stop)}
-
-
-def logged_sweep(log: Path) -> S.Sweep:
-    cfg = {"log": str(log)}
-    return S.Sweep("kill-resume", kernel, cfg, size=SIZE, seed=3, shard_size=SHARD)
-
-
 def _check_sweep_resume(tmp_path: Path, fraction: float) -> None:
-    out, log = tmp_path / "run", tmp_path / "kernel.log"
-    env = {**os.environ, "KILL_RESUME_SLEEP": "0.05"}
+    """The kernel of ``test_sweep_faults`` logs each shard as it starts and sleeps 0.05 s
+    (not in the rerun: $SWEEP_FAULTS_FAST, which leaves the sweep's identity alone)."""
+    from test_sweep_faults import log_lines, logged, reference
+
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "SWEEP_FAULTS_FAST"}
     proc = subprocess.Popen(
-        [sys.executable, "-c", _sweep_script(out, log)], stderr=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-c", _sweep_script(tmp_path)], stderr=subprocess.PIPE, text=True, env=env
     )
     deadline = time.time() + 60
     try:
@@ -169,21 +154,23 @@ def _check_sweep_resume(tmp_path: Path, fraction: float) -> None:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     done_before = {p.name for p in out.glob("shard-*.npz")}
-    before = len(log.read_text().splitlines()) if log.exists() else 0
-    rep = S.run(logged_sweep(log), out)
+    before = len(log_lines(tmp_path))
+    os.environ["SWEEP_FAULTS_FAST"] = "1"
+    try:
+        rep = S.run(logged(tmp_path, size=SIZE, shard_size=SHARD, sleep=0.05), out)
+    finally:
+        del os.environ["SWEEP_FAULTS_FAST"]
     assert rep.complete
     # no shard whose file was written before the kill is computed again
     assert len(rep.computed) == SIZE // SHARD - len(done_before)
-    after = log.read_text().splitlines()[before:]
-    assert len(after) == len(rep.computed)
-    whole = S.compute(S.Sweep("kill-resume", kernel, {"log": ""}, SIZE, seed=3, shard_size=SHARD))
+    assert len(log_lines(tmp_path)) - before == len(rep.computed)
+    whole = reference(tmp_path, size=SIZE, shard_size=SHARD, sleep=0.05)
     merged = S.merge(out)
-    assert sorted(merged.arrays) == sorted(whole.arrays)
-    for k, v in whole.arrays.items():
+    assert sorted(merged.arrays) == sorted(whole)
+    for k, v in whole.items():
         assert merged.arrays[k].dtype == v.dtype
         np.testing.assert_array_equal(merged.arrays[k], v, err_msg=k)
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["size"] == SIZE
+    assert json.loads((out / "manifest.json").read_text())["size"] == SIZE
 
 
 @FEW
