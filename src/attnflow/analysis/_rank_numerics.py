@@ -3,8 +3,8 @@ the rank rules and the doubly exponential fit.
 
 Contract: the functions take arrays already checked by their caller in ``rank`` (the
 ``check_*`` functions are those checks: a ``ValueError`` naming the argument) and return
-numpy values, except ``traj_stats`` and ``traj_stats_each`` (jitted), which take a model
-(or a stacked model, one per state) and tokens and return
+numpy values, except ``chunk_stats`` and the jitted ``traj_stats``, ``traj_stats_each``,
+which take a model (or a stacked model, one per state) and tokens and return
 JAX arrays; none of them reads a trajectory. The rank of a stack (``rank_stack``) is
 decided, matrix by matrix, by the first rule that applies:
 
@@ -226,6 +226,16 @@ def traj_stats(model, x, stochastic: bool):
     """Tokens ``x`` ``(c, n, d)`` (original frame) -> ``P`` and per-row statistics of one
     model (``_one_stats`` of each state)."""
     return jax.vmap(lambda xi: _one_stats(model, xi, stochastic))(x)
+
+
+def chunk_stats(model, head: int | None, systems, x, stochastic: bool):
+    """The statistics of states ``x`` ``(c, n, d)`` of head ``head`` of ``model``; for a
+    stacked model (``attnflow.stack``) state ``c`` is read with model ``systems[c]``."""
+    if model.stack_size is None:
+        return traj_stats(model.head(head), x, stochastic)
+    dyn, static = eqx.partition(model, eqx.is_array)
+    each = jax.tree_util.tree_map(lambda a: a[systems], dyn)
+    return traj_stats_each(eqx.combine(each, static), head, x, stochastic)
 
 
 @eqx.filter_jit

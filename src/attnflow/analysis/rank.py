@@ -63,19 +63,8 @@ as accurate as the solver, and follower-leader gaps below the solver tolerance m
 noise. That is why the fit stops at ``fit_min`` by default; pass ``fit_min=0`` to fit
 the logit-based values to the end of the run (with tight ``rtol``/``atol``).
 
-Measured (not proved), ``Q = K = I``, ``lambda`` the leading eigenvalue of ``V``
-(``python -m attnflow.experiments.fig_leaders``, 16 seeds per case,
-``figures/fig_leaders.json``): the
-slope of ``log(-log D)`` is ``lambda``, not ``2 lambda`` (d = 1: ``r / lambda`` = 1.000
-to 1.010, R^2 >= 0.99998). The logits grow like ``e^{2 lambda t}`` but a follower
-collapses onto its leader at rate ``e^{-lambda t}`` in the rescaled frame, so the gap
-between the leader's logit and the nearest follower's grows only like ``e^{lambda t}``.
-The cluster distance, which ignores that collapse, has slope ``2 lambda`` (2.00 to 2.07).
-In d = 2, 3 (V = I and the hyperplane examples of the paper) the same two slopes appear
-late in the run (deep window ``fit_max=1e-30, fit_min=0``, tight tolerances: 1.000 to
-1.016 times ``lambda``); the default window still sees the transient there (1.0 to 1.8
-times ``lambda``), which a smaller ``r2`` flags. Discrete time (``method="euler"``,
-step ``dt``) replaces ``lambda`` by ``log(1 + lambda dt) / dt``.
+What is measured rather than proved about the fitted slopes (``lambda`` against
+``2 lambda``, the cluster distance, discrete time) is in ``docs/rank.md``.
 
 Cost and the large-``n`` rule
 -----------------------------
@@ -88,10 +77,9 @@ rank of ``P`` is exactly ``r`` whenever
     eps < tol (sqrt(c_max) - eps)    and    sqrt(c_min) - eps > tol (sqrt(c_max) + eps).
 
 With ``tol = 1e-6`` this holds once the Boolean distance is below about ``1e-6``. Other
-matrices: a full SVD (``O(n^3)``) when ``n <= svd_max_n`` (default 1024: about 0.3 s
-at n = 512 and 1.5 s at n = 1024 on 2 CPU cores); above it a randomized estimate
-(subspace iteration with ``rank_cap`` columns, default 64, two power steps,
-``O(n^2 rank_cap)``: about 4 s at n = 4096), reported with
+matrices: a full SVD (``O(n^3)``) when ``n <= svd_max_n`` (default 1024); above it a
+randomized estimate (subspace iteration with ``rank_cap`` columns, default 64, two power
+steps, ``O(n^2 rank_cap)``), reported with
 ``rank_method = "randomized"`` and ``rank_exact = False``, and ``rank = rank_cap`` means
 "at least ``rank_cap``". ``rank_method`` says which rule gave each number.
 
@@ -109,7 +97,6 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -117,6 +104,7 @@ import numpy.typing as npt
 from jaxtyping import Float, Int, Shaped
 
 from .. import _checks
+from ..dynamics.stack import unstack
 from . import _rank_numerics
 from ._rank_numerics import (
     NORMS,
@@ -125,12 +113,11 @@ from ._rank_numerics import (
     check_P,
     check_threshold,
     check_tol,
+    chunk_stats,
     fit_double_exponential,
     last_reached,
     rank_stack,
     row_stats,
-    traj_stats,
-    traj_stats_each,
 )
 
 if TYPE_CHECKING:
@@ -468,14 +455,7 @@ def track_rank(
         )
 
     stacked = traj.stacked  # system i has its own model i (attnflow.stack)
-    if stacked:
-        from ..dynamics.stack import unstack
-
-        dyn, static = eqx.partition(traj.model, eqx.is_array)
-        model = unstack(traj.model, 0).head(head)  # the class facts of every one
-    else:
-        dyn = static = None
-        model = traj.model.head(head)
+    model = (unstack(traj.model, 0) if stacked else traj.model).head(head)  # class facts
     stochastic = model.rows_sum_to_one
     ts = np.asarray(traj.ts)
     x = traj.x if traj.batched else traj.x[None]  # (b, m, n, d)
@@ -505,13 +485,7 @@ def track_rank(
         idx = todo[a : a + chunk]
         # pad to a fixed chunk size so that one compilation serves every chunk
         pad = np.concatenate([idx, np.full(min(chunk, todo.size) - idx.size, idx[-1])])
-        if stacked:
-            rows = pad // m  # the system of each state
-            each = jax.tree_util.tree_map(lambda a, rows=rows: a[rows], dyn)
-            st = traj_stats_each(eqx.combine(each, static), head, flat_x[pad], stochastic)
-        else:
-            st = traj_stats(model, flat_x[pad], stochastic)
-        st = jax.device_get(st)
+        st = jax.device_get(chunk_stats(traj.model, head, pad // m, flat_x[pad], stochastic))
         st = {key: np.asarray(v)[: idx.size] for key, v in st.items()}
         bi, mi = np.divmod(idx, m)
         Pc = np.asarray(st["P"])

@@ -31,7 +31,9 @@ Contracts of ``make = figure(name, compute, draw)``:
 - ``make.redraw(out_dir, quick=False)`` draws again from that data file, computing
   nothing (no JAX work), and rewrites the figures and the sidecar; the movies are kept
   (they are drawn from the trajectories, made by ``make`` only). It raises ``MissingData``,
-  naming the figure, when the file is missing or was written by another attnflow version.
+  naming the figure, when the file is missing or was written by another attnflow version,
+  and naming the file too when it cannot be read (``read_data``: a damaged or malformed
+  data file is one ``ValueError`` naming it, every size it declares checked first).
 - ``draw`` gets the same ``Data`` either way: arrays as numpy arrays (read back from the
   ``.npz`` bit for bit), ``sidecar`` and ``result`` as they read back from JSON (numpy
   scalars as Python numbers, tuples as lists, non-finite floats as strings). So a
@@ -51,7 +53,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attnflow.experiments import _plotting as H
+from attnflow.io.files import BadFile, json_field, json_object, read_npz
 
 if TYPE_CHECKING:
     from attnflow.dynamics.trajectory import Trajectory
@@ -124,17 +126,49 @@ def write_data(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, 
     np.savez(path, **payload)
 
 
+# The record ``make`` writes beside the arrays, and the kind of each field.
+_META_FIELDS = {
+    "name": str,
+    "attnflow": str,
+    "quick": bool,
+    "compute_seconds": float,
+    "movies": list,
+    "sidecar": dict,
+    "result": dict,
+}
+
+
 def read_data(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """``(meta, arrays)`` of a data file written by ``make`` (no pickles are read).
+
+    Raises:
+        ValueError: naming the file, when it cannot be read (damaged, truncated, a
+            declared size that does not fit: ``io.files.read_npz``) or its metadata is
+            not the record ``make`` writes (a field missing or of the wrong kind).
 
     Example:
         >>> meta, arrays = read_data("figures/fig_origin.full.npz")  # doctest: +SKIP
         >>> meta["attnflow"], sorted(arrays)[:2]  # doctest: +SKIP
         ('0.1.0', ['d2_mean', 'd2_radius'])
     """
-    with np.load(path, allow_pickle=False) as npz:
-        meta = json.loads(npz[_META].tobytes().decode())
-        return meta, {k: npz[k] for k in npz.files if k != _META}
+    fix = "run the figure again to rewrite it"
+    arrays = read_npz(path, kind="a figure's data file", fix=fix)
+    try:
+        if _META not in arrays:
+            raise ValueError("it has no metadata")
+        meta = json_object(arrays.pop(_META))
+        for key, kind in _META_FIELDS.items():
+            json_field(meta, key, kind)
+        if not all(
+            isinstance(m, list) and len(m) == 2 and all(isinstance(v, str) for v in m)
+            for m in meta["movies"]
+        ):
+            raise ValueError("its metadata field 'movies' is not a list of [case, how] texts")
+        if meta["compute_seconds"] < 0:
+            raise ValueError("its metadata field 'compute_seconds' is negative")
+    except ValueError as exc:
+        raise BadFile(path, str(exc), kind="a figure's data file", fix=fix) from None
+    return meta, arrays
 
 
 def _plain(obj: Any) -> Any:
@@ -251,9 +285,10 @@ class FigureScript:
         t0 = time.perf_counter()
         try:
             meta, arrays = read_data(path)
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        except ValueError as exc:
+            reason = exc.reason if isinstance(exc, BadFile) else str(exc)
             raise MissingData(
-                f"{self.name}: {path} cannot be read ({exc}); {again} --force."
+                f"{self.name}: {path} cannot be read ({reason}); {again} --force."
             ) from None
         if meta.get("attnflow") != attnflow_version() or meta.get("quick") != bool(quick):
             raise MissingData(

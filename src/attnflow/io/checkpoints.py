@@ -9,6 +9,11 @@ every attention head as a ``HeadWeights`` in the particle-system convention belo
 give the model's own input embeddings of a text. What the theorems say about the heads
 is ``attnflow.studies.heads``.
 
+Damaged files: the built-in reader refuses a file that is not safetensors, or whose
+header does not describe the bytes after it exactly (``files.safetensors_layout``), with
+one ``ValueError`` naming it, before reading any tensor. The format carries no checksum:
+a flipped data byte reads as another value.
+
 Convention (that of the ALBERT check in Geshkovski, Letrouit, Polyanskiy, Rigollet 2023,
 with tokens as column vectors and torch ``Linear`` weights, ``y = W x``): for layer ``l``
 and head ``h`` of size ``d_h`` in a model of width ``d`` (``d = num_heads * d_h``), with
@@ -47,6 +52,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 from jaxtyping import Float, Int
+
+from .files import safetensors_layout
 
 if TYPE_CHECKING:
     from ..dynamics.model import Attention
@@ -191,6 +198,10 @@ def read_safetensors(
 
     Returns:
         ``{name: array}`` with the stored shapes and dtypes.
+
+    Raises:
+        ValueError: naming the file: it is not a safetensors file, its header is
+            damaged, or a tensor's entry does not fit the file (built-in reader).
     """
     path = Path(path)
     if reader not in ("auto", "safetensors", "numpy"):
@@ -216,27 +227,19 @@ def read_safetensors(
             ) from None
         with safe_open(str(path), framework="numpy") as f:
             return {k: f.get_tensor(k) for k in wanted}
+    try:  # every entry checked against the file before any tensor is read
+        entries = safetensors_layout(header, _ST_DTYPES, size - base)
+    except ValueError as exc:
+        raise ValueError(
+            f"checkpoint {str(path)!r}: {exc}; the file is damaged or not a safetensors file."
+        ) from None
     mm = np.memmap(path, dtype=np.uint8, mode="r")
     out = {}
     for k in wanted:
-        info = header[k]
-        try:
-            dt = _ST_DTYPES[info["dtype"]]
-            shape = tuple(int(s) for s in info["shape"])
-            begin, end = (int(o) for o in info["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(
-                f"checkpoint {str(path)!r}: tensor {k!r} has a malformed header entry {info!r}."
-            ) from None
-        count = math.prod(shape)
-        if end - begin != count * dt.itemsize or begin < 0 or base + end > size:
-            raise ValueError(
-                f"checkpoint {str(path)!r}: tensor {k!r} has offsets "
-                f"[{begin}, {end}] inconsistent with dtype {info['dtype']} "
-                f"shape {shape} or with the file size."
-            )
+        name, dt, shape, begin = entries[k]
+        end = begin + math.prod(shape) * dt.itemsize
         arr = np.frombuffer(mm[base + begin : base + end], dtype=dt).reshape(shape)
-        if info["dtype"] == "BF16":
+        if name == "BF16":
             arr = (arr.astype(np.uint32) << 16).view(np.float32)
         out[k] = np.array(arr, dtype=arr.dtype.newbyteorder("="))
     return out

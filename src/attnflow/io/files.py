@@ -1,4 +1,4 @@
-"""Writing result files safely, and hashing their arrays.
+"""Writing result files safely, hashing their arrays, and reading array files defensively.
 
 Contract. ``write_atomic(path, writer, tmp)`` writes through ``writer`` into the
 temporary file ``tmp`` beside ``path`` (created with the mode of any new file: the
@@ -7,6 +7,22 @@ old file or the new one, never a part. On any failure the temporary file is remo
 ``temporary_name(path)`` is a fresh such name, ``.<name>.<pid>.<random>.tmp``.
 ``arrays_sha256`` is the SHA-256 of arrays by name (names, dtypes, shapes, C-order
 bytes), the hash that sweep shards and trajectory files record.
+
+Reading. ``read_npz`` and ``read_npy`` return the arrays numpy's ``np.load`` would
+return (same dtypes, shapes, order and bytes; never a pickle), or raise one ``BadFile``
+(a ``ValueError``) that names the file and says what is wrong: not a zip archive,
+truncated, a damaged member (the zip CRC-32 of every member read is checked), a member
+that is not an ``.npy`` array, an ``.npy`` header that cannot be parsed, that declares
+Python objects, or that declares more or fewer bytes than the member holds. Every
+declared size (a member's compressed and uncompressed sizes, an array's shape times its
+item size) is checked against the bytes actually there before anything of that size is
+read, and the data are read in bounded chunks, so a small crafted file never makes the
+reader allocate more memory than about twice what it holds. ``read_npy_stream`` reads
+one array from an open stream (a file of several ``.npy`` arrays in a row, say) the same
+way; ``safetensors_layout`` checks a safetensors header against the bytes after it;
+``json_object`` parses the JSON metadata of a file and ``json_field`` checks the kind of
+one of its fields. The ``reason`` of a ``BadFile`` is the "what is wrong" alone, for
+callers that name the file their own way.
 """
 
 from __future__ import annotations
@@ -14,15 +30,70 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import lzma
+import math
 import os
 import secrets
+import struct
+import zipfile
+import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["arrays_sha256", "temporary_name", "write_atomic"]
+__all__ = [
+    "BadFile",
+    "arrays_sha256",
+    "json_field",
+    "json_object",
+    "read_npy",
+    "read_npy_stream",
+    "read_npz",
+    "safetensors_layout",
+    "temporary_name",
+    "write_atomic",
+]
+
+# What the standard library and numpy raise on a damaged zip archive or .npy stream.
+_READ_ERRORS = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    OSError,
+    EOFError,
+    ValueError,
+    KeyError,
+    IndexError,
+    TypeError,
+    OverflowError,
+    NotImplementedError,  # an unknown compression method or flag
+    RuntimeError,  # a member flagged as encrypted
+    struct.error,
+    zlib.error,
+    lzma.LZMAError,
+)
+_NPY_MAX_HEADER = 10_000  # numpy's own limit on an .npy header (np.load's default)
+_DEFLATE_MAX_RATIO = 1032  # deflate expands at most ~1032:1
+_CHUNK = 1 << 24  # bytes read at a time
+
+
+class BadFile(ValueError):
+    """A file that cannot be read as what it should be.
+
+    ``str(exc)`` is one line naming the file, saying what is wrong and, where given,
+    what to do; ``path`` is the file and ``reason`` what is wrong alone.
+    """
+
+    def __init__(self, path: str | os.PathLike, reason: str, *, kind: str = "", fix: str = ""):
+        self.path = Path(path)
+        self.reason = reason
+        where = f"cannot read {str(path)!r}" + (f" as {kind}" if kind else "")
+        super().__init__(f"{where}: {reason}" + (f"; {fix}" if fix else "") + ".")
+
+
+class _Malformed(Exception):
+    """Internal: what is wrong with the file being read (becomes a ``BadFile``)."""
 
 
 def arrays_sha256(arrays: Mapping[str, np.ndarray]) -> str:
@@ -53,3 +124,313 @@ def write_atomic(path: Path, writer: Callable[[Any], None], tmp: Path) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+# ------------------------------------------------------------------ reading
+def _why(exc: BaseException) -> str:
+    """What an exception raised while reading says is wrong with the file, in words."""
+    msg = " ".join(str(exc).split())
+    if len(msg) > 160:
+        msg = msg[:157] + "..."
+    if isinstance(exc, zipfile.BadZipFile) and "CRC" in msg:
+        return "its bytes do not match their CRC-32 (damaged)"
+    if isinstance(exc, zipfile.BadZipFile) and "not a zip file" in msg:
+        return "it is not a zip archive (.npz), or it is truncated"
+    if isinstance(exc, zipfile.BadZipFile):
+        return f"its zip headers are damaged ({msg})"
+    if isinstance(exc, EOFError) or msg.startswith("EOF"):
+        return "it is truncated (not fully written?)"
+    if isinstance(exc, (zlib.error, lzma.LZMAError)):
+        return f"its compressed data are damaged ({msg})"
+    if isinstance(exc, (NotImplementedError, RuntimeError)):
+        return f"its zip headers are damaged ({msg})"
+    if isinstance(exc, FileNotFoundError):
+        return "it does not exist"
+    if isinstance(exc, IsADirectoryError):
+        return "it is a directory"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return msg or type(exc).__name__
+
+
+def read_npy_stream(fh: IO[bytes], size: int, *, exact: bool = True) -> np.ndarray:
+    """One ``.npy`` array from the binary stream ``fh``, of which ``size`` bytes remain.
+
+    The header is parsed and checked before any data are read: its dtype must hold no
+    Python objects, and its shape times its item size must fit in the bytes that remain
+    (equal them, with ``exact``: nothing may follow the array). The data are read in
+    bounded chunks.
+
+    Args:
+        fh: a binary stream positioned at the start of an ``.npy`` array.
+        size: the bytes left in ``fh`` (the member's or the file's size).
+        exact: whether the array must end the stream (then one more read at the end
+            lets a zip member check its CRC-32).
+
+    Returns:
+        The array, as ``np.load`` returns it (its dtype, shape and memory order).
+
+    Raises:
+        ValueError: what is wrong, without naming a file (the caller does).
+    """
+    try:
+        return _npy(fh, size, exact)
+    except _Malformed as exc:
+        raise ValueError(str(exc)) from None
+    except _READ_ERRORS as exc:
+        raise ValueError(_why(exc)) from None
+
+
+def _npy(fh: IO[bytes], size: int, exact: bool) -> np.ndarray:
+    fmt = np.lib.format
+    start = fh.tell()
+    if size < fmt.MAGIC_LEN:
+        raise _Malformed("it is truncated (shorter than an .npy header)")
+    try:
+        version = fmt.read_magic(fh)
+    except ValueError:
+        raise _Malformed("it is not an .npy array (no .npy header)") from None
+    if version not in ((1, 0), (2, 0)):
+        raise _Malformed(f"its .npy header has format version {version}, not 1.0 or 2.0")
+    read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+    try:
+        shape, fortran, dtype = read_header(fh, _NPY_MAX_HEADER)
+    except Exception as exc:  # numpy parses the header's text: any error is a bad header
+        why = _why(exc)
+        raise _Malformed(
+            why if "truncated" in why else f"its .npy header is damaged ({why})"
+        ) from None
+    if dtype.hasobject:
+        raise _Malformed("it holds Python objects, not numbers (pickles are never read)")
+    if any(s < 0 for s in shape):
+        raise _Malformed(f"its .npy header declares the shape {shape}")
+    count = math.prod(shape)
+    nbytes = count * dtype.itemsize
+    left = size - (fh.tell() - start)
+    if nbytes > left or (exact and nbytes != left):
+        short = " (truncated?)" if nbytes > left else ""
+        raise _Malformed(
+            f"its .npy header declares {nbytes} bytes of data (shape {shape}, dtype "
+            f"{dtype.str}) but {left} follow it{short}"
+        )
+    buf = bytearray()
+    while len(buf) < nbytes:
+        chunk = fh.read(min(_CHUNK, nbytes - len(buf)))
+        if not chunk:
+            raise _Malformed("it is truncated (not fully written?)")
+        buf += chunk
+    if exact and fh.read(1):
+        raise _Malformed("bytes follow the array its .npy header declares")
+    flat = np.frombuffer(buf, dtype=dtype, count=count) if nbytes else np.ndarray(count, dtype)
+    if fortran:
+        return flat.reshape(shape[::-1]).transpose()
+    return flat.reshape(shape)
+
+
+def read_npy(path: str | os.PathLike, *, kind: str = "", fix: str = "") -> np.ndarray:
+    """The array of an ``.npy`` file, checked (see the module docstring).
+
+    Args:
+        path: the file.
+        kind: what the file should be, for the message (``"a matrix file"``).
+        fix: what to do about a bad file, for the message.
+
+    Returns:
+        The array, as ``np.load(path, allow_pickle=False)`` returns it.
+
+    Raises:
+        BadFile: naming the file and what is wrong.
+    """
+    p = Path(path)
+    try:
+        with open(p, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size == 0:
+                raise _Malformed("the file is empty")
+            return _npy(fh, size, True)
+    except _Malformed as exc:
+        raise BadFile(p, str(exc), kind=kind, fix=fix) from None
+    except _READ_ERRORS as exc:
+        raise BadFile(p, _why(exc), kind=kind, fix=fix) from None
+
+
+def read_npz(path: str | os.PathLike, *, kind: str = "", fix: str = "") -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` archive, each checked (see the module docstring).
+
+    Args:
+        path: the archive.
+        kind: what the file should be, for the message (``"a trajectory file"``).
+        fix: what to do about a bad file, for the message (``"re-save the run"``).
+
+    Returns:
+        ``{name: array}`` in the archive's order, as ``np.load`` returns them.
+
+    Raises:
+        BadFile: naming the file and what is wrong (which array, where it is one).
+    """
+    p = Path(path)
+    try:
+        return _npz(p)
+    except _Malformed as exc:
+        raise BadFile(p, str(exc), kind=kind, fix=fix) from None
+    except _READ_ERRORS as exc:
+        raise BadFile(p, _why(exc), kind=kind, fix=fix) from None
+
+
+def _npz(p: Path) -> dict[str, np.ndarray]:
+    size = p.stat().st_size
+    if size == 0:
+        raise _Malformed("the file is empty")
+    out: dict[str, np.ndarray] = {}
+    with zipfile.ZipFile(p) as zf:
+        infos = zf.infolist()
+        keys = [info.filename.removesuffix(".npy") for info in infos]
+        for info, key in zip(infos, keys):
+            if not info.filename.endswith(".npy"):
+                raise _Malformed(f"it holds a member {info.filename!r} that is not an array")
+            if keys.count(key) > 1:
+                raise _Malformed(f"it holds two arrays named {key!r}")
+            _check_sizes(info, size, key)
+            try:
+                with zf.open(info) as fh:
+                    out[key] = _npy(fh, info.file_size, True)
+            except _Malformed as exc:
+                raise _Malformed(f"its array {key!r}: {exc}") from None
+            except _READ_ERRORS as exc:
+                raise _Malformed(f"its array {key!r}: {_why(exc)}") from None
+    return out
+
+
+def _check_sizes(info: zipfile.ZipInfo, size: int, key: str) -> None:
+    """A member's declared sizes against the archive's size, before reading it."""
+    stored = info.compress_type == zipfile.ZIP_STORED
+    fits = info.header_offset + info.compress_size <= size
+    if stored:
+        fits = fits and info.file_size == info.compress_size
+    else:
+        fits = fits and info.file_size <= _DEFLATE_MAX_RATIO * info.compress_size + 1024
+    if not fits:
+        raise _Malformed(
+            f"its array {key!r} declares {info.file_size} bytes ({info.compress_size} "
+            f"stored) that an archive of {size} bytes cannot hold (truncated or damaged)"
+        )
+
+
+def json_object(raw: str | bytes | np.ndarray, what: str = "its metadata") -> dict:
+    """The JSON object in ``raw`` (text, UTF-8 bytes, or an array holding either).
+
+    Raises:
+        ValueError: saying what is wrong (not JSON, not an object), without naming a
+            file (the caller does).
+    """
+    text: str | bytes
+    if not isinstance(raw, np.ndarray):
+        text = raw
+    elif raw.dtype == np.uint8:  # UTF-8 bytes
+        text = raw.tobytes()
+    elif raw.ndim != 0 or raw.dtype.kind not in "US":
+        raise ValueError(f"{what} is an array of {raw.dtype} and shape {raw.shape}, not a text")
+    else:
+        text = raw.item()
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{what} is not JSON ({_why(exc)})") from None
+    except RecursionError:
+        raise ValueError(f"{what} is not JSON (nested too deeply)") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} is not a JSON object")
+    return value
+
+
+_KINDS = {
+    int: "a whole number",
+    float: "a number",
+    str: "a text",
+    bool: "true or false",
+    list: "a list",
+    dict: "an object",
+}
+
+
+def json_field(
+    obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str = ""
+) -> Any:
+    """``obj[key]``, checked to be of ``kind`` (a type or a tuple of them).
+
+    ``float`` admits whole numbers too; ``True`` and ``False`` are never numbers.
+
+    Raises:
+        ValueError: the field is missing or of another kind, naming it (``what.key``)
+            but not the file (the caller does).
+    """
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    name = f"{what}.{key}" if what else key
+    if key not in obj:
+        raise ValueError(f"its metadata has no field {name!r}")
+    value = obj[key]
+    if isinstance(value, bool):
+        ok = bool in kinds
+    elif isinstance(value, int):
+        ok = int in kinds or float in kinds
+    else:
+        ok = isinstance(value, kinds)
+    if not ok:
+        want = " or ".join(_KINDS.get(k, k.__name__) for k in kinds)
+        raise ValueError(f"its metadata field {name!r} is {value!r:.60}, not {want}")
+    return value
+
+
+def _whole(v: Any) -> int:
+    """A whole number of a header (never a bool, a float or a text)."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{v!r} is not a whole number")
+    return v
+
+
+def safetensors_layout(
+    header: Mapping[str, Any], dtypes: Mapping[str, np.dtype], data_size: int
+) -> dict[str, tuple[str, np.dtype, tuple[int, ...], int]]:
+    """Every tensor of a safetensors header as ``(dtype name, dtype, shape, begin)``,
+    checked against the ``data_size`` bytes that follow the header, as the format
+    requires: ``__metadata__`` (optional) an object of texts; each entry a dtype of
+    ``dtypes``, a shape of whole numbers >= 0 and offsets ``[begin, end]`` that hold
+    exactly that many bytes; the tensors tiling the data with no gap, overlap or
+    trailing bytes. So a truncated, extended or edited file is refused before any
+    tensor is read.
+
+    Raises:
+        ValueError: saying what is wrong, without naming the file (the caller does).
+    """
+    meta = header.get("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise ValueError("its __metadata__ is not an object of texts")
+    out, spans = {}, []
+    for k, info in header.items():
+        if k == "__metadata__":
+            continue
+        try:
+            name = info["dtype"]
+            dt = dtypes[name]
+            shape = tuple(_whole(s) for s in info["shape"])
+            begin, end = (_whole(o) for o in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"tensor {k!r} has a malformed header entry {info!r:.200}") from None
+        if any(n < 0 for n in shape) or begin < 0 or end - begin != math.prod(shape) * dt.itemsize:
+            raise ValueError(
+                f"tensor {k!r} has offsets [{begin}, {end}] inconsistent with dtype {name} "
+                f"shape {shape}"
+            )
+        out[k] = (name, dt, shape, begin)
+        spans.append((begin, end, k))
+    at = 0
+    for begin, end, k in sorted(spans):
+        if begin != at:
+            raise ValueError(f"tensor {k!r} starts at {begin}, not at {at} (a gap or an overlap)")
+        at = end
+    if at != data_size:
+        raise ValueError(
+            f"its tensors hold {at} bytes and the file {data_size} after its header "
+            f"(truncated or extended)"
+        )
+    return out

@@ -3,8 +3,11 @@
 ``named(name, d, seed)`` is what the command line's ``--V/--Q/--K NAME`` uses;
 ``load(spec, d, seed)`` also reads ``.npy``, ``.npz`` (the first array, or ``file.npz:key``),
 ``.txt`` and ``.csv`` files. ``read_array`` reads any of these files; a file that is empty,
-truncated, not an array, or holds objects or text instead of numbers is a ``ValueError``
-that names the file and says what is wrong with it.
+truncated, damaged, not an array, or holds objects or text instead of numbers is a
+``ValueError`` that names the file and says what is wrong with it. Binary files are read
+by ``files.read_npy`` and ``files.read_npz``: every size an ``.npy`` header or a zip
+member declares is checked against the file before anything is allocated, and bytes
+that the header does not account for are refused.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 from jaxtyping import Float
 
 from .. import _checks
+from .files import BadFile, read_npy, read_npz
 
 __all__ = [
     "PAPER",
@@ -211,22 +215,48 @@ def read_array(path: str | Path, *, key: str = "") -> np.ndarray:
                 warnings.simplefilter("ignore", UserWarning)
                 A = np.loadtxt(p, delimiter="," if p.suffix == ".csv" else None, ndmin=2)
         else:
-            loaded = np.load(p, allow_pickle=False)
-            if isinstance(loaded, np.lib.npyio.NpzFile):
-                with loaded as f:
-                    if p.suffix == ".npy":
-                        raise ValueError("it is an .npz archive, not a .npy file")
-                    names = list(f.files)
-                    if key and key not in names:
-                        raise ValueError(f"it has no array {key!r} (it has {names})")
-                    if not names:
-                        raise ValueError("the archive holds no array")
-                    A = f[key or names[0]]
+            with open(p, "rb") as f:
+                head = f.read(len(_NPY_MAGIC))
+            if head.startswith(_ZIP_MAGIC):  # an archive, whatever the suffix, as np.load
+                # tells (an archive of no arrays is its end record alone)
+                if p.suffix == ".npy":
+                    raise ValueError("it is an .npz archive, not a .npy file")
+                A = _from_npz(p, key)
+            elif head.startswith(_NPY_MAGIC[: len(head)]):
+                A = read_npy(p)
             else:
-                A = np.asarray(loaded)
+                raise ValueError(f"it is not a {p.suffix} file (no .npy header)")
+    except BadFile as exc:
+        raise ValueError(f"cannot read {str(p)!r}: {_reason_text(exc.reason)}.") from None
     except (ValueError, EOFError, OSError, zipfile.BadZipFile) as exc:
         raise ValueError(f"cannot read {str(p)!r}: {_reason(exc)}.") from None
     return A
+
+
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _from_npz(p: Path, key: str) -> np.ndarray:
+    """Array ``key`` (default: the first) of an archive, read by ``files.read_npz``."""
+    arrays = read_npz(p)
+    names = list(arrays)
+    if key and key not in names:
+        raise ValueError(f"it has no array {key!r} (it has {names})")
+    if not names:
+        raise ValueError("the archive holds no array")
+    return arrays[key or names[0]]
+
+
+def _reason_text(reason: str) -> str:
+    """A ``files.BadFile`` reason in this module's words."""
+    if "Python objects" in reason:
+        return "it holds Python objects, not numbers"
+    if reason.startswith("it is not an .npy array"):
+        return "it is not a .npy file (no .npy header)"
+    if reason.startswith("it is not a zip archive"):
+        return "it is not an .npz archive (or it is truncated)"
+    return reason
 
 
 def load(spec: str, d: int | None = None, seed: int = 0) -> Float[np.ndarray, "d d"]:

@@ -22,7 +22,9 @@ Contract:
   exactly as they were. A file carries the SHA-256 of its metadata and arrays
   (``sha256``, beside them; files written before it existed have none): a file whose
   content does not match is refused, naming it, and so is one whose states are not
-  finite at saves its statuses call ok; a malformed file is one ``ValueError`` naming it.
+  finite at saves its statuses call ok; a malformed file (damaged, truncated, a field
+  of the wrong kind) is one ``ValueError`` naming it, and its arrays are read by
+  ``files.read_npz``, which checks every declared size before reading.
   ``traj.saved_metadata`` is the nested metadata with the
   references resolved (the weights as lists again): for a version-2 file it equals
   ``traj.metadata(**extra)`` of the run that was saved. A file of a newer version is
@@ -43,7 +45,7 @@ import numpy as np
 from .._meta import run_metadata
 from ..dynamics.base import AbstractModel, family_class
 from ..dynamics.trajectory import Continuous, Layers  # the time discretisations
-from .files import arrays_sha256, temporary_name, write_atomic
+from .files import arrays_sha256, read_npz, temporary_name, write_atomic
 
 if TYPE_CHECKING:
     from ..dynamics.trajectory import Trajectory
@@ -258,17 +260,19 @@ def _read(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
     """The JSON metadata and the arrays of a file, checked to be a trajectory file."""
     if not path.is_file():
         raise ValueError(f"path {str(path)!r} is not a file written by Trajectory.save (an .npz).")
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            data = {k: f[k] for k in f.files}
-    except Exception as exc:
-        raise ValueError(f"cannot read {str(path)!r} as an .npz file: {exc}") from None
+    data = read_npz(path, kind="a trajectory file", fix="re-save the run from its source")
     if "metadata" not in data or "state" not in data:
         raise ValueError(
             f"{str(path)!r} was not written by Trajectory.save of attnflow "
             f"(no metadata/state arrays); re-save the run."
         )
-    text = str(data.pop("metadata"))
+    record = data.pop("metadata")
+    if record.ndim != 0 or record.dtype.kind != "U":
+        raise ValueError(
+            f"{str(path)!r} has metadata that is not JSON (an array of dtype "
+            f"{record.dtype} and shape {record.shape}, not one text)."
+        )
+    text = str(record)
     try:
         meta = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -344,12 +348,22 @@ def load(cls: type[Trajectory], path: str | os.PathLike) -> Trajectory:
     _check_hash(meta, data, path)
     try:
         traj = _build(cls, meta, data, version, path)
+        _check_finite(traj, data, path)
+    except ValueError as exc:  # its message says what is wrong and what to do
+        if str(path) in str(exc):  # already names the file (x64 off, non-finite states)
+            raise
+        raise ValueError(f"{str(path)!r} cannot be loaded: {exc}") from None
     except (KeyError, TypeError, AttributeError, IndexError) as exc:
         raise ValueError(
             f"{str(path)!r} is a malformed trajectory file: {type(exc).__name__}: {exc} "
             f"(a field of its metadata or an array is missing or of the wrong kind)."
         ) from None
-    ok = np.asarray([st == "ok" for st in traj.statuses])
+    return traj
+
+
+def _check_finite(traj: Trajectory, data: dict, path: Path) -> None:
+    """Refuse non-finite states at saves the statuses call ok (an altered file)."""
+    ok = np.asarray([st == "ok" for st in traj.statuses], bool)
     reached = np.asarray(traj.reached, bool)
     state = np.asarray(data["state"])  # (b, m, ...), b = 1 for one system
     rows = reached if reached.ndim == 2 else reached[None]
@@ -360,7 +374,6 @@ def load(cls: type[Trajectory], path: str | os.PathLike) -> Trajectory:
                 f"{str(path)!r} holds non-finite states at saves its statuses call 'ok': "
                 f"the file is inconsistent (altered or damaged); re-save the run."
             )
-    return traj
 
 
 def _build(cls, meta: dict, data: dict, version: int, path: Path):

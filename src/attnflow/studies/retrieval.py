@@ -31,11 +31,18 @@ Arithmetic is float32 whatever JAX's x64 mode (the model's arrays and the data a
 created float32).
 
 Saved models: ``cache/<kernel>-<hash>/`` holds ``config.json``, ``model.eqx``
-(``eqx.tree_serialise_leaves`` of the best model), ``train.json`` (history, timings) and,
-while training, ``checkpoint.bin`` (model, optimizer state, best model and step record in
-one file, written atomically, the previous one kept as ``checkpoint.bin.prev``;
-``attnflow.studies._checkpoint``) every ``checkpoint_every`` steps, from which an
-interrupted run resumes, bit for bit, whenever it was killed.
+(``eqx.tree_serialise_leaves`` of the best model, written atomically), ``train.json``
+(history, timings and the SHA-256 of ``model.eqx``, written last: it marks the model
+finished) and, while training, ``checkpoint.bin`` (model, optimizer state, best model
+and step record in one file, written atomically, the previous one kept as
+``checkpoint.bin.prev``; ``attnflow.studies._checkpoint``) every ``checkpoint_every``
+steps, from which an interrupted run resumes, bit for bit, whenever it was killed.
+``load_or_train`` reuses a finished model only through checks: its ``config.json`` must
+be this configuration, its ``train.json`` a record of the right fields, its ``model.eqx``
+match the recorded hash (caches written before the hash was recorded have none) and
+every array header the model's shape and dtype, checked before the array is read; a
+damaged or malformed file is one ``ValueError`` naming it (delete the folder or pass
+``retrain=True``).
 
 The task's data and the network (``RetrievalConfig``, ``sample_sets``,
 ``RetrievalModel``, ``head_weights``) are defined in ``_retrieval_model`` and importable
@@ -67,7 +74,9 @@ from ._retrieval_model import (
     RetrievalModel,
     head_from_embeddings,
     head_weights,
+    load_finished,
     sample_sets,
+    save_finished,
 )
 
 __all__ = [
@@ -265,9 +274,8 @@ def train(
     if state["best"] < 0:  # fewer steps than one validation
         state["best"], best_model = _validation_accuracy(model, config), model
     state["seconds"] += time.perf_counter() - t0
-    eqx.tree_serialise_leaves(directory / "model.eqx", best_model)
     record = dict(state, finished=True, resumed=resumed, config=config.to_dict())
-    (directory / "train.json").write_text(json.dumps(record, indent=1))
+    record = save_finished(directory, best_model, record)
     _checkpoint.remove(ckpt)
     return record
 
@@ -281,16 +289,10 @@ def load_or_train(
     directory = Path(cache) / config.key()
     done = directory / "train.json"
     if done.exists() and not retrain:
-        saved = json.loads((directory / "config.json").read_text())
-        if saved != config.to_dict():
-            raise ValueError(
-                f"{directory} holds a model of another configuration ({saved}); remove it "
-                f"or pass retrain=True."
-            )
-        model = eqx.tree_deserialise_leaves(directory / "model.eqx", _template(config)[0])
-        return model, json.loads(done.read_text()), True
+        model, record = load_finished(config, directory, _template(config)[0])
+        return model, record, True
     record = train(config, directory, progress=progress)
-    model = eqx.tree_deserialise_leaves(directory / "model.eqx", _template(config)[0])
+    model, _ = load_finished(config, directory, _template(config)[0])
     return model, record, False
 
 

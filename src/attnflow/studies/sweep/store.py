@@ -10,8 +10,10 @@ Contract:
   arrays (names, dtypes, shapes and C-order bytes); ``read_shard`` returns its arrays
   only if all of these hold, else raises ``BadShard`` saying what is wrong (truncated,
   corrupted, edited, or from another sweep); a shard without the hash is refused
-  (nothing vouches for its arrays; a run recomputes it). ``read_manifest`` refuses a
-  manifest whose identity no longer matches the digest it records (edited by hand).
+  (nothing vouches for its arrays; a run recomputes it). Shards are read by
+  ``io.files.read_npz``: every size a file declares is checked before it is read.
+  ``read_manifest`` refuses, naming it, a manifest that is not JSON, whose identity no
+  longer matches the digest it records (edited by hand) or is of the wrong kinds.
 * A directory holds one sweep: ``prepare_dir`` and ``check_dir`` refuse a different
   identity before anything is computed, naming each field that differs.
 * Temporary files are named ``.<name>.<host>.<pid>.<random>.tmp``; ``remove_dead_tmp``
@@ -34,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from ... import _checks
-from ...io.files import arrays_sha256, write_atomic
+from ...io.files import BadFile, arrays_sha256, json_object, read_npz, write_atomic
 from .spec import IDENTITY, Sweep, identity_digest
 
 __all__ = [
@@ -149,19 +151,15 @@ def read_shard(path: Path, digest: str, start: int, stop: int) -> dict[str, np.n
     one is refused: nothing vouches for its arrays). Raises ``BadShard`` saying what is
     wrong."""
     try:
-        # our own handle: np.load leaves its file open when the zip cannot be read
-        with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as f:
-            names = list(f.files)
-            if _META_KEY not in names:
-                raise BadShard("it has no metadata")
-            meta = json.loads(str(f[_META_KEY]))
-            arrays = {k: f[k] for k in names if k != _META_KEY}
-    except BadShard:
-        raise
-    except Exception as exc:  # truncated, corrupted, not a zip: whatever numpy raises
-        raise BadShard(f"it cannot be read ({type(exc).__name__}: {exc})") from None
-    if not isinstance(meta, dict):
-        raise BadShard("its metadata is not a JSON object")
+        arrays = read_npz(path)
+    except BadFile as exc:  # truncated, corrupted, not a zip, a size that does not fit
+        raise BadShard(f"it cannot be read ({exc.reason})") from None
+    if _META_KEY not in arrays:
+        raise BadShard("it has no metadata")
+    try:
+        meta = json_object(arrays.pop(_META_KEY))
+    except ValueError as exc:
+        raise BadShard(str(exc)) from None
     if meta.get("digest") != digest:
         raise BadShard("it does not belong to this sweep (its sweep digest differs)")
     if meta.get("start") != start or meta.get("stop", stop) != stop:
@@ -211,10 +209,11 @@ def read_manifest(out_dir: str | os.PathLike) -> dict:
             f"with this output directory first."
         )
     for attempt in range(50):
-        text = p.read_text()
+        raw = p.read_bytes()
+        text = raw.decode("utf-8", errors="replace")
         try:
-            man = json.loads(text)
-        except json.JSONDecodeError as exc:
+            man = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             # a manifest being created without hard links is empty for a moment
             if attempt < 49 and not text.strip() and time.time() - p.stat().st_mtime < 5:
                 time.sleep(0.05)
@@ -243,6 +242,19 @@ def _check_manifest(man: Any, p: Path) -> None:
         raise ValueError(
             f"{str(p)!r} was edited: its identity ({', '.join(IDENTITY)}) does not match the "
             f"digest it records; restore it, or delete the directory and rerun the sweep."
+        )
+    kinds = {"name": str, "config": dict, "size": int, "seed": int, "shard_size": int}
+    bad = [
+        k
+        for k, kind in kinds.items()
+        if isinstance(man[k], bool)
+        or not isinstance(man[k], kind)
+        or (kind is int and k != "seed" and man[k] < 1)
+    ]
+    if bad:  # a digest recomputed over values no sweep has
+        raise ValueError(
+            f"{str(p)!r} is not a sweep manifest ({', '.join(bad)} of the wrong kind: a "
+            f"name, a config object, whole numbers); delete the directory or choose another one."
         )
 
 
