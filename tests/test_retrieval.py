@@ -242,6 +242,17 @@ def test_every_config_field_is_checked_up_front(field, value):
         R.RetrievalConfig(**{field: value})
 
 
+def test_a_config_round_trips_through_its_dict():
+    """``RetrievalConfig(**cfg.to_dict())`` is ``cfg`` (``kernel_params`` comes back as a
+    dict, which was accepted and then failed deep in training as an unhashable field)."""
+    cfg = R.RetrievalConfig(kernel="differential", width=8, kernel_params=(("lam", 0.2),))
+    back = R.RetrievalConfig(**cfg.to_dict())
+    assert back == cfg and hash(back) == hash(cfg) and back.key() == cfg.key()
+    assert R.RetrievalConfig(**{**TINY.to_dict(), "kernel_params": {}}) == TINY
+    with pytest.raises(ValueError, match="kernel_params must be a mapping"):
+        R.RetrievalConfig(kernel_params=(0.2,))
+
+
 def test_a_diverging_training_stops_and_records_nothing_finished(tmp_path):
     cfg = dataclasses.replace(TINY, lr=1e30, schedule="constant")
     with pytest.raises(FloatingPointError, match="diverged: the loss is"):

@@ -22,6 +22,7 @@ import hashlib
 import io
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import equinox as eqx
@@ -88,6 +89,18 @@ class RetrievalConfig:
 
     def __post_init__(self):
         _kernels.get(self.kernel)
+        params = self.kernel_params
+        if isinstance(params, Mapping):  # {"lam": 0.2}, as to_dict writes it
+            params = tuple(sorted(params.items()))
+        ok = isinstance(params, (tuple, list)) and all(
+            isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], str) for p in params
+        )
+        if not ok:
+            raise ValueError(
+                f"kernel_params must be a mapping of names to numbers (or their pairs); "
+                f"got {self.kernel_params!r}."
+            )
+        object.__setattr__(self, "kernel_params", tuple((str(k), v) for k, v in params))
         if self.kernel in EVAL_ONLY:
             raise ValueError(
                 f"kernel {self.kernel!r} is applied at evaluation to the "
