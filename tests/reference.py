@@ -3,6 +3,9 @@
 Used as the reference in the tests: fixed-step classical RK4 in both frames, forward Euler
 for the discrete transformer, and a Taylor-series matrix exponential with scaling and
 squaring (no eigendecomposition, so it shares no code path with attnflow's propagator).
+``kernel_weights`` writes out every attention kernel of ``attnflow.kernels`` under every
+mask of ``attnflow.masks`` (causal, window, ALiBi, RoPE, sink-plus-window), row by row
+with loops; thresholds (sparsemax, entmax) by plain bisection rather than a sort.
 """
 
 import numpy as np
@@ -96,48 +99,206 @@ def _sig(u):
     return 1.0 / (1.0 + np.exp(-u))
 
 
-def kernel_weights(name, x, Q, K, beta=1.0, lam=0.2, mask=None):
-    """Attention matrix of tokens ``x`` (rows) under the kernels of REFERENCES.md [K].
+def _rms(u):
+    """Each row divided by its root mean square (a zero row stays zero)."""
+    r = np.sqrt(np.mean(u * u, axis=1, keepdims=True))
+    return np.where(r > 0, u / np.where(r > 0, r, 1.0), 0.0)
 
-    ``mask``: None or "causal" (j <= i kept)."""
+
+# ---------------------------------------------------------------------------- masks
+# A mask is None, "causal", or a tuple: ("window", w), ("alibi", slope),
+# ("rope", base, inner) with ``inner`` one of these (not a rope), ("sinkwindow", sinks, w).
+def mask_keep(mask, n):
+    """Boolean (n, n): which logits of query i on key j the mask keeps."""
+    keep = np.ones((n, n), bool)
+    for i in range(n):
+        for j in range(n):
+            if mask is None:
+                continue
+            kind = mask if isinstance(mask, str) else mask[0]
+            if kind in ("causal", "alibi"):
+                keep[i, j] = j <= i
+            elif kind == "window":
+                keep[i, j] = abs(i - j) <= mask[1]
+            elif kind == "sinkwindow":
+                keep[i, j] = j <= i and (j < mask[1] or i - j <= mask[2])
+            elif kind == "rope":
+                keep[i, j] = mask_keep(mask[2], n)[i, j]
+            else:
+                raise ValueError(mask)
+    return keep
+
+
+def mask_bias(mask, n):
+    """(n, n) additive bias of the kept logits: ALiBi's -slope (i - j), else 0."""
+    out = np.zeros((n, n))
+    if isinstance(mask, tuple) and mask[0] == "rope":
+        return mask_bias(mask[2], n)
+    if isinstance(mask, tuple) and mask[0] == "alibi":
+        for i in range(n):
+            for j in range(i + 1):
+                out[i, j] = -mask[1] * (i - j)
+    return out
+
+
+def rope_rotate(u, base):
+    """Rotate the c-th 2-plane (coordinates 2c, 2c + 1) of row i by i base^(-2c / p)."""
+    n, p = u.shape
+    if p % 2:
+        raise ValueError("RoPE needs an even dimension")
+    out = np.empty_like(u)
+    for i in range(n):
+        for c in range(p // 2):
+            a = i * base ** (-2.0 * c / p)
+            out[i, 2 * c] = np.cos(a) * u[i, 2 * c] - np.sin(a) * u[i, 2 * c + 1]
+            out[i, 2 * c + 1] = np.sin(a) * u[i, 2 * c] + np.cos(a) * u[i, 2 * c + 1]
+    return out
+
+
+# -------------------------------------------------------------------- kernel rows
+def _softmax(row):
+    e = np.exp(row - row.max())
+    return e / e.sum()
+
+
+def _threshold(total, lo, hi):
+    """tau in [lo, hi] with total(tau) = 1 (total decreasing), by plain bisection."""
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break
+        lo, hi = (mid, hi) if total(mid) >= 1.0 else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def _sparsemax(row):
+    tau = _threshold(lambda t: np.sum(np.maximum(row - t, 0.0)), row.max() - 1.0, row.max())
+    support = row > tau  # the exact threshold of this support
+    tau = (row[support].sum() - 1.0) / support.sum()
+    return np.maximum(row - tau, 0.0)
+
+
+def _entmax(row, alpha):
+    z = (alpha - 1.0) * row
+
+    def weights(t):
+        return np.maximum(z - t, 0.0) ** (1.0 / (alpha - 1.0))
+
+    w = weights(_threshold(lambda t: weights(t).sum(), z.max() - 1.0, z.max()))
+    return w / w.sum()
+
+
+ADAPTIVE_POLY = (-0.037, 0.481, -2.3, 4.917, -1.791)  # Velickovic et al. (2024)
+
+
+def _row(name, row, n, p):
+    """The weights of the kept logits ``row`` of one query (``n`` keys in all)."""
+    if name in ("softmax", "qknorm", "prenorm"):
+        return _softmax(row)
+    if name == "ssmax":
+        return _softmax(p.get("s", 1.0) * np.log(n) * row)
+    if name == "sigmoid":
+        return _sig(row - np.log(n))
+    if name == "adaptive":
+        s = _softmax(row)
+        H = -np.sum(s * np.log(s + 1e-9))
+        inv = max(np.polyval(ADAPTIVE_POLY, H), 1.0) if H > 0.5 else 1.0
+        return _softmax(inv * row)
+    if name == "usa":
+        return np.exp(row) / n
+    if name == "linear":
+        return row
+    if name == "linearnorm":
+        return row / row.sum()
+    if name == "stickbreaking":
+        s = _sig(row)
+        return np.array([s[a] * np.prod(1.0 - s[a + 1 :]) for a in range(len(row))])
+    if name == "offbyone":
+        e = np.exp(row)
+        return e / (1.0 + e.sum())
+    if name in ("sink", "qknorm_sink"):
+        e = np.exp(row)
+        return e / (np.exp(p.get("b", 0.0)) + e.sum())
+    if name == "softpick":
+        e = np.expm1(row)
+        den = np.abs(e).sum()
+        return np.maximum(e, 0.0) / den if den > 0 else np.zeros_like(row)
+    if name == "hardmax":
+        win = (row == row.max()).astype(float)
+        return win / win.sum()
+    if name == "sparsemax":
+        return _sparsemax(row)
+    if name == "entmax":
+        return _entmax(row, p.get("alpha", 1.5))
+    raise ValueError(name)
+
+
+def _logsumexp(L, axis):
+    m = np.max(L, axis=axis, keepdims=True)
+    return m + np.log(np.sum(np.exp(L - m), axis=axis, keepdims=True))
+
+
+def kernel_weights(name, x, Q, K, beta=1.0, lam=0.2, mask=None, **params):
+    """Attention matrix of tokens ``x`` (rows) under every kernel of attnflow.kernels.
+
+    ``mask``: None, "causal" or a tuple (see ``mask_keep``): a dropped key weighs 0 and
+    is left out of the row; ALiBi's bias is added to the kept logits
+    ``beta <q_i, k_j>``; RoPE turns the queries and keys (after the kernel's own
+    preparation: qknorm's RMS norm and gains, linear's elu + 1). ``params``: the kernel's
+    parameters (``s``, ``b``, ``wq``, ``wk``, ``alpha``, ``iters``; ``lam`` for
+    differential), defaults where missing. A kernel that reads ``n`` (ssmax, sigmoid,
+    usa) counts every key, the masked ones too."""
     x = np.asarray(x, np.float64)
     n = x.shape[0]
     if name == "prenorm":
-        x = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True))
-    q, k = x @ np.asarray(Q).T, x @ np.asarray(K).T
-    keep = np.ones((n, n), bool) if mask is None else np.tril(np.ones((n, n), bool))
-    P = np.zeros((n, n))
+        x = _rms(x)
+    q, k = x @ np.asarray(Q, np.float64).T, x @ np.asarray(K, np.float64).T
+    if name in ("qknorm", "qknorm_sink"):
+        q, k = _rms(q), _rms(k)
+        if params.get("wq") is not None:
+            q = q * np.asarray(params["wq"], np.float64)[None, :]
+        if params.get("wk") is not None:
+            k = k * np.asarray(params["wk"], np.float64)[None, :]
+    if name in ("linear", "linearnorm"):
+        q, k = elu1(q), elu1(k)
+    if isinstance(mask, tuple) and mask[0] == "rope":
+        q, k = rope_rotate(q, mask[1]), rope_rotate(k, mask[1])
+    keep, bias = mask_keep(mask, n), mask_bias(mask, n)
+    if name == "differential":
+        if mask is not None:
+            raise ValueError("differential takes no mask")
+        h = q.shape[1] // 2
+        P = np.zeros((n, n))
+        for i in range(n):
+            l1 = np.array([beta * q[i, :h] @ k[j, :h] for j in range(n)])
+            l2 = np.array([beta * q[i, h:] @ k[j, h:] for j in range(n)])
+            P[i] = _softmax(l1) - lam * _softmax(l2)
+        return P
+    # the kept logits, -inf elsewhere
+    L = np.full((n, n), -np.inf)
     for i in range(n):
-        js = [j for j in range(n) if keep[i, j]]
-        if name in ("linear", "linearnorm"):
-            row = np.array([beta * elu1(q[i]) @ elu1(k[j]) for j in js])
-            if name == "linearnorm":
-                row = row / row.sum()
-        elif name == "stickbreaking":
-            s = _sig(np.array([beta * q[i] @ k[j] for j in js]))
-            row = np.array([s[a] * np.prod(1.0 - s[a + 1 :]) for a in range(len(js))])
-        elif name == "offbyone":
-            e = np.exp(np.array([beta * q[i] @ k[j] for j in js]))
-            row = e / (1.0 + e.sum())
-        elif name == "prenorm":
-            row = softmax_rows(np.array([[beta * q[i] @ k[j] for j in js]]))[0]
-        elif name == "differential":
-            h = q.shape[1] // 2
-            l1 = np.array([[beta * q[i, :h] @ k[j, :h] for j in js]])
-            l2 = np.array([[beta * q[i, h:] @ k[j, h:] for j in js]])
-            row = softmax_rows(l1)[0] - lam * softmax_rows(l2)[0]
-        elif name == "selective":
-            L = beta * q @ k.T
-            # S_kj = relu(L_kj) for 0 < j < k; F_ij = sum_{k < i} S_kj
+        for j in range(n):
+            if keep[i, j]:
+                L[i, j] = beta * (q[i] @ k[j]) + bias[i, j]
+    P = np.zeros((n, n))
+    if name == "sinkhorn":  # columns, then rows, in the log domain
+        for _ in range(params.get("iters", 3)):
+            L = L - _logsumexp(L, 0)
+            L = L - _logsumexp(L, 1)
+        return np.exp(L)
+    if name == "selective":  # causal always: F_ij = sum_{k < i} relu(L_kj), 0 < j < k
+        for i in range(n):
             F = np.zeros(n)
             for kk in range(i):
                 for j in range(1, kk):
-                    F[j] += max(L[kk, j], 0.0)
-            js = [j for j in range(i + 1)]
-            row = softmax_rows(np.array([[L[i, j] - F[j] for j in js]]))[0]
-        else:
-            raise ValueError(name)
-        P[i, js] = row
+                    if np.isfinite(L[kk, j]):
+                        F[j] += max(L[kk, j], 0.0)
+            js = [j for j in range(i + 1) if keep[i, j]]
+            P[i, js] = _softmax(np.array([L[i, j] - F[j] for j in js]))
+        return P
+    for i in range(n):
+        js = [j for j in range(n) if keep[i, j]]
+        P[i, js] = _row(name, L[i, js], n, params)
     return P
 
 

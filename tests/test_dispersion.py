@@ -428,7 +428,7 @@ def test_fig_dispersion_quick(tmp_path):
         assert all(m <= b * (1 + 1e-12) for m, b in zip(r["max"], r["bound_tight"]))
     from attnflow.analysis.dispersion import bound_tight
 
-    # the kernels of issue 17: prenorm is a softmax, so under the bound of its spread
+    # the extra kernels: prenorm is a softmax, so under the bound of its spread
     extra = side["results"]["max"]["kernels_extra"]
     assert set(extra) == {"linearnorm", "stickbreaking", "offbyone", "prenorm", "differential"}
     ns = side["results"]["max"]["ns"]

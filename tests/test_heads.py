@@ -1,4 +1,4 @@
-"""Trained heads (issue 9): the safetensors reader/writer, the BERT head loader against
+"""Trained heads: the safetensors reader/writer, the BERT head loader against
 hand-built matrices and a hand-written multi-head attention, the analysis, embeddings,
 the dynamics helper and `attnflow heads`. Every test but the last two builds its own tiny
 checkpoint and needs neither safetensors nor tokenizers; the real-model tests run when

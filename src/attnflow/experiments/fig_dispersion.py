@@ -58,7 +58,7 @@ COLORS = {
     "sigmoid": "#ff7f0e",
 }
 N_TRAIN = 16
-# The kernels of issue 17, drawn in figure 1's "all kernels" panel only (dashed).
+# The kernels beyond the first five, drawn in figure 1's "all kernels" panel only (dashed).
 EXTRA_KERNELS = ("linearnorm", "stickbreaking", "offbyone", "prenorm", "differential")
 EXTRA_COLORS = dict(zip(EXTRA_KERNELS, ("#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")))
 

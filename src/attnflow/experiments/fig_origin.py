@@ -2,7 +2,7 @@
 
 Theorem ([E]): V = -I_d and Q^T K = I: every x_i(t) (original frame) tends to 0, one
 cluster at the origin. The collapse is fast for the mean of the tokens and slow for their
-spread, which decays only like t^{-1/2} (measured here, see panel c; REFERENCES.md).
+spread, which decays only like t^{-1/2} (measured here, see panel c).
 
 Set-up: n = 20 tokens uniform in [-5, 5]^d, Q = K = I, V = -I, d = 2 and d = 3, the
 discrete transformer (Euler, dt = 0.1) in the original frame to T = 100 (1000 layers),

@@ -131,7 +131,7 @@ def compute(quick: bool) -> F.Data:
         finding=(
             "negative-eigenvalue coordinates diverge, positive ones freeze at their "
             "leader's value, the leading one converges to the two leaders' values; "
-            "the opposite of the sign stated in REFERENCES.md / the issue. "
+            "the opposite of the sign in the paper's text. "
             "Projecting traj.z (standard basis) onto the eigenvectors swamps the "
             "positive coordinates with the rounding of the diverging ones."
         ),

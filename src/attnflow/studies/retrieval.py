@@ -14,7 +14,7 @@ accuracy stops improving (early stopping with a patience), then evaluated at
 ``n = 16 ... 16384`` with no parameter changed; ``kernel="adaptive"`` at evaluation reads
 the softmax-trained model with the adaptive temperature, as the paper does.
 
-Choices where the paper is silent (or where REFERENCES.md records nothing): every MLP
+Choices where the paper is silent: every MLP
 has ``depth`` hidden layers of ``width`` units with GELU (default 2 and 128); the head
 size is ``width``; ``beta = 1/sqrt(head size)``; ``prenorm`` and ``qknorm`` normalise the
 item and query embeddings (resp. queries and keys) as the kernels define; the set size in
@@ -94,7 +94,7 @@ __all__ = [
 ]
 
 SIZES = tuple(16 * 2**k for k in range(11))  # 16, 32, ..., 16384
-# REFERENCES.md [D]: accuracy (%) of the paper's softmax head, and with adaptive temperature
+# The paper's accuracy (%) of its softmax head, and with adaptive temperature
 PAPER_ACCURACY = {16: 98.6, 64: 94.3, 256: 81.3, 1024: 53.8, 4096: 22.6, 16384: 12.4}
 PAPER_ACCURACY_ADAPTIVE = {16: 98.6, 64: 94.5, 256: 82.1, 1024: 57.7, 4096: 24.9, 16384: 14.0}
 # selective forms the (n+1) x (n+1) matrix of the items: evaluated up to this size only

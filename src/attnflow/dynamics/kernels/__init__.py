@@ -4,8 +4,8 @@ A kernel maps the logit matrix ``L_ij = beta <q_i, k_j>`` to the weights ``P``, 
 row. Each kernel is a final subclass of ``AbstractKernel`` in a module of its own
 (``softmax``, ``qknorm``, ``ssmax``, ...); its parameters are fields (trainable array
 leaves), its facts class attributes (``row_stochastic``, ``rowwise``, ``takes_mask``,
-``normalizes_tokens``). Names stay as a lookup for strings and the command line:
-``Attention(Q, K, V, kernel="ssmax", kernel_params={"s": 2.0})`` and
+``takes_positions``, ``normalizes_tokens``). Names stay as a lookup for strings and the
+command line: ``Attention(Q, K, V, kernel="ssmax", kernel_params={"s": 2.0})`` and
 ``Attention(Q, K, V, kernel=SSMax(s=2.0))`` are the same model; ``get("ssmax", s=2.0)``
 builds the object.
 

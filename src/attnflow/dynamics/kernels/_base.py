@@ -9,6 +9,9 @@ analyses what they may assume:
 ``rowwise``            row ``i`` of ``P`` depends on row ``i`` of the logits only (only then
                        may the field tile the query rows)
 ``takes_mask``         the kernel accepts a mask (``-inf`` logits weigh 0)
+``takes_positions``    the kernel accepts a mask that moves the logits, not only drops
+                       them: an additive bias (ALiBi) or a turn of the queries and keys
+                       by position (RoPE)
 ``normalizes_tokens``  the kernel rescales the tokens before the query and key maps
                        (``prepare_tokens`` is not the identity), so the modal rescaled
                        frame, whose coordinates are not the tokens', cannot serve it
@@ -68,9 +71,11 @@ class AbstractKernel(eqx.Module):
     row_stochastic: ClassVar[bool] = True
     rowwise: ClassVar[bool] = True
     takes_mask: ClassVar[bool] = True
+    takes_positions: ClassVar[bool] = True
     normalizes_tokens: ClassVar[bool] = False
-    # why ``takes_mask`` is False, for the error message
+    # why ``takes_mask`` (``takes_positions``) is False, for the error message
     no_mask_reason: ClassVar[str] = ""
+    no_positions_reason: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

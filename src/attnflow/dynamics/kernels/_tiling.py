@@ -42,11 +42,27 @@ def auto_block(n: int) -> int:
     return max(16, BLOCK_ENTRIES // n)
 
 
+def moves_logits(mask: AbstractMask) -> bool:
+    """Whether the mask does more than drop logits: it adds a bias (ALiBi) or turns the
+    queries and keys by position (RoPE), i.e. its class overrides ``bias`` or ``turn``."""
+    cls = type(mask)
+    return cls.bias is not AbstractMask.bias or cls.turn is not AbstractMask.turn
+
+
 def check_kernel_mask(kernel: AbstractKernel, mask: AbstractMask | None) -> None:
-    """``ValueError`` for a mask the kernel cannot take (``takes_mask`` False)."""
+    """``ValueError`` for a mask the kernel cannot take: any mask (``takes_mask`` False),
+    or one that moves the logits (``takes_positions`` False; ``moves_logits``)."""
     if mask is not None and not kernel.takes_mask:
         why = f" ({kernel.no_mask_reason})" if kernel.no_mask_reason else ""
         raise ValueError(f"kernel {kernel.name!r} takes no mask{why}; use mask=None.")
+    if mask is not None and not kernel.takes_positions and moves_logits(mask):
+        why = f" ({kernel.no_positions_reason})" if kernel.no_positions_reason else ""
+        name = getattr(mask, "name", type(mask).__name__)
+        raise ValueError(
+            f"kernel {kernel.name!r} takes no mask that biases or turns the logits (got "
+            f"mask={name!r}){why}; use a mask that only drops keys (None, 'causal', "
+            f"('window', w), SinkWindow(sinks, w))."
+        )
 
 
 def prepared(

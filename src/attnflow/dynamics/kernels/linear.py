@@ -5,6 +5,12 @@
                 that of ``|P|`` itself.
 ``LinearNorm``  the same divided by its row sum (rows sum to one, every frame; beta
                 cancels).
+
+The weights are the logits themselves, positive because ``phi`` is: neither takes a mask
+that moves the logits (``takes_positions`` False). ALiBi's bias ``-slope (i - j)`` and
+RoPE's rotation of ``phi(q)``, ``phi(k)`` make weights negative, and in ``LinearNorm`` the
+row sum can pass through 0 (weights and field without bound). Masks that only drop keys
+(causal, window, sink window) are taken.
 """
 
 from __future__ import annotations
@@ -18,6 +24,12 @@ from jaxtyping import Array
 from ._base import AbstractKernel
 
 __all__ = ["Linear", "LinearNorm", "linear_attention", "linear_normalized"]
+
+
+_NO_POSITIONS = (
+    "its weights are the logits beta phi(q) . phi(k) themselves, positive only because phi "
+    "is: a bias or a rotation of phi(q), phi(k) makes them negative"
+)
 
 
 def _elu1(u: Array) -> Array:
@@ -45,6 +57,8 @@ class Linear(AbstractKernel):
         "beta phi(q) . phi(k), phi = elu + 1, unnormalised (original frame only)"
     )
     row_stochastic: ClassVar[bool] = False
+    takes_positions: ClassVar[bool] = False
+    no_positions_reason: ClassVar[str] = _NO_POSITIONS
 
     def prepare(self, q: Array, k: Array) -> tuple[Array, Array]:
         return _elu1(q), _elu1(k)
@@ -58,6 +72,8 @@ class LinearNorm(AbstractKernel):
 
     name: ClassVar[str] = "linearnorm"
     summary: ClassVar[str] = "phi(q) . phi(k) / sum_k phi(q) . phi(k_k), phi = elu + 1"
+    takes_positions: ClassVar[bool] = False
+    no_positions_reason: ClassVar[str] = _NO_POSITIONS
 
     def prepare(self, q: Array, k: Array) -> tuple[Array, Array]:
         return _elu1(q), _elu1(k)

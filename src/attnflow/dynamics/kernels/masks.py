@@ -160,10 +160,12 @@ def _slopes(value: Any) -> Array:
 
 class ALiBi(AbstractMask):
     """Causal attention with a linear penalty of distance (Press et al., ALiBi):
-    ``L_ij + slope * (j - i)`` for ``j <= i``, dropped for ``j > i``: the weights are
-    those of the causal mask times ``e^{-slope (i - j)}``. ``slopes``: one slope, or one
-    per head (a trainable leaf; ``alibi_slopes(h)`` gives the published ones). The
-    lost-in-the-middle weights ``e^{-(lambda/N)(i - j)}`` are ``ALiBi(lambda / N)``."""
+    ``L_ij + slope * (j - i)`` for ``j <= i``, dropped for ``j > i``: under softmax the
+    weights are those of the causal mask times ``e^{-slope (i - j)}`` (a kernel that
+    scales the logits, ssmax or adaptive, scales the bias too; the linear kernels, whose
+    weights are the logits, refuse it). ``slopes``: one slope, or one per head (a
+    trainable leaf; ``alibi_slopes(h)`` gives the published ones). The lost-in-the-middle
+    weights ``e^{-(lambda/N)(i - j)}`` are ``ALiBi(lambda / N)``."""
 
     slopes: Array
     name: ClassVar[str] = "alibi"
