@@ -26,8 +26,8 @@ with ``differential``; ALiBi or RoPE with ``linear`` and ``linearnorm`` (weights
 the logits themselves: a bias or a rotation makes them negative, and linearnorm's row sum
 can pass through 0); an odd head size with ``differential`` or RoPE (at first use); the
 rescaled frame for one head whose rows need not sum to one (``frame='original'``). Draws
-whose numpy run leaves ``|x| < 100`` (usa and linear blow up in finite time) are
-discarded, not compared; ``traj.attention(k)`` is checked against numpy at the saved
+whose numpy run does not stay within ``|x| < 100`` (usa and linear blow up in finite
+time) are discarded, not compared; ``traj.attention(k)`` is checked against numpy at the saved
 tokens.
 
 The default tests run few examples at small sizes (about 30 s on one core, less with the
@@ -606,7 +606,7 @@ def test_attention_matches_numpy_long(case):
 
 
 @pytest.mark.slow
-@_settings(80)
+@_settings(100)
 @given(
     case=cases(**LARGE),
     frame=st.sampled_from(("original", "sphere")),
@@ -618,14 +618,14 @@ def test_euler_layers_match_numpy_long(case, frame, method, layernorm):
 
 
 @pytest.mark.slow
-@_settings(60)
+@_settings(80)
 @given(case=cases(**LARGE), method=st.sampled_from(("euler", "euler-ode")))
 def test_rescaled_frame_is_the_original_rescaled_long(case, method):
     check_rescaled(case, method)
 
 
 @pytest.mark.slow
-@_settings(15)
+@_settings(20)
 @given(
     case=cases(**SMALL, kernels=SMOOTH, activations=("gelu", "tanh")),
     frame=st.sampled_from(("original", "rescaled")),
