@@ -14,9 +14,9 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def _subcommands() -> set[str]:
-    from attnflow.cli import app
-
     import typer.main
+
+    from attnflow.cli import app
 
     group = typer.main.get_command(app)
     return set(getattr(group, "commands", {}))
