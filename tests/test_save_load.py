@@ -151,6 +151,10 @@ def test_to_xarray(tmp_path):
     assert ds["z"].shape == (3, 3, 4, 2)
     np.testing.assert_array_equal(ds["x"].values, np.asarray(traj.x))
     np.testing.assert_array_equal(ds["time"].values, np.asarray(traj.ts))
+    np.testing.assert_array_equal(ds["token"].values, np.arange(4))
+    np.testing.assert_array_equal(ds["coord"].values, np.arange(2))
+    np.testing.assert_array_equal(ds["system"].values, np.arange(3))
+    assert ds.sel(token=2, coord=1)["x"].shape == (3, 3)
     assert ds.attrs["frame"] == "rescaled" and json.loads(ds.attrs["statuses"]) == ["ok"] * 3
     assert ds.attrs["t1"] == 1.0 and json.loads(ds.attrs["solver"])["rtol"] == 1e-6
     assert json.loads(ds.attrs["model"]) == json.loads(json.dumps(model.describe()))

@@ -4,8 +4,10 @@ tests/data/make_v010_files.py with the code of 0.1.0) loading as they were writt
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -95,7 +97,8 @@ def test_a_0_1_0_file_loads_as_it_was_written(name):
     meta = back.saved_metadata
     assert meta["format"] == "attnflow.trajectory" and meta["format_version"] == 1
     assert set(meta) == {"format", "format_version", "run", "model", "extra"}
-    assert meta["run"] == {k: flat[k] for k in trajectory_file.RUN_KEYS}
+    assert meta["run"] == {k: flat[k] for k in trajectory_file.RUN_KEYS if k in flat}
+    assert back.wall_seconds is None  # not recorded by 0.1.0
     assert meta["model"] == run["describe"]
     assert meta["extra"] == want["extra"]
     assert meta["run"]["versions"]["attnflow"] == "0.1.0"
@@ -109,6 +112,8 @@ def test_a_0_1_0_file_saved_again_is_version_2_and_the_same_run(tmp_path):
         assert _digest(getattr(new, key)) == _digest(getattr(old, key)), key
     assert new.saved_metadata["model"] == old.saved_metadata["model"]
     run_old, run_new = old.saved_metadata["run"], new.saved_metadata["run"]
+    # the same run; its wall time was not recorded by 0.1.0 and stays unknown
+    assert run_new.pop("wall_seconds") is None and "wall_seconds" not in run_old
     assert {k: v for k, v in run_new.items() if k != "versions"} == {
         k: v for k, v in run_old.items() if k != "versions"
     }
@@ -140,8 +145,13 @@ def test_version_2_nests_the_metadata_and_stores_each_weight_once(tmp_path):
         files = set(f.files)
         W1 = f["model.feedforward.W1"]
     assert record["format"] == "attnflow.trajectory" and record["format_version"] == 2
-    assert set(record) == {"format", "format_version", "run", "model", "extra"}
+    assert set(record) == {"format", "format_version", "saved", "run", "model", "extra"}
     assert set(record["run"]) == set(trajectory_file.RUN_KEYS)
+    # when and by which command line the file was written, and the run's wall time
+    saved_at = datetime.datetime.fromisoformat(record["saved"]["at"])
+    assert abs((datetime.datetime.now(datetime.UTC) - saved_at).total_seconds()) < 600
+    assert record["saved"]["command"] == [str(a) for a in sys.argv]
+    assert record["run"]["wall_seconds"] > 0
     assert record["run"]["frame"] == "original"  # the caller's "frame" is its own key
     assert record["extra"] == {"seed": 3, "frame": "mine"}
     # the weights: once, as arrays; the JSON refers to them
@@ -173,6 +183,7 @@ def test_version_2_nests_the_metadata_and_stores_each_weight_once(tmp_path):
         k: v for k, v in fresh["run"].items() if k != "versions"
     }
     assert meta["model"]["feedforward"]["W1"] == np.asarray(traj.model.ffn.W1).tolist()
+    assert meta["saved"] == record["saved"] and back.wall_seconds == traj.wall_seconds
     np.testing.assert_array_equal(np.asarray(back.x), np.asarray(traj.x))
     assert back.stats == {k: v for k, v in traj.stats.items()}
 

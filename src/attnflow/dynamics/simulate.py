@@ -22,6 +22,8 @@ kept too (see ``Trajectory``).
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -389,6 +391,7 @@ def simulate(
         A ``Trajectory``. The solve never raises on failure: see ``traj.status`` and
         ``traj.raise_for_status()``.
     """
+    started = time.perf_counter()
     if not isinstance(model, AbstractModel):
         raise ValueError(
             f"model must be an attnflow model such as attnflow.Attention; "
@@ -579,7 +582,7 @@ def simulate(
         solver_info["devices"] = _devices.device_ids(devs)
         solver_info["shard"] = shard
 
-    return Trajectory._from_solve(
+    traj = Trajectory._from_solve(
         model=model,
         frame=frame,
         coords=fr.coords,
@@ -597,3 +600,4 @@ def simulate(
         x0=x0j if batched else x0j[0],
         discretisation=discretisation,
     )
+    return dataclasses.replace(traj, wall_seconds=time.perf_counter() - started)

@@ -103,6 +103,7 @@ class Trajectory:
     x0: Array | None = None  # the initial tokens as integrated, (n, d) or (b, n, d)
     discretisation: AbstractTime = Continuous()  # or Layers(dt): the discrete transformer
     saved_metadata: dict | None = None  # what Trajectory.load read from the file
+    wall_seconds: float | None = None  # simulate's wall time, compile included
 
     # ------------------------------------------------------------- construction
     @classmethod

@@ -9,13 +9,15 @@ Contract:
   the statistics held as arrays (``stats.<name>``), the model's arrays
   (``model.<name>``: ``model.arrays()``) and a JSON string ``metadata``.
 - The metadata (format ``FORMAT``, version ``FORMAT_VERSION``) is nested:
-  ``{"format", "format_version", "run": {...}, "model": {...}, "extra": {...}}``.
-  ``run`` says how the run was computed (``RUN_KEYS``: frame, coordinates, solver and
-  its settings, t1, statuses, where each system stopped, sizes, dtype, statistics,
-  versions); ``model`` is ``model.describe()``; ``extra`` holds the caller's own keys,
-  which can never replace the run's. Each of the model's arrays is stored once: where
-  the description repeats an array of one or more dimensions (the weights), the file
-  holds a reference ``{"array": "model.<name>", "shape", "dtype"}`` in its place.
+  ``{"format", "format_version", "saved", "run": {...}, "model": {...}, "extra": {...}}``.
+  ``saved`` says when (UTC, ISO 8601) and by which command line (``sys.argv``) the file
+  was written; ``run`` says how the run was computed (``RUN_KEYS``: frame, coordinates,
+  solver and its settings, t1, statuses, where each system stopped, sizes, dtype,
+  statistics, simulate's wall time, versions); ``model`` is ``model.describe()``;
+  ``extra`` holds the caller's own keys, which can never replace the run's. Each of the
+  model's arrays is stored once: where the description repeats an array of one or more
+  dimensions (the weights), the file holds a reference
+  ``{"array": "model.<name>", "shape", "dtype"}`` in its place.
 - ``load`` reads version 2 and the files of attnflow 0.1.0 (version 1: the metadata
   flat, ``"format": 1``), every array bit for bit, and rebuilds the model through its
   registered family (``AbstractModel.family``) from ``describe()`` and ``arrays()``
@@ -27,14 +29,18 @@ Contract:
   ``files.read_npz``, which checks every declared size before reading.
   ``traj.saved_metadata`` is the nested metadata with the
   references resolved (the weights as lists again): for a version-2 file it equals
-  ``traj.metadata(**extra)`` of the run that was saved. A file of a newer version is
+  ``traj.metadata(**extra)`` of the run that was saved, with ``saved`` beside it (files
+  written before ``saved`` and ``wall_seconds`` existed lack them). A file of a newer version is
   refused with the version and the upgrade to make.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
+import math
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +85,7 @@ RUN_KEYS = (
     "batch",
     "dtype",
     "stats",
+    "wall_seconds",
     "versions",
 )
 _REF_KEYS = {"array", "shape", "dtype"}
@@ -126,6 +133,7 @@ def metadata(traj: Trajectory, **extra: Any) -> dict:
         "batch": len(traj.statuses) if traj.batched else None,
         "dtype": np.dtype(traj._y.dtype).name,
         "stats": {k: np.asarray(v).tolist() for k, v in traj.stats.items()},
+        "wall_seconds": traj.wall_seconds,
         "versions": run_metadata(),
     }
     return {"run": run, "model": traj.model.describe(), "extra": dict(extra)}
@@ -219,6 +227,11 @@ def save(traj: Trajectory, path: str | os.PathLike, **extra: Any) -> Path:
     record = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
+        # when, and by which command line, the file was written
+        "saved": {
+            "at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "command": [str(a) for a in sys.argv],
+        },
         "run": meta["run"],
         "model": _references(meta["model"], model_arrays),
         "extra": meta["extra"],
@@ -396,6 +409,8 @@ def _build(cls, meta: dict, data: dict, version: int, path: Path):
         described = _resolved(meta["model"], data, path)
         model = model_family(described.get("family", "")).from_saved(described, model_arrays)
         nested = {"run": meta["run"], "model": described, "extra": meta["extra"]}
+        if isinstance(meta.get("saved"), dict):  # when and how it was written
+            nested["saved"] = meta["saved"]
         python = set()  # Python numbers are in the JSON record only
         batched = nested["run"]["batch"] is not None
     run = nested["run"]
@@ -427,10 +442,17 @@ def _build(cls, meta: dict, data: dict, version: int, path: Path):
         _to_x=None if to_x is None else jnp.asarray(to_x),
         x0=None if x0 is None else jnp.asarray(x0),
         saved_metadata={"format": FORMAT, "format_version": version, **nested},
+        wall_seconds=_wall(run.get("wall_seconds")),
         discretisation=(
             Layers(float(solver["dt"])) if solver.get("method") == "euler" else Continuous()
         ),
     )
+
+
+def _wall(value: Any) -> float | None:
+    """The recorded wall time (None in files written before it, or if malformed)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if ok and math.isfinite(value) and value >= 0 else None
 
 
 # ------------------------------------------------------------------- xarray
@@ -463,7 +485,11 @@ def to_xarray(traj: Trajectory):
     }
     attrs["model"] = json.dumps(meta["model"])
     attrs["extra"] = json.dumps(meta["extra"])
-    coords = {"time": np.asarray(traj.ts)}
+    coords = {
+        "time": np.asarray(traj.ts),
+        "token": np.arange(traj.n),
+        "coord": np.arange(traj.d),
+    }
     if traj.batched:
         coords["system"] = np.arange(len(traj.statuses))
     return xr.Dataset(data_vars, coords=coords, attrs=attrs)
