@@ -172,6 +172,8 @@ def test_quick_cli_writes_the_study_and_reuses_models(tmp_path):
     res2 = json.loads(r2.stdout)
     assert res2["training"]["softmax"]["reused"] is True
     assert res2["accuracy"] == res["accuracy"]
+    text = runner.invoke(app, args[:2] + args[3:])  # the table, reusing the models
+    assert text.exit_code == 0 and "near chance" in text.stdout
 
 
 def test_checkpoints_are_atomic_units_and_survive_corruption(tmp_path):

@@ -59,4 +59,9 @@ def retrieval(
     for kern, acc in res["accuracy"].items():
         typer.echo(f"{kern:>14} " + " ".join(f"{100 * a:7.1f}" for a in acc))
     typer.echo("accuracy in %; attention on the max item and delta in the JSON.")
+    if quick:
+        typer.echo(
+            "--quick: tiny models trained for a few steps, so these accuracies are near "
+            "chance and say nothing about the kernels; drop --quick for the study."
+        )
     typer.echo(f"wrote {Path(out) / 'max_retrieval.json'}")
