@@ -361,7 +361,7 @@ def _plot_max(data: dict) -> Figure:
         ax.plot(ns, r["max"], "s--", color=EXTRA_COLORS[kern], ms=2, lw=0.8, label=kern)
     ax.plot(ns, 1 / ns, color="0.6", lw=0.8, label="$1/n$")
     ax.set_title("all kernels")
-    ax.legend(fontsize=5, loc="lower left")
+    ax.legend(fontsize=5, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     for ax in axes:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

@@ -168,6 +168,7 @@ def draw(data: F.Data) -> dict[str, Figure]:
     tab = ax.table(cellText=body, colLabels=HEADER, loc="center", cellLoc="center")
     tab.auto_set_font_size(False)
     tab.set_fontsize(6)
+    tab.auto_set_column_width(col=list(range(len(HEADER))))  # every cell's text fits
     tab.scale(1, 1.3)
     ax.set_title(
         f"Limit geometries side by side (n = {N}, Q = K = I, T = {t1:g}, {systems} systems; "
