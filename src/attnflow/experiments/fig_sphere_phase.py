@@ -170,17 +170,18 @@ def draw(data: F.Data) -> dict[str, Figure]:
         ax.set_xlabel("$t$")
         ax.set_ylabel(r"$\beta$")
         half = "none" if beta_half is None else f"{beta_half:.2f}"
-        ax.set_title(f"d = {d}: fraction at t1 falls through 1/2 at beta = {half}", pad=3)
-        fig.colorbar(mesh, ax=ax, fraction=0.05, pad=0.02)
+        ax.set_title(rf"d = {d}: fraction at $t_1$ falls through 1/2 at $\beta$ = {half}", pad=3)
+        bar = fig.colorbar(mesh, ax=ax, fraction=0.05, pad=0.02)
+        bar.set_label("fraction of clustered pairs", fontsize=7)
     H.headline(
         fig,
-        "Tokens on the sphere (post-LN): fraction of pairs with <x_i, x_j> > 0.999",
+        r"Tokens on the sphere (post-LN): fraction of pairs with $\langle x_i, x_j\rangle > 0.999$",
         f"n = {N}, Q = K = V = I, dt = {DT}, "
         + ", ".join(f"d = {r['d']}: {r['systems_per_beta']} systems per beta" for r in runs),
         y=0.995,
         sub_y=0.93,
     )
-    fig.subplots_adjust(top=0.8, bottom=0.16, left=0.07, right=0.97, wspace=0.3)
+    fig.subplots_adjust(top=0.8, bottom=0.16, left=0.07, right=0.94, wspace=0.35)
     return {NAME: fig}
 
 
