@@ -154,7 +154,8 @@ def density_clusters(traj: Any, *, level: float = 2.0, refine: int = 4) -> Float
         ``(m,)`` integer counts (-1 at saves the solve never reached).
 
     Example:
-        >>> import numpy as np, attnflow as af
+        >>> import jax, numpy as np, attnflow as af
+        >>> jax.config.update("jax_enable_x64", True)  # the solve needs float64
         >>> from attnflow.analysis import density_clusters
         >>> m = af.CircleMeanField(5.0, modes=32)
         >>> sol = af.solve_density(m, lambda th: np.exp(3 * np.cos(2 * th)), 0.1)

@@ -350,6 +350,15 @@ def dispersion(
         A ``DispersionReport``. The bounds are those of softmax on the given logits; for
         ``ssmax``, ``adaptive`` and ``sigmoid`` the coefficients may exceed them (those
         kernels rescale the logits inside, which is how they escape dispersion).
+
+    Example:
+        >>> import numpy as np, attnflow as af
+        >>> x = np.random.default_rng(1).normal(size=(64, 3))  # 64 tokens in R^3
+        >>> report = af.dispersion(af.Attention(np.eye(3), np.eye(3), np.eye(3)), x=x)
+        >>> report.max.shape  # the largest coefficient of each query row
+        (64,)
+        >>> bool(np.all(report.max <= report.bound_tight + 1e-12))  # under the bound
+        True
     """
     from ..dynamics.base import AbstractModel
     from ..dynamics.trajectory import Trajectory

@@ -199,6 +199,15 @@ def observe_limit(
 
     Returns:
         An ``Observation``.
+
+    Example:
+        >>> import jax, numpy as np, attnflow as af
+        >>> jax.config.update("jax_enable_x64", True)
+        >>> model = af.Attention(np.eye(2), np.eye(2), af.matrices.PAPER["paper-2d"])
+        >>> x0 = np.random.default_rng(0).uniform(-5, 5, (20, 2))
+        >>> traj = af.simulate(model, x0, 10.0, ts=np.linspace(0, 10, 101))
+        >>> str(af.observe_limit(traj).label)  # the theorem's three hyperplanes
+        'hyperplanes'
     """
     from ..dynamics.trajectory import Trajectory as _Trajectory
 

@@ -429,6 +429,16 @@ def track_rank(
 
     Returns:
         A ``RankTrack``.
+
+    Example:
+        >>> import jax, numpy as np, attnflow as af
+        >>> jax.config.update("jax_enable_x64", True)
+        >>> model = af.Attention(np.eye(2), np.eye(2), af.matrices.PAPER["paper-2d"])
+        >>> x0 = np.random.default_rng(0).uniform(-5, 5, (20, 2))
+        >>> traj = af.simulate(model, x0, 10.0, ts=np.linspace(0, 10, 101))
+        >>> rt = af.track_rank(traj)
+        >>> rt.final_rank, rt.leaders.tolist()  # P(10) is Boolean: two leaders
+        (2, [1, 13])
     """
     from ..dynamics.trajectory import Trajectory as _Trajectory
 

@@ -292,6 +292,13 @@ def predict_regime(
     Returns:
         A ``Regime``. ``Label.UNCLASSIFIED`` means no proved theorem covers the triple;
         its reason names the failing hypothesis.
+
+    Example:
+        >>> import numpy as np, attnflow as af
+        >>> str(af.predict_regime(np.eye(2), np.eye(2), np.eye(2)).label)
+        'polytope'
+        >>> str(af.predict_regime(np.eye(2), np.eye(2), af.matrices.PAPER["paper-2d"]).label)
+        'hyperplanes'
     """
     _checks.refuse_mean_field(Q, "predict_regime", "Its modes: predict_metastable.")
     # a model exists only once the seam is imported: matrices need neither JAX nor it

@@ -6,7 +6,8 @@ device count by repeating its first row (a valid system, so padding never create
 failure), placed on a mesh ``("batch",)``, and each device runs the solve on its own
 rows inside ``jax.shard_map``: its own adaptive ``while`` loop (diffrax with
 ``throw=False``), not one lock-step loop across devices. The padding is removed from the
-results before they leave the compiled call.
+results before they leave the compiled call. ``balanced_order`` deals systems sorted by
+an estimated cost round-robin to the devices, so that each gets an even share.
 """
 
 from __future__ import annotations
@@ -17,11 +18,19 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from .base import AbstractAttentionSystem, AbstractModel
 
-__all__ = ["resolve_devices", "mesh_of", "run_sharded", "SHARDS", "TokenSharded"]
+__all__ = [
+    "resolve_devices",
+    "mesh_of",
+    "run_sharded",
+    "balanced_order",
+    "SHARDS",
+    "TokenSharded",
+]
 
 AXIS = "batch"
 SHARDS = ("batch", "tokens")
@@ -236,3 +245,22 @@ class TokenSharded(AbstractAttentionSystem):
             check_vma=False,
         )(qp, k, values)
         return out[:n] if pad else out
+
+
+def balanced_order(cost, n_devices: int) -> tuple[np.ndarray, np.ndarray]:
+    """A permutation (with repeats, for padding) that sorts the systems by ``cost`` and
+    deals them round-robin to ``n_devices`` equal contiguous blocks, and the position of
+    each system in it (to put the results back in the given order)."""
+    order = np.argsort(np.asarray(cost, np.float64), kind="stable")
+    b = len(order)
+    per = -(-b // n_devices)
+    blocks = []
+    for j in range(n_devices):
+        blk = order[j::n_devices]
+        if len(blk) == 0:
+            blk = order[-1:]
+        blocks.append(np.concatenate([blk, np.repeat(blk[-1:], per - len(blk))]))
+    perm = np.concatenate(blocks)
+    where = np.empty(b, np.int64)
+    where[perm[::-1]] = np.arange(len(perm))[::-1]  # first occurrence of each system
+    return perm, where

@@ -93,7 +93,8 @@ class CircleMeanField(eqx.Module):
             ``4 K + 4`` angles.
 
     Example:
-        >>> import numpy as np, attnflow as af
+        >>> import jax, numpy as np, attnflow as af
+        >>> jax.config.update("jax_enable_x64", True)  # the solve needs float64
         >>> m = af.CircleMeanField(5.0, modes=32)
         >>> rho0 = lambda th: (1 + 1e-3 * np.cos(3 * th)) / (2 * np.pi)
         >>> sol = af.solve_density(m, rho0, 1.0)
@@ -347,7 +348,8 @@ def solve_density(
         A ``DensityTrajectory``; warns (``RuntimeWarning``) when a save is not resolved.
 
     Example:
-        >>> import numpy as np, attnflow as af
+        >>> import jax, numpy as np, attnflow as af
+        >>> jax.config.update("jax_enable_x64", True)  # the solve needs float64
         >>> m = af.CircleMeanField(5.0, modes=32)
         >>> sol = af.solve_density(m, lambda th: 1 + 1e-4 * np.cos(3 * th), 2.0)
         >>> sol.status

@@ -245,31 +245,12 @@ def _solve_euler_scaled(term, y0, save_layers, *, devices, stacked):
     return ys, Rks, reached, y_end, k_stop, stopped
 
 
-def _balanced_order(cost, n_devices: int) -> tuple[np.ndarray, np.ndarray]:
-    """A permutation (with repeats, for padding) that sorts the systems by ``cost`` and
-    deals them round-robin to ``n_devices`` equal contiguous blocks, and the position of
-    each system in it (to put the results back in the given order)."""
-    order = np.argsort(np.asarray(cost, np.float64), kind="stable")
-    b = len(order)
-    per = -(-b // n_devices)
-    blocks = []
-    for j in range(n_devices):
-        blk = order[j::n_devices]
-        if len(blk) == 0:
-            blk = order[-1:]
-        blocks.append(np.concatenate([blk, np.repeat(blk[-1:], per - len(blk))]))
-    perm = np.concatenate(blocks)
-    where = np.empty(b, np.int64)
-    where[perm[::-1]] = np.arange(len(perm))[::-1]  # first occurrence of each system
-    return perm, where
-
-
 def _solve_adaptive_scaled(term, y0, *args, devices, stacked, chunk=None, cost=None, **kw) -> Any:
     """``_solve_adaptive`` for stacked weights, on several devices, in chunks, and/or
     with the systems ordered by a cost estimate (results in the given order)."""
     where = None
     if cost is not None:
-        perm, where = _balanced_order(cost, 1 if devices is None else len(devices))
+        perm, where = _devices.balanced_order(cost, 1 if devices is None else len(devices))
         take = jnp.asarray(perm)
         y0 = y0[take]
         if stacked:
@@ -390,6 +371,16 @@ def simulate(
     Returns:
         A ``Trajectory``. The solve never raises on failure: see ``traj.status`` and
         ``traj.raise_for_status()``.
+
+    Example:
+        >>> import jax, numpy as np, attnflow as af
+        >>> jax.config.update("jax_enable_x64", True)
+        >>> model = af.Attention(np.eye(2), np.eye(2), af.matrices.PAPER["paper-2d"])
+        >>> x0 = np.random.default_rng(0).uniform(-5, 5, (20, 2))
+        >>> traj = af.simulate(model, x0, 10.0, ts=np.linspace(0, 10, 101))
+        >>> traj.status, traj.x.shape
+        ('ok', (101, 20, 2))
+        >>> layers = af.simulate(model, x0, 10.0, method="euler", dt=0.1)  # 100 layers
     """
     started = time.perf_counter()
     if not isinstance(model, AbstractModel):
