@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 NAME = "fig_meanfield"
 # seconds on a 2-core machine (two jobs), quick and full: the runner starts the longest first
-SECONDS = {"quick": 15, "full": 45}
+SECONDS = {"quick": 40, "full": 66}
 SEED, RTOL, ATOL = 0, 1e-9, 1e-12
 RATE_MODES = 12
 # Peaks are counted while the spectral tail is below this: an error of relative size
