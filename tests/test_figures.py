@@ -338,6 +338,36 @@ def test_find_experiments_installed_and_external(tmp_path):
         find_experiments(tmp_path / "empty")
 
 
+def test_what_a_script_prints_goes_to_the_index_not_the_terminal(tmp_path, capfd):
+    """A script's prints broke the progress bar (fig_paper128, fig_ginibre): the runner
+    keeps them in the index; a script that fails is reported on stderr with its error,
+    its traceback and what it printed."""
+    from attnflow.experiments.runner import run_figures
+
+    ext = tmp_path / "mine"
+    ext.mkdir()
+    (ext / "fig_talk.py").write_text(
+        "import sys\nfrom pathlib import Path\n\n\n"
+        "def make(out_dir, quick=False):\n"
+        "    print('computing the talk figure')\n"
+        "    print('halfway', file=sys.stderr)\n"
+        "    p = Path(out_dir) / 'talk.txt'\n"
+        "    p.write_text('x')\n"
+        "    return {'figures': [p]}\n"
+    )
+    (ext / "fig_broken.py").write_text(
+        "def make(out_dir, quick=False):\n"
+        "    print('about to fail')\n"
+        "    raise RuntimeError('no figure')\n"
+    )
+    index = run_figures(tmp_path / "out", quick=True, experiments=ext, jobs=1, progress=False)
+    out, err = capfd.readouterr()
+    assert "computing the talk figure" not in out + err and "halfway" not in out + err
+    assert index["figures"]["fig_talk"]["output"] == "computing the talk figure\nhalfway\n"
+    assert index["failed"]["fig_broken"] == "RuntimeError: no figure"
+    assert "it printed:\nabout to fail" in err and "Traceback" in err
+
+
 def test_long_studies_are_left_out_of_a_full_run_unless_named(tmp_path):
     """A script that declares LONG (the max-retrieval training) is listed as skipped by a
     full run, and runs when named with only= (or in a quick run)."""

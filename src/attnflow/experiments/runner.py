@@ -6,7 +6,9 @@ external folder of ``fig_*.py`` scripts instead. Each ``fig_*.py`` defines
 ``make(out_dir: Path, quick: bool = False) -> dict`` returning at least
 ``{"figures": [paths]}`` and writes its own sidecar JSON with every parameter. The runner
 imports them in name order, runs them with a progress bar, and writes ``index.json``
-(what was made, how long it took, versions) into the output folder.
+(what was made, how long it took, versions) into the output folder. What a script prints
+is kept off the progress bar: it is stored in the index (``"output"``); a script that
+fails is reported on stderr with its traceback and what it printed.
 
 A script whose inputs are unchanged since the last run into the same folder is not run
 again: its saved results are reused (``"reused": true`` in the index). The inputs are the
@@ -33,9 +35,11 @@ gone when the runner dies or is sent SIGTERM), draw with the Agg backend.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
+import io
 import json
 import sys
 import time
@@ -109,14 +113,19 @@ def _run_one(exp_dir: str, name: str, out: str, quick: bool) -> tuple:
     ``index.json`` stores them), so what a worker returns is plain data. x64 is on
     (``run_figures`` or ``_init_worker`` turned it on)."""
     t0 = time.perf_counter()
+    printed = io.StringIO()  # what the script prints stays off the progress bar
     try:
-        res = _load(Path(exp_dir), name).make(Path(out), quick=quick)
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            res = _load(Path(exp_dir), name).make(Path(out), quick=quick)
         res = dict(res or {})
         res["seconds"] = round(time.perf_counter() - t0, 2)
         res["figures"] = [str(p) for p in res.get("figures", [])]
+        if printed.getvalue():
+            res["output"] = printed.getvalue()
         return name, json.loads(json.dumps(res, default=str)), None
     except Exception as exc:  # keep going: one broken script must not hide the rest
-        return name, None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        said = f"\nit printed:\n{printed.getvalue()}" if printed.getvalue() else ""
+        return name, None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}{said}"
 
 
 def _package_digest() -> str:
