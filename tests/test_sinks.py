@@ -143,3 +143,44 @@ def test_fig_escapes_kernels_meet_their_closed_forms(tmp_path):
     assert runs["learned sink, b = 8"]["halves_at_n"] == pytest.approx(math.exp(8))
     sink = runs["learned sink, b = 4"]
     np.testing.assert_allclose(sink["one_minus_row_sum"], sink["sink_share"], rtol=1e-9)
+
+
+def test_learned_scales_train_through_the_solve():
+    """ssmax's scale, a sink logit and QK-norm gains are ordinary leaves: the gradient of
+    a loss of the tokens after the particle system's solve, through ``attnflow.solve``,
+    equals central finite differences of the same loss (original frame, Euler layers)."""
+    import equinox as eqx
+
+    x0 = RNG.normal(size=(5, 3))
+    solver = af.LayerSolver(0.1)
+
+    def tokens(kernel):
+        m = af.Attention(np.eye(3), np.eye(3), 0.5 * np.eye(3), kernel=kernel)
+        return af.solve(m, x0, 1.0, frame="original", solver=solver).ys[-1]
+
+    def loss(kernel):
+        return (tokens(kernel) ** 2).sum()
+
+    cases = [
+        (K.SSMax(s=0.8), lambda k, v: K.SSMax(s=v), "s", 0.8),
+        (K.Sink(b=0.3), lambda k, v: K.Sink(b=v), "b", 0.3),
+    ]
+    for kernel, rebuild, leaf, value in cases:
+        grad = eqx.filter_grad(loss)(kernel)
+        h = 1e-6
+        fd = (float(loss(rebuild(kernel, value + h))) - float(loss(rebuild(kernel, value - h)))) / (
+            2 * h
+        )
+        assert float(getattr(grad, leaf)) == pytest.approx(fd, rel=1e-6, abs=1e-10), kernel.name
+        assert abs(fd) > 1e-6  # the scale moves the tokens
+    wq = np.array([0.9, 1.3, 0.7])
+    grad = eqx.filter_grad(loss)(K.QKNorm(wq=wq, wk=np.ones(3))).wq
+    for c in range(3):
+        up, down = wq.copy(), wq.copy()
+        up[c] += 1e-6
+        down[c] -= 1e-6
+        fd = (
+            float(loss(K.QKNorm(wq=up, wk=np.ones(3))))
+            - float(loss(K.QKNorm(wq=down, wk=np.ones(3))))
+        ) / 2e-6
+        assert float(grad[c]) == pytest.approx(fd, rel=1e-5, abs=1e-9)
