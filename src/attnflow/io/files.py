@@ -37,7 +37,7 @@ import secrets
 import struct
 import zipfile
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -127,6 +127,18 @@ def write_atomic(path: Path, writer: Callable[[Any], None], tmp: Path) -> None:
 
 
 # ------------------------------------------------------------------ reading
+@contextlib.contextmanager
+def _said_as(error: Callable[[str], Exception]) -> Iterator[None]:
+    """Turn what goes wrong while reading a file (a ``_Malformed`` of ours, or what the
+    standard library and numpy raise on damaged bytes) into ``error(why)``."""
+    try:
+        yield
+    except _Malformed as exc:
+        raise error(str(exc)) from None
+    except _READ_ERRORS as exc:
+        raise error(_why(exc)) from None
+
+
 def _why(exc: BaseException) -> str:
     """What an exception raised while reading says is wrong with the file, in words."""
     msg = " ".join(str(exc).split())
@@ -135,7 +147,7 @@ def _why(exc: BaseException) -> str:
     if isinstance(exc, zipfile.BadZipFile) and "CRC" in msg:
         return "its bytes do not match their CRC-32 (damaged)"
     if isinstance(exc, zipfile.BadZipFile) and "not a zip file" in msg:
-        return "it is not a zip archive (.npz), or it is truncated"
+        return "it is not an .npz archive (or it is truncated)"
     if isinstance(exc, zipfile.BadZipFile):
         return f"its zip headers are damaged ({msg})"
     if isinstance(exc, EOFError) or msg.startswith("EOF"):
@@ -173,12 +185,8 @@ def read_npy_stream(fh: IO[bytes], size: int, *, exact: bool = True) -> np.ndarr
     Raises:
         ValueError: what is wrong, without naming a file (the caller does).
     """
-    try:
+    with _said_as(ValueError):
         return _npy(fh, size, exact)
-    except _Malformed as exc:
-        raise ValueError(str(exc)) from None
-    except _READ_ERRORS as exc:
-        raise ValueError(_why(exc)) from None
 
 
 def _npy(fh: IO[bytes], size: int, exact: bool) -> np.ndarray:
@@ -189,7 +197,7 @@ def _npy(fh: IO[bytes], size: int, exact: bool) -> np.ndarray:
     try:
         version = fmt.read_magic(fh)
     except ValueError:
-        raise _Malformed("it is not an .npy array (no .npy header)") from None
+        raise _Malformed("it is not a .npy file (no .npy header)") from None
     if version not in ((1, 0), (2, 0)):
         raise _Malformed(f"its .npy header has format version {version}, not 1.0 or 2.0")
     read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
@@ -242,16 +250,11 @@ def read_npy(path: str | os.PathLike, *, kind: str = "", fix: str = "") -> np.nd
         BadFile: naming the file and what is wrong.
     """
     p = Path(path)
-    try:
-        with open(p, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size == 0:
-                raise _Malformed("the file is empty")
-            return _npy(fh, size, True)
-    except _Malformed as exc:
-        raise BadFile(p, str(exc), kind=kind, fix=fix) from None
-    except _READ_ERRORS as exc:
-        raise BadFile(p, _why(exc), kind=kind, fix=fix) from None
+    with _said_as(lambda why: BadFile(p, why, kind=kind, fix=fix)), open(p, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size == 0:
+            raise _Malformed("the file is empty")
+        return _npy(fh, size, True)
 
 
 def read_npz(path: str | os.PathLike, *, kind: str = "", fix: str = "") -> dict[str, np.ndarray]:
@@ -269,12 +272,8 @@ def read_npz(path: str | os.PathLike, *, kind: str = "", fix: str = "") -> dict[
         BadFile: naming the file and what is wrong (which array, where it is one).
     """
     p = Path(path)
-    try:
+    with _said_as(lambda why: BadFile(p, why, kind=kind, fix=fix)):
         return _npz(p)
-    except _Malformed as exc:
-        raise BadFile(p, str(exc), kind=kind, fix=fix) from None
-    except _READ_ERRORS as exc:
-        raise BadFile(p, _why(exc), kind=kind, fix=fix) from None
 
 
 def _npz(p: Path) -> dict[str, np.ndarray]:
@@ -291,13 +290,9 @@ def _npz(p: Path) -> dict[str, np.ndarray]:
             if keys.count(key) > 1:
                 raise _Malformed(f"it holds two arrays named {key!r}")
             _check_sizes(info, size, key)
-            try:
+            with _said_as(lambda why, key=key: _Malformed(f"its array {key!r}: {why}")):
                 with zf.open(info) as fh:
                     out[key] = _npy(fh, info.file_size, True)
-            except _Malformed as exc:
-                raise _Malformed(f"its array {key!r}: {exc}") from None
-            except _READ_ERRORS as exc:
-                raise _Malformed(f"its array {key!r}: {_why(exc)}") from None
     return out
 
 
