@@ -21,8 +21,9 @@ reader allocate more memory than about twice what it holds. ``read_npy_stream`` 
 one array from an open stream (a file of several ``.npy`` arrays in a row, say) the same
 way; ``safetensors_layout`` checks a safetensors header against the bytes after it;
 ``json_object`` parses the JSON metadata of a file and ``json_field`` checks the kind of
-one of its fields. The ``reason`` of a ``BadFile`` is the "what is wrong" alone, for
-callers that name the file their own way.
+one of its fields; ``read_bytes`` and ``read_json`` read a whole file (a JSON object, for
+the latter) with the same one error naming it. The ``reason`` of a ``BadFile`` is the
+"what is wrong" alone, for callers that name the file their own way.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ __all__ = [
     "json_object",
     "read_npy",
     "read_npy_stream",
+    "read_bytes",
+    "read_json",
     "read_npz",
     "safetensors_layout",
     "temporary_name",
@@ -294,6 +297,22 @@ def _npz(p: Path) -> dict[str, np.ndarray]:
                 with zf.open(info) as fh:
                     out[key] = _npy(fh, info.file_size, True)
     return out
+
+
+def read_bytes(path: str | os.PathLike, *, kind: str = "", fix: str = "") -> bytes:
+    """The bytes of ``path``; a ``BadFile`` naming it when it cannot be read."""
+    p = Path(path)
+    with _said_as(lambda why: BadFile(p, why, kind=kind, fix=fix)):
+        return p.read_bytes()
+
+
+def read_json(path: str | os.PathLike, *, kind: str = "", fix: str = "") -> dict:
+    """The JSON object a text file holds; a ``BadFile`` naming it when it cannot be read,
+    is not JSON or not an object."""
+    p = Path(path)
+    raw = read_bytes(p, kind=kind, fix=fix)
+    with _said_as(lambda why: BadFile(p, why, kind=kind, fix=fix)):
+        return json_object(raw, "it")
 
 
 def _check_sizes(info: zipfile.ZipInfo, size: int, key: str) -> None:

@@ -35,7 +35,8 @@ from ..dynamics import kernels as _kernels
 from ..io.files import (
     BadFile,
     json_field,
-    json_object,
+    read_bytes,
+    read_json,
     read_npy_stream,
     temporary_name,
     write_atomic,
@@ -275,16 +276,6 @@ def save_finished(directory: Path, model: RetrievalModel, record: dict) -> dict:
     return record
 
 
-def _json_file(path: Path, fix: str) -> dict:
-    """The JSON object in ``path``; one ValueError naming it otherwise."""
-    try:
-        return json_object(path.read_bytes(), "it")
-    except OSError as exc:
-        raise BadFile(path, exc.strerror or type(exc).__name__, fix=fix) from None
-    except ValueError as exc:
-        raise BadFile(path, str(exc), fix=fix) from None
-
-
 def load_finished(
     config: RetrievalConfig, directory: Path, like: RetrievalModel
 ) -> tuple[RetrievalModel, dict]:
@@ -293,14 +284,14 @@ def load_finished(
     (caches written before it was recorded have none) and the shape and dtype of every
     array, before it is read. A bad file is one ValueError naming it."""
     fix = f"delete {str(directory)!r} or pass retrain=True to train again"
-    saved = _json_file(directory / "config.json", fix)
+    saved = read_json(directory / "config.json", fix=fix)
     if saved != config.to_dict():
         raise ValueError(
             f"{str(directory / 'config.json')!r} holds a model of another configuration "
             f"({saved!r:.300}); remove {str(directory)!r} or pass retrain=True."
         )
     path = directory / "train.json"
-    record = _json_file(path, fix)
+    record = read_json(path, fix=fix)
     try:
         for key, kind in _RECORD.items():
             json_field(record, key, kind)
@@ -323,10 +314,7 @@ def load_finished(
 def _read_model(path: Path, like: RetrievalModel, digest: str | None, fix: str):
     """``eqx.tree_deserialise_leaves(path, like)``, with each array's ``.npy`` header
     checked against ``like`` (shape, dtype, bytes left) before equinox reads it."""
-    try:
-        blob = path.read_bytes()
-    except OSError as exc:
-        raise BadFile(path, exc.strerror or type(exc).__name__, fix=fix) from None
+    blob = read_bytes(path, fix=fix)
     if digest is not None and hashlib.sha256(blob).hexdigest() != digest:
         raise BadFile(
             path, "it does not match the SHA-256 its train.json records (damaged)", fix=fix
