@@ -99,18 +99,8 @@ def _boundary_distances(points: np.ndarray, tol: float) -> np.ndarray:
     return np.maximum(dist.min(axis=1), 0.0)
 
 
-def _observe_sphere(
-    traj: Trajectory, tol: float | None, move_tol: float, system: int | None
-) -> Observation:
-    """A run on the sphere: the theorems' labels do not apply; clusters and motion only."""
-    rel = 1e-2 if tol is None else _checks.positive("tol", tol)
-    move_tol = _checks.positive("move_tol", move_tol)
-    if traj.batched:
-        if system is None:
-            raise ValueError("traj is a batch: pass system=i to observe one system.")
-        traj = traj.system(_checks.index("system", system, len(traj.statuses), what="systems"))
-    elif system is not None:
-        _checks.index("system", system, 1, what="system (the trajectory is not a batch)")
+def _observe_sphere(traj: Trajectory, rel: float, move_tol: float) -> Observation:
+    """One run on the sphere: the theorems' labels do not apply; clusters and motion only."""
     x = np.asarray(traj.x, np.float64)
     ts = np.asarray(traj.ts, np.float64)
     if x.shape[0] < 2:
@@ -216,23 +206,26 @@ def observe_limit(
             f"traj must be an attnflow.Trajectory (from attnflow.simulate); got "
             f"{type(traj).__name__}. To predict from matrices use predict_regime."
         )
+    rel = 1e-2 if tol is None else _checks.positive("tol", tol)
+    move_tol = _checks.positive("move_tol", move_tol)
+    origin_tol = _checks.positive("origin_tol", origin_tol)
+    if traj.batched and system is None:
+        raise ValueError("traj is a batch: pass system=i to observe one system.")
+    if traj.batched and (traj.stacked or traj.frame == "sphere"):
+        # system i as a run of its own (with its own model i when the weights were
+        # stacked): the saves it reached
+        traj = traj.system(_checks.index("system", system, len(traj.statuses), what="systems"))
+        system = None
     if traj.frame == "sphere":
-        return _observe_sphere(traj, tol, move_tol, system)
+        if system is not None:
+            _checks.index("system", system, 1, what="system (the trajectory is not a batch)")
+        return _observe_sphere(traj, rel, move_tol)
     if traj.model.propagator is None:
         raise ValueError(
             f"observe_limit reads the limit in the rescaled frame z = e^(-tV) x; "
             f"{type(traj.model).__name__} declares no propagator (propagator is None), so "
             f"it has no such frame."
         )
-    rel = 1e-2 if tol is None else _checks.positive("tol", tol)
-    move_tol = _checks.positive("move_tol", move_tol)
-    origin_tol = _checks.positive("origin_tol", origin_tol)
-    if traj.batched and system is None:
-        raise ValueError("traj is a batch: pass system=i to observe one system.")
-    if traj.batched and traj.stacked:
-        # stacked weights: system i with its own model i, the saves it reached
-        traj = traj.system(_checks.index("system", system, len(traj.statuses), what="systems"))
-        system = None
     if traj.batched:
         assert system is not None
         system = _checks.index("system", system, len(traj.statuses), what="systems")
