@@ -208,13 +208,10 @@ class AbstractRescaled(AbstractFrame):
     def check_layer_step(self, dt: float, dtype: Any) -> None:
         """``I + dt V`` must be invertible in ``dtype`` (the discrete rescaling
         ``z^k = (I + dt V)^{-k} x^k``)."""
-        V = np.asarray(self.model.propagator.V, np.float64)
-        R = np.eye(V.shape[-1]) + dt * V
-        if np.max(np.linalg.cond(R)) > 1.0 / np.finfo(np.dtype(dtype)).eps:
+        why = singular_layer_step(self.model.propagator.V, dt, dtype)
+        if why is not None:
             raise ValueError(
-                f"I + dt V is singular for dt = {dt} (V has an eigenvalue near "
-                f"{-1 / dt:g}): the discrete rescaling does not exist. Use "
-                f"frame='original' or another dt."
+                f"{why}: the discrete rescaling does not exist. Use frame='original' or another dt."
             )
 
     def continuous_scale(self, t: Any) -> Any:
@@ -365,6 +362,16 @@ def _with_size(bound: Array, x: Array) -> Array:
     """``bound``, or ``log max |x|`` where larger (a NaN token counts as beyond range)."""
     size = jnp.max(jnp.where(jnp.isnan(x), jnp.inf, jnp.abs(x)))
     return jnp.maximum(bound, jnp.log(size))
+
+
+def singular_layer_step(V: Any, dt: float, dtype: Any) -> str | None:
+    """Why layers of step ``dt`` have no discrete rescaling ``z^k = R^{-k} x^k``:
+    ``R = I + dt V`` (each of a stack of ``V``) is singular in ``dtype``; else None."""
+    V = np.asarray(V, np.float64)
+    R = np.eye(V.shape[-1]) + dt * V
+    if np.max(np.linalg.cond(R)) > 1.0 / np.finfo(np.dtype(dtype)).eps:
+        return f"I + dt V is singular for dt = {dt} (V has an eigenvalue near {-1 / dt:g})"
+    return None
 
 
 def normalize_rows(u: Array) -> Array:

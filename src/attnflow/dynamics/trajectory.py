@@ -15,7 +15,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .. import _checks
-from .frames import normalize_rows
+from .frames import normalize_rows, singular_layer_step
 from .status import BY_CODE, STATUS_CODES, SimulationError, Status, advice
 from .terms import AbstractTime, Continuous, Layers
 
@@ -286,23 +286,16 @@ class Trajectory:
             return False
         if self.frame in ("rescaled", "sphere"):
             return True
-        return self.model.propagator is not None and self._singular_layer_map() is None
+        return self.model.propagator is not None and self._singular_layer_map is None
 
+    @cached_property
     def _singular_layer_map(self) -> str | None:
         """Why ``z^k = R^{-k} x^k`` does not exist for a layer run in the original frame
         (``R = I + dt V`` singular in the working precision), else None."""
         dt = self.solver.get("dt")
         if self.solver.get("method") != "euler" or dt is None:
             return None
-        V = np.asarray(self.model.propagator.V, np.float64)
-        R = np.eye(V.shape[-1]) + float(dt) * V
-        eps = np.finfo(np.dtype(self._y.dtype)).eps
-        if np.max(np.linalg.cond(R)) > 1.0 / eps:
-            return (
-                f"I + dt V is singular for dt = {float(dt):g} (V has an eigenvalue near "
-                f"{-1.0 / float(dt):g})"
-            )
-        return None
+        return singular_layer_step(self.model.propagator.V, float(dt), self._y.dtype)
 
     @property
     def stacked(self) -> bool:
@@ -387,7 +380,7 @@ class Trajectory:
             elif self.model.propagator is None:
                 why = f"{type(self.model).__name__} has no value matrix V"
             else:
-                why = self._singular_layer_map()
+                why = self._singular_layer_map
             raise ValueError(
                 f"{why}, so the rescaled frame z = e^(-tV) x is not defined; use traj.x."
             )
