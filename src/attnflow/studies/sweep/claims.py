@@ -91,15 +91,6 @@ class Claims:
             self._take_over(path, info)
 
     def _stale(self, path: Path, info: dict | None) -> bool:
-        if info is None:
-            # empty or unreadable: its run died between creating the file and writing it
-            # (a write takes microseconds), so after a short grace it is abandoned
-            try:
-                return time.time() - path.stat().st_mtime > min(
-                    UNREADABLE_GRACE_SECONDS, self.stale_after
-                )
-            except FileNotFoundError:
-                return True
         if info is not None and info.get("host") == HOST and isinstance(info.get("pid"), int):
             if info["pid"] == os.getpid():
                 return info.get("token") not in _LIVE_TOKENS
@@ -109,6 +100,10 @@ class Claims:
             age = time.time() - path.stat().st_mtime
         except FileNotFoundError:
             return True
+        if info is None:
+            # empty or unreadable: its run died between creating the file and writing it
+            # (a write takes microseconds), so after a short grace it is abandoned
+            return age > min(UNREADABLE_GRACE_SECONDS, self.stale_after)
         return age > self.stale_after
 
     @staticmethod
