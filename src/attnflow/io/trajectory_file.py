@@ -163,21 +163,21 @@ def _same_values(value: Any, arr: np.ndarray) -> bool:
     return listed.shape == arr.shape and arr.tolist() == listed.tolist()
 
 
-def _resolved(description: Any, data: dict[str, np.ndarray], path: Path) -> Any:
+def _resolved(description: Any, data: dict[str, np.ndarray]) -> Any:
     """Inverse of ``_references``: each reference replaced by its array as lists."""
     if isinstance(description, list):
-        return [_resolved(v, data, path) for v in description]
+        return [_resolved(v, data) for v in description]
     if not isinstance(description, dict):
         return description
     if set(description) == _REF_KEYS and isinstance(description["array"], str):
         name = description["array"]
         if name not in data:
             raise ValueError(
-                f"{str(path)!r} is damaged: its metadata refers to the array {name!r}, "
-                f"which it does not hold; re-save the run."
+                f"its metadata refers to the array {name!r}, which it does not hold "
+                f"(damaged); re-save the run."
             )
         return data[name].tolist()
-    return {k: _resolved(v, data, path) for k, v in description.items()}
+    return {k: _resolved(v, data) for k, v in description.items()}
 
 
 # ---------------------------------------------------------------------- save
@@ -359,18 +359,23 @@ def load(cls: type[Trajectory], path: str | os.PathLike) -> Trajectory:
     meta, data = _read(path)
     version = _version(meta, path)
     _check_hash(meta, data, path)
+    state = data.get("state")
+    if state is not None and state.dtype == np.float64 and not jax.config.read("jax_enable_x64"):
+        raise ValueError(
+            f"{str(path)!r} holds a float64 run and JAX's x64 mode is off, so it would "
+            f"be rounded to float32; enable it first: "
+            f"jax.config.update('jax_enable_x64', True)."
+        )
     try:
-        traj = _build(cls, meta, data, version, path)
-        _check_finite(traj, data, path)
+        traj = _build(cls, meta, data, version)
     except ValueError as exc:  # its message says what is wrong and what to do
-        if str(path) in str(exc):  # already names the file (x64 off, non-finite states)
-            raise
         raise ValueError(f"{str(path)!r} cannot be loaded: {exc}") from None
     except (KeyError, TypeError, AttributeError, IndexError) as exc:
         raise ValueError(
             f"{str(path)!r} is a malformed trajectory file: {type(exc).__name__}: {exc} "
             f"(a field of its metadata or an array is missing or of the wrong kind)."
         ) from None
+    _check_finite(traj, data, path)
     return traj
 
 
@@ -389,16 +394,10 @@ def _check_finite(traj: Trajectory, data: dict, path: Path) -> None:
             )
 
 
-def _build(cls, meta: dict, data: dict, version: int, path: Path):
+def _build(cls, meta: dict, data: dict, version: int):
     """The ``Trajectory`` of a read file (``load``'s body; its key errors become one
     error naming the file)."""
     state = data["state"]
-    if state.dtype == np.float64 and not jax.config.read("jax_enable_x64"):
-        raise ValueError(
-            f"{str(path)!r} holds a float64 run and JAX's x64 mode is off, so it would "
-            f"be rounded to float32; enable it first: "
-            f"jax.config.update('jax_enable_x64', True)."
-        )
     model_arrays = {k.removeprefix("model."): v for k, v in data.items() if k.startswith("model.")}
     if version == 1:  # describe() merged into the run's keys
         model = model_family(meta.get("family", "")).from_saved(meta, model_arrays)
@@ -406,7 +405,7 @@ def _build(cls, meta: dict, data: dict, version: int, path: Path):
         python = set(meta["trajectory"].get("stats_python", ()))
         batched = bool(meta["trajectory"]["batched"])
     else:
-        described = _resolved(meta["model"], data, path)
+        described = _resolved(meta["model"], data)
         model = model_family(described.get("family", "")).from_saved(described, model_arrays)
         nested = {"run": meta["run"], "model": described, "extra": meta["extra"]}
         if isinstance(meta.get("saved"), dict):  # when and how it was written
