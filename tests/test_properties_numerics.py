@@ -385,6 +385,13 @@ def np_run(case: Case, frame: str, method: str, layernorm: str = "post") -> np.n
             y = y + DT * np_field(case, _normalize(y))
         elif layernorm == "peri":
             y = y + DT * _normalize(np_field(case, _normalize(y)))
+        elif layernorm == "mix":  # post on the first quarter of the layers, pre after
+            if k < round(0.25 * LAYERS):
+                y = _normalize(np_layer(case, y, DT))
+            else:
+                y = y + DT * np_field(case, _normalize(y))
+        elif layernorm == "scaled":  # pre, the normalised stream over sqrt(depth)
+            y = y + DT * np_field(case, _normalize(y) / np.sqrt(k + 1))
         else:  # ngpt
             y = _normalize(y + 0.2 * DT * _normalize(np_field(case, y)))
     return np.array(out)

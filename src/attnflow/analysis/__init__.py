@@ -35,6 +35,9 @@ _WHERE = {
     ),
     **dict.fromkeys(("lost_in_middle_profile", "lost_in_middle_threshold"), ".position"),
     "consensus_distance": ".collapse",
+    **dict.fromkeys(
+        ("EquiangularNorm", "asymptotic_rate", "equiangular_layernorm"), ".normalization"
+    ),
     **dict.fromkeys(("circle_wasserstein", "density_clusters", "fourier_modes"), ".density"),
     **dict.fromkeys(("RankTrack", "boolean_distance", "rank_of", "track_rank"), ".rank"),
     **dict.fromkeys(
@@ -65,6 +68,7 @@ _WHERE = {
 
 if _typing.TYPE_CHECKING:
     from .collapse import consensus_distance
+    from .normalization import EquiangularNorm, asymptotic_rate, equiangular_layernorm
     from .critical import (
         CriticalLayer,
         CriticalSphere,
@@ -158,6 +162,9 @@ __all__ = [
     "lost_in_middle_profile",
     "lost_in_middle_threshold",
     "consensus_distance",
+    "EquiangularNorm",
+    "asymptotic_rate",
+    "equiangular_layernorm",
     "fourier_modes",
     "circle_wasserstein",
     "density_clusters",

@@ -383,7 +383,7 @@ def scale(
     return typer.Option(default, "--scale", callback=checked(_checks.positive), help=help)
 
 
-LAYERNORMS = ("post", "pre", "peri", "ngpt")
+LAYERNORMS = ("post", "pre", "peri", "ngpt", "mix", "scaled")
 _MASK_FORMS = "none, causal, window:W, alibi:SLOPE, sinkwindow:SINKS,W or rope:BASE[,causal]"
 
 

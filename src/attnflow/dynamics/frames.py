@@ -59,13 +59,17 @@ __all__ = [
     "FRAMES",
     "LAYERNORMS",
     "NGPT_ALPHA",
+    "MIX_POST_FRACTION",
+    "mix_post_layers",
 ]
 
 FRAMES = ("rescaled", "original", "sphere")
 # Layer-norm placements of the discrete sphere frame (``simulate(..., layernorm=...)``).
-LAYERNORMS = ("post", "pre", "peri", "ngpt")
+LAYERNORMS = ("post", "pre", "peri", "ngpt", "mix", "scaled")
 # The step multiplier of the nGPT-style update (Karagodin et al.'s simuformer: 0.2).
 NGPT_ALPHA = 0.2
+# Mix-LN (Li et al. 2024): post-LN on this fraction of the layers (the first), pre-LN after.
+MIX_POST_FRACTION = 0.25
 
 
 # ------------------------------------------------------------------------- frames
@@ -411,21 +415,50 @@ class Sphere(AbstractFrame):
         ``"ngpt"``  ``x <- N(x + alpha dt N(F(x)))`` with ``alpha = NGPT_ALPHA = 0.2``
                     (the nGPT-style update of Karagodin et al.'s simuformer); the
                     state is on the sphere.
+        ``"mix"``   Mix-LN (Li et al. 2024): ``"post"`` on layers ``k < post_layers``,
+                    ``"pre"`` after (``simulate`` takes ``post_layers`` =
+                    ``MIX_POST_FRACTION = 0.25`` of its layers, rounded).
+        ``"scaled"`` LayerNorm scaling (Sun et al. 2025, "The curse of depth"): layer
+                    ``k = 0, 1, ...`` is ``y <- y + dt F(N(y) / sqrt(k + 1))``, pre-LN
+                    with the normalised stream divided by the square root of its depth.
 
-    A zero attention output has ``N(0) = 0``. The tokens of every mode are ``N(state)``
-    (``Trajectory.x``); the sphere frame is its own rescaled frame (``traj.z = traj.x``).
+    ``residual=False`` (``"post"`` only): ``x <- N(P(x))`` with ``P`` the model's layer
+    without the skip connection (``x_i <- N(sum_j P_ij V x_j)`` for one head), the pure
+    attention with layer norm of Wu et al. (2024).
+
+    The depth-dependent placements read the layer index ``k`` (``layer_scale``); the
+    others ignore it. A zero attention output has ``N(0) = 0``. The tokens of every mode
+    are ``N(state)`` (``Trajectory.x``); the sphere frame is its own rescaled frame
+    (``traj.z = traj.x``).
     """
 
     model: AbstractModel
     layernorm: str = eqx.field(static=True)
+    post_layers: int = eqx.field(static=True)
+    residual: bool = eqx.field(static=True)
     name: ClassVar[str] = "sphere"
     tracks_flow: ClassVar[bool] = False
 
-    def __init__(self, model: AbstractModel, layernorm: str = "post"):
+    def __init__(
+        self,
+        model: AbstractModel,
+        layernorm: str = "post",
+        *,
+        post_layers: int = 0,
+        residual: bool = True,
+    ):
         if layernorm not in LAYERNORMS:
             raise ValueError(f"layernorm must be one of {LAYERNORMS}; got {layernorm!r}.")
+        if not residual and layernorm != "post":
+            raise ValueError(
+                f"residual=False normalises the pure attention layer, x <- N(P(x)) (the "
+                f"'post' placement); layernorm={layernorm!r} places the norm around a "
+                f"residual update: use layernorm='post' or residual=True."
+            )
         self.model = model
         self.layernorm = layernorm
+        self.post_layers = int(post_layers)
+        self.residual = bool(residual)
 
     def check_tokens(self, x0: Any) -> None:
         # on the device for a jax.Array (one boolean comes back), else in numpy. A token
@@ -445,7 +478,14 @@ class Sphere(AbstractFrame):
             )
 
     def settings(self) -> dict:
-        return {"layernorm": self.layernorm}
+        out: dict = {"layernorm": self.layernorm}
+        if self.layernorm == "mix":
+            out["post_layers"] = self.post_layers
+        return out
+
+    def layer_scale(self, term: Any, k: Any, Rk: Any) -> Any:
+        del term, Rk
+        return k  # the layer index, which the depth-dependent placements read
 
     def initial_state(self, x0: Array) -> Array:
         return normalize_rows(x0)
@@ -462,23 +502,56 @@ class Sphere(AbstractFrame):
         return jnp.linalg.norm(y, axis=-1, keepdims=True) * tangent
 
     def step(self, y: Array, scale: Any, dt: Any, factor: Any) -> Array:
-        del scale, factor
-        if self.layernorm == "post":
+        del factor
+        ln = self.layernorm
+        if not self.residual:
+            return normalize_rows(self.model.pure_layer(y))
+        if ln == "post":
             return normalize_rows(self.model.layer(y, dt))
-        if self.layernorm == "pre":
+        if ln == "pre":
             return y + dt * self.model.vector_field(normalize_rows(y))
-        if self.layernorm == "peri":
+        if ln == "peri":
             return y + dt * normalize_rows(self.model.vector_field(normalize_rows(y)))
-        # ngpt
-        return normalize_rows(y + (NGPT_ALPHA * dt) * normalize_rows(self.model.vector_field(y)))
+        if ln == "ngpt":
+            return normalize_rows(
+                y + (NGPT_ALPHA * dt) * normalize_rows(self.model.vector_field(y))
+            )
+        k = jnp.asarray(0 if scale is None else scale)
+        if ln == "mix":
+            return jax.lax.cond(
+                k < self.post_layers,
+                lambda u: normalize_rows(self.model.layer(u, dt)),
+                lambda u: u + dt * self.model.vector_field(normalize_rows(u)),
+                y,
+            )
+        # scaled: the normalised stream divided by sqrt(depth), depth k + 1
+        depth = (k + 1).astype(y.dtype)
+        return y + dt * self.model.vector_field(normalize_rows(y) / jnp.sqrt(depth))
 
     def log_bound(self, y: Array, scale: Any) -> Array:
         del scale
         return self.model.log_logit_bound(normalize_rows(y))
 
 
+def mix_post_layers(t1: Any, dt: Any) -> int:
+    """Mix-LN's post-LN layers of a run of ``t1 / dt`` layers: the first
+    ``MIX_POST_FRACTION`` of them, rounded (0 when ``dt`` is missing or not positive,
+    which the caller refuses)."""
+    try:
+        layers = float(t1) / float(dt)
+    except (TypeError, ValueError, ZeroDivisionError):
+        return 0  # the arguments' own checks name what is wrong
+    return int(round(MIX_POST_FRACTION * round(layers))) if np.isfinite(layers) else 0
+
+
 def make_frame(
-    name: str, model: AbstractModel, coords: str | None = None, layernorm: str = "post"
+    name: str,
+    model: AbstractModel,
+    coords: str | None = None,
+    layernorm: str = "post",
+    *,
+    post_layers: int = 0,
+    residual: bool = True,
 ) -> AbstractFrame:
     """The frame called ``name`` for ``model``: ``"original"``, ``"sphere"`` (with its
     ``layernorm`` placement for layers) or ``"rescaled"``, whose class follows from the
@@ -491,7 +564,7 @@ def make_frame(
     if name == "original":
         return Original(model)
     if name == "sphere":
-        return Sphere(model, layernorm)
+        return Sphere(model, layernorm, post_layers=post_layers, residual=residual)
     if name != "rescaled":
         raise ValueError(f"frame must be one of {FRAMES}; got {name!r}.")
     prop = _rescalable(model)

@@ -38,7 +38,7 @@ from .. import _checks
 from . import _devices, _inputs
 from ._inputs import FIXED, MAX_STEPS_LIMIT, check_tolerances, check_ts, check_x0
 from .base import AbstractModel
-from .frames import FRAMES, LAYERNORMS, AbstractFrame, Unskipped, make_frame
+from .frames import FRAMES, LAYERNORMS, AbstractFrame, Unskipped, make_frame, mix_post_layers
 from .solve import ICOEFF, PCOEFF, SOLVERS, AdaptiveSolver, LayerSolver, adaptive_solve
 from .solve import log_limit as _log_limit
 from .terms import AbstractTime, Continuous, FlowTerm, Layers, layer_term
@@ -330,9 +330,10 @@ def simulate(
         rtol, atol: tolerances of the adaptive step-size controller.
         max_steps: step budget of the adaptive solver, per system.
         progress: show a progress bar.
-        residual: ``False`` drops the skip connection (``method="euler"``, original frame
-            only): each of the ``t1 / dt`` layers maps ``x <- model.pure_layer(x)``,
-            ``x_i <- sum_j P_ij V x_j`` for one head. ``traj.z`` is then not defined.
+        residual: ``False`` drops the skip connection (``method="euler"``, original or
+            sphere frame): each of the ``t1 / dt`` layers maps ``x <- model.pure_layer(x)``,
+            ``x_i <- sum_j P_ij V x_j`` for one head, and on the sphere
+            ``x <- N(model.pure_layer(x))``. ``traj.z`` is then not defined.
         devices: ``None`` (one device, the default), ``"all"`` (``jax.local_devices()``)
             or a list of JAX devices: the batch axis is sharded over a 1-D mesh of these
             devices (``jax.shard_map``), padded to a multiple of their number by
@@ -355,7 +356,9 @@ def simulate(
             ``"post"`` ``x <- N(x + dt F(x))`` (the authors' phase-diagram scheme),
             ``"pre"`` ``y <- y + dt F(N(y))`` (the residual stream ``y`` is free, the
             tokens are ``N(y)``), ``"peri"`` ``y <- y + dt N(F(N(y)))``, ``"ngpt"``
-            ``x <- N(x + 0.2 dt N(F(x)))``. Only with ``frame="sphere"`` and
+            ``x <- N(x + 0.2 dt N(F(x)))``, ``"mix"`` (Mix-LN: ``"post"`` on the first
+            quarter of the layers, ``"pre"`` after), ``"scaled"`` (pre-LN with layer
+            ``k`` reading ``N(y) / sqrt(k + 1)``). Only with ``frame="sphere"`` and
             ``method="euler"``.
         solver: the solver as an object, instead of ``method``, ``dt``, ``rtol``,
             ``atol`` and ``max_steps`` (the same objects that ``attnflow.solve`` takes):
@@ -404,26 +407,29 @@ def simulate(
                 f"got frame={frame!r}, method={method!r}."
             )
     ln = "post" if layernorm is None else layernorm
-    if not residual:
-        if method != "euler" or frame != "original":
-            raise ValueError(
-                f"residual=False (layers without the skip connection) needs "
-                f"method='euler' and frame='original'; got method={method!r}, "
-                f"frame={frame!r}."
-            )
-        fr: AbstractFrame = Unskipped(model)
-    else:
-        # checks that the model supports the frame
-        fr = make_frame(frame, model, layernorm=ln)
+    if not residual and (method != "euler" or frame not in ("original", "sphere")):
+        raise ValueError(
+            f"residual=False (layers without the skip connection) needs method='euler' and "
+            f"frame='original' (or 'sphere': x <- N(P(x)), pure attention with layer "
+            f"norm); got method={method!r}, frame={frame!r}."
+        )
+    # Mix-LN's post-LN layers (t1 / dt is checked to be whole below, before any use)
+    post_layers = mix_post_layers(t1, dt) if ln == "mix" else 0
+
+    def frame_of(m: AbstractModel) -> AbstractFrame:
+        if not residual and frame == "original":
+            return Unskipped(m)
+        return make_frame(frame, m, layernorm=ln, post_layers=post_layers, residual=residual)
+
+    # checks that the model supports the frame
+    fr: AbstractFrame = frame_of(model)
     # every argument is checked before any work (and before the metadata is built)
     devs = _devices.resolve_devices(devices)
     _checks.choice("shard", shard, _devices.SHARDS)
     size = model.stack_size
     stacked = size is not None
     if stacked:  # system i with model i: the frame holds one model per system
-        fr = eqx.filter_vmap(
-            lambda m: make_frame(frame, m, layernorm=ln) if residual else Unskipped(m)
-        )(model)
+        fr = eqx.filter_vmap(frame_of)(model)
     x0 = check_x0(model, x0)
     if stacked:
         if x0.ndim == 2:
@@ -443,9 +449,7 @@ def simulate(
     if shard == "tokens":
         assert devs is not None
         sharded_model = _devices.TokenSharded(model, devs)
-        fr = (
-            make_frame(frame, sharded_model, layernorm=ln) if residual else Unskipped(sharded_model)
-        )
+        fr = frame_of(sharded_model)
     # the devices that the batch is sharded over (the tokens' devices are in the model)
     solve_devs = devs if shard == "batch" else None
     if not isinstance(x0, jax_core.Tracer):

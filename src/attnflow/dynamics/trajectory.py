@@ -84,7 +84,8 @@ class Trajectory:
     For ``frame == "sphere"`` both are the tokens on the unit sphere, ``N(state)``
     (``N(u) = u / |u|`` per token, exact to rounding): layer normalisation takes the
     place of the rescaling, so ``z = x``; ``state`` is what the solver holds (the free
-    residual stream for the ``"pre"`` and ``"peri"`` layer norms).
+    residual stream for the ``"pre"``, ``"peri"``, ``"mix"`` and ``"scaled"`` layer
+    norms).
     """
 
     ts: Array

@@ -187,6 +187,13 @@ def phase_diagram(
     save_every = _checks.integer("save_every", save_every, lo=1)
     threshold = _checks.number("threshold", threshold, lo=-1.0, hi=1.0, hi_open=True)
     _checks.choice("layernorm", layernorm, LAYERNORMS)
+    if layernorm in ("mix", "scaled"):
+        raise ValueError(
+            f"layernorm={layernorm!r} depends on the layer's depth, which the phase "
+            f"diagram's loop does not carry; use one of 'post', 'pre', 'peri', 'ngpt', "
+            f"or attnflow.simulate(..., frame='sphere', method='euler', "
+            f"layernorm={layernorm!r}) for the runs themselves."
+        )
     beta_batch = _checks.integer("beta_batch", beta_batch, lo=1)
     chunk = _checks.integer("chunk", chunk, lo=1)
     layers = int(round(t1 / dt))
