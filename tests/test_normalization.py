@@ -39,7 +39,7 @@ def _reference(ln: str, dt: float) -> np.ndarray:
         kw["t_switch"] = round(frames.MIX_POST_FRACTION * T1 / dt) * dt
     if ln == "scaled":
         kw["dt"] = dt
-    return 1.0 - equiangular_layernorm(N, BETA, TS, ln, **kw).gamma
+    return equiangular_layernorm(N, BETA, TS, ln, **kw).gap
 
 
 @pytest.mark.parametrize("ln", frames.LAYERNORMS)
@@ -75,7 +75,7 @@ def test_rates_near_one_cluster_match_the_closed_forms(ln):
 def test_scaled_layernorm_decays_like_one_over_t_eventually():
     # far beyond any run: the equiangular system itself (float64, DOP853)
     ts = np.array([0.0, 1e4, 2e4, 4e4])
-    gap = 1.0 - equiangular_layernorm(N, BETA, ts, "scaled", dt=0.01).gamma
+    gap = equiangular_layernorm(N, BETA, ts, "scaled", dt=0.01).gap
     slope = -np.polyfit(np.log(ts[1:]), np.log(gap[1:]), 1)[0]
     assert slope == pytest.approx(asymptotic_rate("scaled")[1], rel=0.05)
 
@@ -169,3 +169,20 @@ def test_the_analysis_uses_the_dynamics_constants():
     assert normalization.NGPT_ALPHA == frames.NGPT_ALPHA
     assert normalization.PLACEMENTS == frames.LAYERNORMS
     assert jax.config.jax_enable_x64
+
+
+def test_fig_normalization_quick(tmp_path):
+    import json
+
+    from attnflow.experiments import fig_normalization as F
+
+    out = F.make(tmp_path, quick=True)
+    assert out["figures"]
+    side = json.loads((tmp_path / "fig_normalization.json").read_text())
+    runs = {r["layernorm"]: r for r in side["runs"]}
+    assert set(runs) == set(frames.LAYERNORMS)
+    for ln in ("post", "ngpt", "peri", "mix"):  # dt = 0.05: the rates to a few per cent
+        assert runs[ln]["fitted_rate"] == pytest.approx(runs[ln]["closed_form"]["rate"], rel=0.1)
+    assert runs["scaled"]["reduced_rate_at_1e4"] == pytest.approx(1.0, rel=0.1)
+    assert all(r["largest_spread_of_inner_products"] < 1e-12 for r in runs.values())
+    assert "| peri | t^(-2) |" in (tmp_path / "fig_normalization.md").read_text()

@@ -51,10 +51,13 @@ NGPT_ALPHA = 0.2
 
 
 class EquiangularNorm(NamedTuple):
-    """``gamma`` (the common inner product) and ``r`` (the common stream norm) at ``ts``."""
+    """``gamma`` (the common inner product), ``gap = 1 - gamma`` (to full relative
+    accuracy, also where ``gamma`` rounds to 1) and ``r`` (the common stream norm) at
+    ``ts``."""
 
     ts: np.ndarray
     gamma: np.ndarray
+    gap: np.ndarray
     r: np.ndarray
     layernorm: str
 
@@ -113,13 +116,13 @@ def equiangular_layernorm(
         dt: ``"scaled"`` only: the layer step, which sets the depth ``t / dt``.
 
     Returns:
-        An ``EquiangularNorm``: ``gamma`` and ``r`` at ``ts``.
+        An ``EquiangularNorm``: ``gamma``, ``1 - gamma`` and ``r`` at ``ts``.
 
     Examples:
         >>> import numpy as np
         >>> from attnflow.analysis import equiangular_layernorm
         >>> out = equiangular_layernorm(8, 1.0, [0.0, 10.0, 20.0], "pre")
-        >>> (1 - out.gamma).round(4).tolist(), out.r.round(2).tolist()
+        >>> out.gap.round(4).tolist(), out.r.round(2).tolist()
         ([1.0, 0.0177, 0.0041], [1.0, 9.31, 19.23])
     """
     n = _checks.integer("n", n, lo=2)
@@ -159,7 +162,7 @@ def equiangular_layernorm(
         }[ln]
         return [-2.0 * g * speed, grow / r]
 
-    gamma = np.zeros_like(t)
+    u_at = np.zeros_like(t)  # log(1 - gamma)
     r = np.ones_like(t)
     if t.size and t[-1] > 0:
         # the mix switch is a kink: integrate each smooth piece on its own
@@ -175,7 +178,7 @@ def equiangular_layernorm(
             if not sol.success:
                 raise RuntimeError(f"the equiangular {layernorm} system failed: {sol.message}")
             where = np.searchsorted(at, t[inside])
-            gamma[inside] = -np.expm1(sol.y[0][where])
+            u_at[inside] = sol.y[0][where]
             r[inside] = np.exp(sol.y[1][where])
             state = sol.y[:, -1]
-    return EquiangularNorm(ts=t, gamma=gamma, r=r, layernorm=layernorm)
+    return EquiangularNorm(ts=t, gamma=-np.expm1(u_at), gap=np.exp(u_at), r=r, layernorm=layernorm)
