@@ -49,6 +49,29 @@ def test_clustered_fraction_and_count_against_loops():
         af.count_clusters(x[:, :, :1])
 
 
+@pytest.mark.parametrize("thr", [0.999, 0.99, 0.9, 0.0, -0.5])
+def test_count_clusters_on_the_circle_sorts_and_equals_the_graph(thr):
+    # the d = 2 path sorts by angle; the graph's components (scipy) are the reference,
+    # over clumps (some straddling the angle's cut at pi), spread tokens and tight arcs
+    rng = np.random.default_rng(7)
+    ang = []
+    for k in range(40):
+        c = rng.uniform(-np.pi, np.pi, rng.integers(1, 6))
+        if k % 4 == 0:
+            c[0] = np.pi - 1e-3  # a clump across the cut
+        pick = rng.integers(0, c.size, 25)
+        ang.append(c[pick] + rng.normal(scale=10 ** rng.uniform(-4, -0.5), size=25))
+    ang.append(np.linspace(0.0, 3.5, 25))  # one arc longer than pi
+    ang.append(np.repeat([0.0, np.pi], [12, 13]))  # antipodal clusters
+    ang = np.array(ang)
+    x = np.stack([np.cos(ang), np.sin(ang)], -1) * rng.uniform(0.5, 2.0, ang.shape)[..., None]
+    got = af.count_clusters(x[None], threshold=thr)[0]
+    for m in range(ang.shape[0]):
+        u = x[m] / np.linalg.norm(x[m], axis=-1, keepdims=True)
+        c, _ = connected_components(u @ u.T > thr, directed=False)
+        assert got[m] == c, (m, thr)
+
+
 def test_interaction_energy_against_sum_and_monotone_under_usa():
     rng = np.random.default_rng(1)
     x = rng.normal(size=(2, 5, 7, 3))
