@@ -42,3 +42,14 @@ def test_ginibre_curve_matches_the_closed_form_at_d2():
     lo, hi = d2["interval"]
     assert lo <= 1 / (2 * math.sqrt(2)) <= hi
     assert np.all(np.diff([r["fraction"] for r in rows]) < 0.1)
+
+
+def test_plateau_counts_quick_resumes(tmp_path):
+    mod = _load("plateau_counts")
+    rows = mod.main(["--quick", "--out", str(tmp_path)])
+    assert [(r["n"], r["beta"]) for r in rows] == [(300, 3.0), (300, 10.0)]
+    # beta = 3: k* = 2, and two clusters is what 300 tokens form (Bruno et al. 2025)
+    assert rows[0]["predicted_clusters"] == 2 and rows[0]["plateau_counts"] == [2, 2]
+    assert all(s == "ok" for r in rows for s in r["statuses"])
+    again = mod.main(["--quick", "--out", str(tmp_path)])  # nothing left to run
+    assert again == rows
