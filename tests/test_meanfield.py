@@ -120,6 +120,8 @@ def test_fourier_modes_and_energy_agree_between_particles_and_their_density():
     np.testing.assert_allclose(fourier_modes(sol, 8)[0], c_part, atol=1e-14)
     e = np.exp(3.0 * np.cos(th[:, None] - th[None, :]))
     assert interaction_energy(sol, 3.0)[0] == pytest.approx(w @ e @ w / 6.0, rel=1e-12)
+    shifted = interaction_energy(sol, 3.0, shifted=True)[0]
+    assert shifted == pytest.approx(w @ (e * np.exp(-3.0)) @ w, rel=1e-12)
     # unweighted angles: the particles' own formula
     ang = np.array([0.0, 0.5, 3.0])
     x = np.stack([np.cos(ang), np.sin(ang)], 1)[None]

@@ -170,7 +170,9 @@ def _count_on_circle(u: np.ndarray, thr: float) -> np.ndarray:
     return np.where(missing, -1, np.maximum(1, gaps)).astype(np.int64)
 
 
-def interaction_energy(traj: Any, beta: float) -> Float[np.ndarray, "*b m"]:
+def interaction_energy(
+    traj: Any, beta: float, *, shifted: bool = False
+) -> Float[np.ndarray, "*b m"]:
     """``E_beta = (1/(2 beta n^2)) sum_{i,j} e^{beta <x_i, x_j>}`` of the normalised tokens.
 
     With ``Q = K = V = I`` the USA dynamics is a gradient ascent of ``E_beta`` on the
@@ -185,11 +187,17 @@ def interaction_energy(traj: Any, beta: float) -> Float[np.ndarray, "*b m"]:
             ``DensityTrajectory`` (its measure's energy, ``(1/(2 beta)) sum_k I_k(beta)
             |c_k|^2`` over its exact Fourier coefficients).
         beta: the inverse temperature, > 0.
+        shifted: return ``2 beta e^{-beta} E_beta = (1/n^2) sum_{i,j} e^{beta (<x_i,
+            x_j> - 1)}`` instead, in ``(0, 1]``, finite at any beta (``E_beta``
+            overflows float64 past beta ~ 700): ``sum_c m_c^2 / n^2`` for clusters of
+            ``m_c`` tokens far apart at large beta, the levels of the staircase.
 
     Returns:
         ``(m,)`` or ``(b, m)``.
     """
     b = _checks.positive("beta", beta)
+    if not isinstance(shifted, (bool, np.bool_)):
+        raise ValueError(f"shifted must be True or False; got {shifted!r}.")
     from ..dynamics.meanfield import DensityTrajectory
 
     if isinstance(traj, DensityTrajectory):  # (1/(2 beta)) sum_k I_k(beta) |c_k|^2, exact
@@ -198,9 +206,11 @@ def interaction_energy(traj: Any, beta: float) -> Float[np.ndarray, "*b m"]:
         c2 = np.abs(traj.coefficients()) ** 2
         c2[..., 1:] *= 2.0
         log_sum = np.log((c2 * ive(np.arange(c2.shape[-1]), b)).sum(-1))
-        return np.exp(log_sum + b) / (2.0 * b)
+        return np.exp(log_sum) if shifted else np.exp(log_sum + b) / (2.0 * b)
     G = gram(traj)
     n = G.shape[-1]
+    if shifted:
+        return np.exp(b * (G - 1.0)).sum(axis=(-2, -1)) / (n * n)
     return np.exp(b * G).sum(axis=(-2, -1)) / (2.0 * b * n * n)
 
 
