@@ -36,6 +36,17 @@ _WHERE = {
     **dict.fromkeys(("lost_in_middle_profile", "lost_in_middle_threshold"), ".position"),
     "consensus_distance": ".collapse",
     **dict.fromkeys(
+        (
+            "antipodal_exponent",
+            "antipodal_fraction",
+            "antipodal_probability",
+            "antipodal_threshold",
+            "collapse_exponent",
+            "rho_sde",
+        ),
+        ".noise",
+    ),
+    **dict.fromkeys(
         ("EquiangularNorm", "asymptotic_rate", "equiangular_layernorm"), ".normalization"
     ),
     **dict.fromkeys(("circle_wasserstein", "density_clusters", "fourier_modes"), ".density"),
@@ -68,6 +79,14 @@ _WHERE = {
 
 if _typing.TYPE_CHECKING:
     from .collapse import consensus_distance
+    from .noise import (
+        antipodal_exponent,
+        antipodal_fraction,
+        antipodal_probability,
+        antipodal_threshold,
+        collapse_exponent,
+        rho_sde,
+    )
     from .normalization import EquiangularNorm, asymptotic_rate, equiangular_layernorm
     from .critical import (
         CriticalLayer,
@@ -165,6 +184,12 @@ __all__ = [
     "EquiangularNorm",
     "asymptotic_rate",
     "equiangular_layernorm",
+    "antipodal_exponent",
+    "antipodal_fraction",
+    "antipodal_probability",
+    "antipodal_threshold",
+    "collapse_exponent",
+    "rho_sde",
     "fourier_modes",
     "circle_wasserstein",
     "density_clusters",

@@ -9,6 +9,7 @@ from .isotropic import IsotropicAttention
 from .model import Attention
 from .propagator import Propagator
 from .simulate import SOLVERS, simulate
+from .stochastic import Noise, noisy_layer, simulate_noisy
 from .trajectory import SimulationError, Status, Trajectory
 from .transformer import Block, FeedForward, MultiHeadAttention
 
@@ -19,10 +20,13 @@ __all__ = [
     "GatedAttention",
     "IsotropicAttention",
     "MultiHeadAttention",
+    "Noise",
     "Propagator",
     "SOLVERS",
     "SimulationError",
     "Status",
     "Trajectory",
+    "noisy_layer",
     "simulate",
+    "simulate_noisy",
 ]

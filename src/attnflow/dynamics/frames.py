@@ -34,6 +34,7 @@ objects.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import equinox as eqx
@@ -61,6 +62,7 @@ __all__ = [
     "NGPT_ALPHA",
     "MIX_POST_FRACTION",
     "mix_post_layers",
+    "frame_maker",
 ]
 
 FRAMES = ("rescaled", "original", "sphere")
@@ -542,6 +544,22 @@ def mix_post_layers(t1: Any, dt: Any) -> int:
     except (TypeError, ValueError, ZeroDivisionError):
         return 0  # the arguments' own checks name what is wrong
     return int(round(MIX_POST_FRACTION * round(layers))) if np.isfinite(layers) else 0
+
+
+def frame_maker(
+    frame: str, layernorm: str, *, t1: Any, dt: Any, residual: bool
+) -> Callable[[AbstractModel], AbstractFrame]:
+    """What ``simulate`` builds its frame with, for one model or each of a stack: the
+    frame ``frame`` (``Unskipped`` for ``residual=False`` in the original frame), with
+    Mix-LN's post-LN layers counted from ``t1 / dt`` (which the caller checks)."""
+    post = mix_post_layers(t1, dt) if layernorm == "mix" else 0
+
+    def make(m: AbstractModel) -> AbstractFrame:
+        if not residual and frame == "original":
+            return Unskipped(m)
+        return make_frame(frame, m, layernorm=layernorm, post_layers=post, residual=residual)
+
+    return make
 
 
 def make_frame(

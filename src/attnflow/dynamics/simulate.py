@@ -16,8 +16,7 @@ Failures never raise inside the solve. Each system gets a status code:
 ``nonfinite``  a non-finite state appeared (it should not: this is reported, not hidden).
 ``failed``     any other solver failure.
 
-The states saved before the failure are kept, and the state where the solve stopped is
-kept too (see ``Trajectory``).
+The states saved before a failure, and the state where the solve stopped, are kept.
 """
 
 from __future__ import annotations
@@ -38,9 +37,10 @@ from .. import _checks
 from . import _devices, _inputs
 from ._inputs import FIXED, MAX_STEPS_LIMIT, check_tolerances, check_ts, check_x0
 from .base import AbstractModel
-from .frames import FRAMES, LAYERNORMS, AbstractFrame, Unskipped, make_frame, mix_post_layers
+from .frames import FRAMES, LAYERNORMS, AbstractFrame, frame_maker
 from .solve import ICOEFF, PCOEFF, SOLVERS, AdaptiveSolver, LayerSolver, adaptive_solve
 from .solve import log_limit as _log_limit
+from .stochastic import simulate_with_noise
 from .terms import AbstractTime, Continuous, FlowTerm, Layers, layer_term
 from .trajectory import Status, Trajectory
 
@@ -298,6 +298,7 @@ def simulate(
     cost: Float[ArrayLike, " b"] | None = None,
     layernorm: str | None = None,
     solver: AdaptiveSolver | LayerSolver | None = None,
+    noise: Any = None,
 ) -> Trajectory:
     """Integrate the self-attention particle system from ``x0`` to time ``t1``.
 
@@ -365,6 +366,8 @@ def simulate(
             ``AdaptiveSolver(rtol, atol, max_steps, method)`` or ``LayerSolver(dt)``
             (``method="euler"``). Passing both a solver and any of those keywords is a
             ``ValueError``.
+        noise: ``dynamics.Noise(sigma, seed)``, random value matrices (``frame="sphere"``;
+            ``method="euler"`` the layers, ``"euler-maruyama"`` their SDE: ``stochastic``).
 
     A stacked model (``attnflow.stack(models)``, or ``Attention`` with weights of shape
     ``(b, d, d)``) pairs system ``i`` of ``x0`` ``(b, n, d)`` with model ``i`` (an
@@ -392,6 +395,12 @@ def simulate(
             f"got {type(model).__name__}."
         )
     _checks.choice("frame", frame, FRAMES)
+    if noise is not None:
+        extra: dict[str, Any] = dict(layernorm=layernorm not in (None, "post"), chunk=chunk)
+        extra.update(solver=solver, devices=devices, cost=cost is not None, residual=not residual)
+        return simulate_with_noise(
+            model, x0, t1, noise=noise, frame=frame, method=method, dt=dt, ts=ts, others=extra
+        )  # a progress bar is not drawn for these
     if solver is not None:
         method, dt, rtol, atol, max_steps = _inputs.solver_options(
             solver, method, dt, rtol, atol, max_steps
@@ -413,14 +422,7 @@ def simulate(
             f"frame='original' (or 'sphere': x <- N(P(x)), pure attention with layer "
             f"norm); got method={method!r}, frame={frame!r}."
         )
-    # Mix-LN's post-LN layers (t1 / dt is checked to be whole below, before any use)
-    post_layers = mix_post_layers(t1, dt) if ln == "mix" else 0
-
-    def frame_of(m: AbstractModel) -> AbstractFrame:
-        if not residual and frame == "original":
-            return Unskipped(m)
-        return make_frame(frame, m, layernorm=ln, post_layers=post_layers, residual=residual)
-
+    frame_of = frame_maker(frame, ln, t1=t1, dt=dt, residual=residual)
     # checks that the model supports the frame
     fr: AbstractFrame = frame_of(model)
     # every argument is checked before any work (and before the metadata is built)
