@@ -79,15 +79,6 @@ _WHERE = {
 
 if _typing.TYPE_CHECKING:
     from .collapse import consensus_distance
-    from .noise import (
-        antipodal_exponent,
-        antipodal_fraction,
-        antipodal_probability,
-        antipodal_threshold,
-        collapse_exponent,
-        rho_sde,
-    )
-    from .normalization import EquiangularNorm, asymptotic_rate, equiangular_layernorm
     from .critical import (
         CriticalLayer,
         CriticalSphere,
@@ -103,6 +94,15 @@ if _typing.TYPE_CHECKING:
     from .density import circle_wasserstein, density_clusters, fourier_modes
     from .dispersion import DispersionReport, dispersion, dispersion_scan
     from .modes import ModePrediction, mode_rates, predict_metastable
+    from .noise import (
+        antipodal_exponent,
+        antipodal_fraction,
+        antipodal_probability,
+        antipodal_threshold,
+        collapse_exponent,
+        rho_sde,
+    )
+    from .normalization import EquiangularNorm, asymptotic_rate, equiangular_layernorm
     from .observe import Observation, observe_limit
     from .position import lost_in_middle_profile, lost_in_middle_threshold
     from .rank import RankTrack, boolean_distance, rank_of, track_rank
