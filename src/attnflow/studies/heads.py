@@ -55,6 +55,7 @@ from ..io.checkpoints import (
     tokenize,
     write_safetensors,
 )
+from ..io.layouts import TrainedHead, load_heads
 from ._head_reduction import reduced_triple
 
 __all__ = [
@@ -210,9 +211,11 @@ class HeadsAnalysis:
     beta: float
     rtol: float
     reduced: bool = True
+    architecture: str = ""  # TrainedHead.describe() of the first head: layout and extras
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "architecture": self.architecture,
             "heads": [h.to_dict() for h in self.heads],
             "counts": dict(self.counts),
             "hypotheses": dict(self.hypotheses),
@@ -241,6 +244,7 @@ class HeadsAnalysis:
             f"{self.num_layers} layers x {self.num_heads} heads, d_model = "
             f"{self.d_model}, d_head = {self.d_head}, beta = 1/sqrt({self.d_head}) = "
             f"{self.beta:.4g} (changes no label)",
+            *([f"architecture: {self.architecture}"] if self.architecture else []),
             f"{'L':>2} {'H':>2} {'lambda_1':>19} {'|lambda_2|':>10} {'R':>1}{'+':>1}"
             f"{'S':>1}{'D':>1} {'<Qphi,Kphi>':>12}  {'label':<12} reason",
         ]
@@ -284,8 +288,9 @@ def analyze_heads(
     """Test every head of a checkpoint against the clustering theorems.
 
     Args:
-        checkpoint: ``"minilm"``, a path (see ``resolve_checkpoint``), or heads already
-            loaded with ``load_bert_heads``.
+        checkpoint: ``"minilm"``, a path (see ``resolve_checkpoint``) in any layout of
+            ``attnflow.io.layouts`` (BERT, ALBERT, GPT-2, Llama-style), or heads already
+            loaded with ``load_heads`` or ``load_bert_heads``.
         num_heads: heads per layer when there is no ``config.json``.
         rtol: relative tolerance of every decision (``predict_regime``).
         reader: see ``read_safetensors``.
@@ -302,7 +307,7 @@ def analyze_heads(
     """
     rtol = _checks.number("rtol", rtol, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
     if isinstance(checkpoint, (str, Path)):
-        heads = load_bert_heads(checkpoint, num_heads=num_heads, reader=reader)
+        heads = load_heads(checkpoint, num_heads=num_heads, reader=reader)
         source = str(resolve_checkpoint(checkpoint))
         name = "minilm" if str(checkpoint).strip().lower() == "minilm" else source
         name = f"{name} ({source})" if name == "minilm" else name
@@ -338,6 +343,7 @@ def analyze_heads(
         beta=float(heads[0].beta),
         rtol=float(rtol),
         reduced=bool(reduce),
+        architecture=heads[0].describe() if isinstance(heads[0], TrainedHead) else "",
     )
 
 
