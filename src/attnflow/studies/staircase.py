@@ -42,7 +42,7 @@ import numpy as np
 from jaxtyping import Float, Int
 
 from .. import _checks
-from ..dynamics.base import AbstractModel
+from ..dynamics.base import AbstractAttentionSystem, AbstractModel
 from ..dynamics.frames import Sphere
 
 __all__ = ["Staircase", "staircase", "authors_start"]
@@ -66,7 +66,7 @@ def authors_start(beta: float) -> Float[np.ndarray, "5 2"]:
     Examples:
         >>> from attnflow.studies.staircase import authors_start
         >>> authors_start(1000.0).round(3)[:2].tolist()
-        [[1.0, 0.0], [0.997, 0.055]]
+        [[1.0, 0.0], [0.999, 0.055]]
     """
     b = _checks.positive("beta", beta)
     theta = 0.5 * np.mod(np.array([0.0, 0.5, 2.0, 4.0, 7.0]) * math.log(b) / math.sqrt(b), math.pi)
@@ -125,14 +125,16 @@ def staircase(
         raise ValueError(f"steps = {steps} must be a multiple of record_every = {record_every}.")
     merge_below = _checks.positive("merge_below", merge_below, allow_zero=True)
     merge_angle = _checks.number("merge_angle", merge_angle, lo=0.0, hi=math.pi)
-    V = model.value_matrix() if hasattr(model, "value_matrix") else None
+    head = model if isinstance(model, AbstractAttentionSystem) else None
+    V = head.value_matrix() if head is not None and model.stack_size is None else None
     if x.shape[-1] != 2 or V is None or not np.array_equal(np.asarray(V), np.eye(2)):
         raise ValueError(
             "staircase follows tokens on the circle under a head with V = I (the "
             "metastability paper's model): give x0 of shape (n, 2) and a one-head model with "
             "V = I, e.g. IsotropicAttention(2, beta=beta, kernel=kernels.USA(shift=beta))."
         )
-    Sphere(model).check_tokens(x)
+    assert head is not None
+    Sphere(head).check_tokens(x)
     dtype = model.dtype
     h = jnp.asarray(ds * speed, dtype)
     below = jnp.asarray(merge_below, dtype)
@@ -142,7 +144,7 @@ def staircase(
         return jnp.stack([jnp.cos(theta), jnp.sin(theta)], axis=-1)
 
     def velocity(theta):
-        P = model.attention(tokens(theta))  # the model's own weights
+        P = head.attention(tokens(theta))  # the model's own weights
         omega = jnp.sum(P * jnp.sin(theta[None, :] - theta[:, None]), axis=1)
         return omega, jnp.sqrt(jnp.sum(omega * omega))
 
