@@ -38,8 +38,8 @@ replacing ``xi xi^T`` by it (Ito) gives ``-<x,xi> xi -> -sigma^2 |m|^2 x dt / d`
 ``d|x|^2 = 2 <x, dx> + |dx|^2 = -2 c sigma^2 |m|^2 dt + sigma^2 |m|^2 (d - 1) dt / d = 0``.
 
 Euler-Maruyama (``method="euler-maruyama"``): diffrax's ``Euler`` on
-``MultiTerm(ODETerm(drift), ControlTerm(diffusion, brownian))``, the diffusion a lineax
-``FunctionLinearOperator`` (``dB -> ...``: an ``(n, d) x (d, d)`` product, no
+``MultiTerm(ODETerm(drift), noise)``, the noise a diffrax term of its own that applies
+the diffusion to the Brownian increment (``dB -> ...``: an ``(n, d) x (d, d)`` product, no
 ``(n, d, d, d)`` array), at fixed steps ``dt`` (``ConstantStepSize``). As the sphere frame
 does, the solver holds a free state ``y`` with tokens ``x = N(y)`` and integrates
 ``dy_i = |y_i| dX_i(N(y))``, ``dX_i`` the SDE above: then ``|y_i|`` is conserved by the SDE
@@ -79,7 +79,6 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import lineax as lx
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
@@ -211,6 +210,31 @@ def noisy_layer(
     return normalize_rows(u + sigma * (m @ dW.T))
 
 
+class _CommonNoise(diffrax.AbstractTerm):
+    """The diffusion of the free state ``y``: ``dB -> |y_i| sigma Proj_{x_i}(m_i dB^T) /
+    sqrt(d)`` for the standard ``(d, d)`` Brownian motion ``B`` of ``path``. ``vf`` is the
+    map's data ``(gain, x, m)`` and ``prod`` applies it to an increment: an
+    ``(n, d) x (d, d)`` product, no ``(n, d, d, d)`` array."""
+
+    model: AbstractAttentionSystem
+    sigma: Array
+    path: Any
+    scale: float = eqx.field(static=True)
+
+    def vf(self, t: Any, y: Array, args: Any) -> tuple[Array, Array, Array]:
+        del t, args
+        r = jnp.linalg.norm(y, axis=-1, keepdims=True)
+        x = normalize_rows(y)
+        return r * (self.sigma * self.scale), x, self.model.attend(x, x)
+
+    def contr(self, t0: Any, t1: Any, **kwargs: Any) -> Array:
+        return self.path.evaluate(t0, t1, **kwargs)
+
+    def prod(self, vf: tuple[Array, Array, Array], control: Array) -> Array:
+        gain, x, m = vf
+        return gain * _tangent(x, m @ control.T)
+
+
 def _em_terms(model: AbstractAttentionSystem, sigma: Array, path: Any) -> diffrax.MultiTerm:
     """The drift and diffusion of the free state ``y`` (tokens ``N(y)``)."""
     d = model.d
@@ -229,18 +253,8 @@ def _em_terms(model: AbstractAttentionSystem, sigma: Array, path: Any) -> diffra
         corr = c * sigma**2 * jnp.sum(m * m, axis=-1, keepdims=True)
         return r * (_tangent(x, F) - corr * x)
 
-    def diffusion(t, y, args):
-        del t, args
-        r, x, m = parts(y)
-        gain = r * (sigma * scale)
-
-        def mv(dB):
-            return gain * _tangent(x, m @ dB.T)
-
-        structure = jax.ShapeDtypeStruct((d, d), y.dtype)
-        return lx.FunctionLinearOperator(mv, structure)
-
-    return diffrax.MultiTerm(diffrax.ODETerm(drift), diffrax.ControlTerm(diffusion, path))
+    noise = _CommonNoise(model=model, sigma=sigma, path=path, scale=scale)
+    return diffrax.MultiTerm(diffrax.ODETerm(drift), noise)
 
 
 def _times(k: Array, n_layers: Array, h: Array, t1: Array) -> Array:
