@@ -5,8 +5,9 @@ energies of tokens on the sphere (``sphere``), the linear modes of the mean-fiel
 equation and the metastable cluster count they predict (``modes``), one layer at the
 critical long-context scaling ``beta = gamma log n`` (``critical``), measures on the
 circle, particles and mean-field densities alike (``density``), the kinetic
-theory's lost-in-the-middle profile (``position``). Analyses ask a
-trajectory for its attention and logits; they never run a simulation of their own."""
+theory's lost-in-the-middle profile (``position``), the hardmax limit's cells and
+Frank-Wolfe gaps (``hardmax``). Analyses ask a trajectory for its attention and logits;
+they never run a simulation of their own."""
 
 import importlib as _importlib
 import sys as _sys
@@ -35,6 +36,7 @@ _WHERE = {
     ),
     **dict.fromkeys(("lost_in_middle_profile", "lost_in_middle_threshold"), ".position"),
     "consensus_distance": ".collapse",
+    **dict.fromkeys(("HardmaxCells", "frank_wolfe_gap", "hardmax_cells"), ".hardmax"),
     **dict.fromkeys(
         (
             "antipodal_exponent",
@@ -93,6 +95,7 @@ if _typing.TYPE_CHECKING:
     )
     from .density import circle_wasserstein, density_clusters, fourier_modes
     from .dispersion import DispersionReport, dispersion, dispersion_scan
+    from .hardmax import HardmaxCells, frank_wolfe_gap, hardmax_cells
     from .modes import ModePrediction, mode_rates, predict_metastable
     from .noise import (
         antipodal_exponent,
@@ -181,6 +184,9 @@ __all__ = [
     "lost_in_middle_profile",
     "lost_in_middle_threshold",
     "consensus_distance",
+    "HardmaxCells",
+    "hardmax_cells",
+    "frank_wolfe_gap",
     "EquiangularNorm",
     "asymptotic_rate",
     "equiangular_layernorm",
