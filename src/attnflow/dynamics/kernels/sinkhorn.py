@@ -27,10 +27,14 @@ __all__ = ["Sinkhorn", "sinkhorn"]
 def sinkhorn(L: Array, iters: int = 3) -> Array:
     """``iters`` log-domain Sinkhorn iterations of the logits ``L`` ``(..., n, m)``
     (columns, then rows); the weights ``e^L``."""
-    for _ in range(int(iters)):
+
+    def one(_, L):
         L = L - jax.nn.logsumexp(L, axis=-2, keepdims=True)
-        L = L - jax.nn.logsumexp(L, axis=-1, keepdims=True)
-    return jax.numpy.exp(L)
+        return L - jax.nn.logsumexp(L, axis=-1, keepdims=True)
+
+    # a loop, not unrolled: the compile time no longer grows with iters (a static trip
+    # count, so reverse-mode derivatives go through it)
+    return jax.numpy.exp(jax.lax.fori_loop(0, int(iters), one, L))
 
 
 class Sinkhorn(AbstractKernel):
