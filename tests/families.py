@@ -111,6 +111,17 @@ V4 = np.diag([0.5, 0.3, -0.2, 0.1]) + 0.05 * _RNG.normal(size=(4, 4))
 Q4 = np.eye(4) + 0.2 * _RNG.normal(size=(4, 4))
 K4 = np.eye(4) + 0.2 * _RNG.normal(size=(4, 4))
 W1, W2 = 0.3 * _RNG.normal(size=(3, 2)), 0.3 * _RNG.normal(size=(2, 3))
+GRAPH6 = np.array(
+    [
+        [1, 0, 0, 1, 0, 0],
+        [1, 1, 0, 0, 0, 1],
+        [1, 0, 0, 0, 1, 0],
+        [0, 0, 1, 1, 0, 0],
+        [0, 1, 0, 0, 1, 1],
+        [0, 0, 0, 1, 0, 1],
+    ],
+    dtype=bool,
+)
 
 
 @dataclass(frozen=True)
@@ -146,6 +157,9 @@ CASES: list[Case] = [_kernel_case(name) for name in K.KERNELS] + [
         lambda: af.Attention(Q2, K2, V2, mask=af.masks.RoPE(10.0, af.masks.Causal())),
     ),
     Case("mask-sinkwindow", lambda: af.Attention(Q2, K2, V2, mask=af.masks.SinkWindow(1, 2))),
+    # a graph on the suite's 6 tokens: quasi-strongly connected, a row without its
+    # diagonal (token 2 sees 0 and 4 only), the tokens in no index order
+    Case("mask-graph", lambda: af.Attention(Q2, K2, V2, mask=af.masks.Graph(GRAPH6))),
     Case(
         "MultiHeadAttention-alibi-per-head",
         lambda: af.MultiHeadAttention(

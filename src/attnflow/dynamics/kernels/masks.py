@@ -11,9 +11,13 @@ queries and keys are turned by position.
                       position (RoPE; default unchanged);
 ``describe()``        the saved form, read back by ``check_mask``.
 
-Every mask here keeps the diagonal, so no row is empty. Positions are token indices
-``0 .. n-1``. ``check_mask`` accepts the objects, their saved forms and the older
-spellings (``"causal"``, ``("window", w)``).
+Every mask here keeps the diagonal, so no row is empty, except ``Graph(adjacency)``, a
+mask of any directed graph on a fixed number of tokens, which need not but must keep at
+least one key in every row. Positions are token indices ``0 .. n-1``. ``check_mask``
+accepts the objects, their saved forms and the older spellings (``"causal"``,
+``("window", w)``). ``quasi_strongly_connected`` says whether a mask's graph has a token
+that every token reaches (the condition of Wu et al.'s rank collapse), and
+``random_qsc_graph`` draws such a graph.
 """
 
 from __future__ import annotations
@@ -36,7 +40,10 @@ __all__ = [
     "ALiBi",
     "RoPE",
     "SinkWindow",
+    "Graph",
     "alibi_slopes",
+    "quasi_strongly_connected",
+    "random_qsc_graph",
     "check_mask",
     "mask_keep",
     "apply_mask",
@@ -279,13 +286,179 @@ class SinkWindow(AbstractMask):
         return ["sinkwindow", self.sinks, self.w]
 
 
+def _adjacency(value: Any) -> Array:
+    """``Graph``'s adjacency checked: a square boolean (or 0/1) matrix whose every row
+    keeps a key; a traced array is taken as it is (checked when it was built)."""
+    if isinstance(value, jax_core.Tracer):
+        return value
+    try:
+        a = np.asarray(value)
+    except (TypeError, ValueError):
+        a = np.asarray(None)
+    if a.ndim != 2 or a.shape[0] != a.shape[1] or a.shape[0] < 1:
+        raise ValueError(
+            f"Graph(adjacency) needs a square boolean (n, n) matrix, n >= 1 (row i: the "
+            f"keys token i may attend to); got shape {a.shape} ({value!r:.80})."
+        )
+    if a.dtype != np.bool_:
+        ok = a.dtype.kind in "iuf" and bool(np.all((a == 0) | (a == 1)))
+        if not ok:
+            raise ValueError(
+                f"Graph(adjacency) needs booleans (or the numbers 0 and 1); got dtype "
+                f"{a.dtype} with entries other than 0 and 1."
+            )
+        a = a.astype(bool)
+    empty = np.flatnonzero(~a.any(axis=1))
+    if empty.size:
+        i = int(empty[0])
+        raise ValueError(
+            f"Graph(adjacency): row {i} keeps no key (token {i} attends to nothing, so "
+            f"its softmax has no weights); every row must keep at least one key, e.g. "
+            f"adjacency[{i}, {i}] = True ({empty.size} empty row(s): {empty[:8].tolist()})."
+        )
+    return jnp.asarray(a)
+
+
+class Graph(AbstractMask):
+    """The mask of a directed graph on ``n`` tokens: ``adjacency[i, j]`` True when token
+    ``i`` may attend to token ``j`` (row ``i``: the keys query ``i`` keeps). Every row
+    must keep at least one key; the diagonal need not be kept. The mask is for exactly
+    ``n`` tokens: a model with it refuses any other number (``ValueError`` naming the
+    mask). ``quasi_strongly_connected(adjacency)`` says whether a token is reachable
+    from every token along ``i -> j`` (``i`` attends to ``j``), Wu et al.'s condition
+    for the rank collapse of pure masked attention.
+
+    Args:
+        adjacency: boolean ``(n, n)`` (or the numbers 0 and 1), kept as a boolean array.
+
+    Examples:
+        >>> import numpy as np
+        >>> from attnflow.masks import Graph
+        >>> A = np.array([[1, 1, 0], [0, 1, 1], [1, 0, 1]], bool)  # a directed 3-cycle
+        >>> m = Graph(A)
+        >>> m.describe()
+        ['graph', [[1, 1, 0], [0, 1, 1], [1, 0, 1]]]
+        >>> m.apply(np.zeros((3, 3))).tolist()[0]
+        [0.0, 0.0, -inf]
+    """
+
+    adjacency: Bool[Array, "n n"]
+    name: ClassVar[str] = "graph"
+
+    def __init__(self, adjacency: Any):
+        self.adjacency = _adjacency(adjacency)
+
+    @property
+    def n(self) -> int:
+        """The number of tokens the mask is for."""
+        return int(self.adjacency.shape[0])
+
+    def keep(self, rows: Array, cols: Array) -> Array:
+        n = self.n
+        if cols.shape[0] != n:
+            raise ValueError(
+                f"mask Graph is for n = {n} tokens (its adjacency is {n} x {n}); the "
+                f"attention has {cols.shape[0]} keys: build the Graph for that many tokens."
+            )
+        # rows past n - 1 are the padding of the last query tile (discarded): any row
+        r = jnp.clip(rows, 0, n - 1)
+        c = jnp.clip(cols, 0, n - 1)
+        return self.adjacency[r[:, None], c[None, :]]
+
+    def describe(self) -> list:
+        return ["graph", np.asarray(self.adjacency).astype(int).tolist()]
+
+
+def _reach_graph(adjacency: Any) -> np.ndarray:
+    a = adjacency.adjacency if isinstance(adjacency, Graph) else adjacency
+    a = np.asarray(a)
+    if a.ndim != 2 or a.shape[0] != a.shape[1] or a.shape[0] < 1:
+        raise ValueError(
+            f"adjacency must be a square (n, n) matrix (or a Graph), n >= 1; got shape {a.shape}."
+        )
+    return a.astype(bool)
+
+
+def quasi_strongly_connected(adjacency: Bool[Any, "n n"] | Graph) -> bool:
+    """Whether some token (a root) is reachable from every token in the graph with an
+    edge ``i -> j`` when ``adjacency[i, j]`` (token ``i`` attends to token ``j``).
+
+    Equivalently the graph of the information flow (``j -> i`` when ``i`` attends to
+    ``j``) has a node from which every node is reachable: the quasi-strong connectivity
+    under which Wu, Ajorlou, Wang, Jegelka and Jadbabaie (2024, "On the role of attention
+    masks and LayerNorm in transformers") prove that pure masked attention collapses to
+    rank one exponentially. Decided by the strongly connected components
+    (``scipy.sparse.csgraph``): it holds exactly when one component has no edge out.
+
+    Args:
+        adjacency: boolean ``(n, n)`` (row ``i``: the keys of token ``i``) or a ``Graph``.
+
+    Returns:
+        ``True`` when a root exists.
+
+    Examples:
+        >>> import numpy as np
+        >>> from attnflow.masks import quasi_strongly_connected
+        >>> quasi_strongly_connected(np.tril(np.ones((4, 4), bool)))  # causal: token 0
+        True
+        >>> quasi_strongly_connected(np.eye(3, dtype=bool))  # each token alone
+        False
+    """
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    a = _reach_graph(adjacency)
+    count, label = connected_components(csr_matrix(a), directed=True, connection="strong")
+    i, j = np.nonzero(a)
+    leaves = label[i][label[i] != label[j]]  # components with an edge out
+    return bool(count - np.unique(leaves).size == 1)
+
+
+def random_qsc_graph(n: int, p: float, seed: int) -> Bool[np.ndarray, "n n"]:
+    """A random quasi-strongly connected graph on ``n`` tokens: the diagonal, a random
+    tree along which every token reaches a random root (each token after the first of a
+    random order attends to one token before it), and every other edge with probability
+    ``p``.
+
+    Args:
+        n: tokens (``>= 1``).
+        p: the probability of each further edge, in ``[0, 1]``.
+        seed: the seed of ``numpy.random.default_rng``.
+
+    Returns:
+        boolean ``(n, n)``, row ``i`` the keys of token ``i``; ``Graph(...)`` of it is a
+        mask.
+
+    Examples:
+        >>> from attnflow.masks import quasi_strongly_connected, random_qsc_graph
+        >>> A = random_qsc_graph(6, 0.1, seed=0)
+        >>> A.shape, bool(A.diagonal().all()), quasi_strongly_connected(A)
+        ((6, 6), True, True)
+    """
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n must be a whole number >= 1; got n = {n!r}.")
+    try:
+        q = float(p)
+    except (TypeError, ValueError):
+        q = float("nan")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"p must be a probability in [0, 1]; got p = {p!r}.")
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(int(n))
+    a = rng.uniform(size=(n, n)) < q
+    a[np.arange(n), np.arange(n)] = True
+    for k in range(1, n):
+        a[order[k], order[rng.integers(k)]] = True  # towards order[0], the root
+    return a
+
+
 def check_mask(mask: Any) -> AbstractMask | None:
     """The mask argument of an attention model, checked and normalised to an object.
 
     ``None`` (every token sees every token), ``"causal"`` or ``Causal()``,
     ``("window", w)`` or ``Window(w)`` (an integer ``w >= 0``), the saved forms
-    ``["alibi", slopes]``, ``["rope", base, mask]``, ``["sinkwindow", sinks, w]``, or any
-    ``AbstractMask``.
+    ``["alibi", slopes]``, ``["rope", base, mask]``, ``["sinkwindow", sinks, w]``,
+    ``["graph", adjacency]``, or any ``AbstractMask``.
     ``ValueError`` naming ``mask`` otherwise."""
     if mask is None or isinstance(mask, AbstractMask):
         return mask
@@ -303,10 +476,12 @@ def check_mask(mask: Any) -> AbstractMask | None:
             return RoPE(mask[1], mask[2])
         if mask[0] == "sinkwindow" and len(mask) == 3:
             return SinkWindow(mask[1], mask[2])
+        if mask[0] == "graph" and len(mask) == 2:
+            return Graph(mask[1])
     raise ValueError(
         f"mask must be None, 'causal' or ('window', w) with an integer w >= 0, an "
-        f"attnflow.masks object (Causal, Window, ALiBi, RoPE, SinkWindow) or its saved "
-        f"form; got {mask!r}."
+        f"attnflow.masks object (Causal, Window, ALiBi, RoPE, SinkWindow, Graph) or its "
+        f"saved form; got {mask!r}."
     )
 
 
