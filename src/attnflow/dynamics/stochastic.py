@@ -214,9 +214,11 @@ class _CommonNoise(diffrax.AbstractTerm):
     """The diffusion of the free state ``y``: ``dB -> |y_i| sigma Proj_{x_i}(m_i dB^T) /
     sqrt(d)`` for the standard ``(d, d)`` Brownian motion ``B`` of ``path``. ``vf`` is the
     map's data ``(gain, x, m)`` and ``prod`` applies it to an increment: an
-    ``(n, d) x (d, d)`` product, no ``(n, d, d, d)`` array."""
+    ``(n, d) x (d, d)`` product, no ``(n, d, d, d)`` array. ``average`` (``m`` of the
+    tokens) is held as a function, not the model: the solver then sees no complex leaf of
+    the model (its eigendecomposition) and does not warn about complex states."""
 
-    model: AbstractAttentionSystem
+    average: Any = eqx.field(static=True)
     sigma: Array
     path: Any
     scale: float = eqx.field(static=True)
@@ -225,7 +227,7 @@ class _CommonNoise(diffrax.AbstractTerm):
         del t, args
         r = jnp.linalg.norm(y, axis=-1, keepdims=True)
         x = normalize_rows(y)
-        return r * (self.sigma * self.scale), x, self.model.attend(x, x)
+        return r * (self.sigma * self.scale), x, self.average(x)
 
     def contr(self, t0: Any, t1: Any, **kwargs: Any) -> Array:
         return self.path.evaluate(t0, t1, **kwargs)
@@ -253,7 +255,7 @@ def _em_terms(model: AbstractAttentionSystem, sigma: Array, path: Any) -> diffra
         corr = c * sigma**2 * jnp.sum(m * m, axis=-1, keepdims=True)
         return r * (_tangent(x, F) - corr * x)
 
-    noise = _CommonNoise(model=model, sigma=sigma, path=path, scale=scale)
+    noise = _CommonNoise(average=lambda x: model.attend(x, x), sigma=sigma, path=path, scale=scale)
     return diffrax.MultiTerm(diffrax.ODETerm(drift), noise)
 
 
