@@ -5,9 +5,9 @@ energies of tokens on the sphere (``sphere``), the linear modes of the mean-fiel
 equation and the metastable cluster count they predict (``modes``), one layer at the
 critical long-context scaling ``beta = gamma log n`` (``critical``), measures on the
 circle, particles and mean-field densities alike (``density``), the kinetic
-theory's lost-in-the-middle profile (``position``), the hardmax limit's cells and
-Frank-Wolfe gaps (``hardmax``). Analyses ask a trajectory for its attention and logits;
-they never run a simulation of their own."""
+theory's lost-in-the-middle profile and its measurement on particles (``position``),
+the hardmax limit's cells and Frank-Wolfe gaps (``hardmax``). Analyses ask a trajectory
+for its attention and logits; they never run a simulation of their own."""
 
 import importlib as _importlib
 import sys as _sys
@@ -34,7 +34,15 @@ _WHERE = {
         ),
         ".critical",
     ),
-    **dict.fromkeys(("lost_in_middle_profile", "lost_in_middle_threshold"), ".position"),
+    **dict.fromkeys(
+        (
+            "RetrievalProfile",
+            "lost_in_middle_profile",
+            "lost_in_middle_threshold",
+            "retrieval_profile",
+        ),
+        ".position",
+    ),
     "consensus_distance": ".collapse",
     **dict.fromkeys(("HardmaxCells", "frank_wolfe_gap", "hardmax_cells"), ".hardmax"),
     **dict.fromkeys(
@@ -107,7 +115,12 @@ if _typing.TYPE_CHECKING:
     )
     from .normalization import EquiangularNorm, asymptotic_rate, equiangular_layernorm
     from .observe import Observation, observe_limit
-    from .position import lost_in_middle_profile, lost_in_middle_threshold
+    from .position import (
+        RetrievalProfile,
+        lost_in_middle_profile,
+        lost_in_middle_threshold,
+        retrieval_profile,
+    )
     from .rank import RankTrack, boolean_distance, rank_of, track_rank
     from .regimes import (
         LABELS,
@@ -183,6 +196,8 @@ __all__ = [
     "sphere_gaps",
     "lost_in_middle_profile",
     "lost_in_middle_threshold",
+    "retrieval_profile",
+    "RetrievalProfile",
     "consensus_distance",
     "HardmaxCells",
     "hardmax_cells",
