@@ -24,8 +24,18 @@ from pathlib import Path
 
 import numpy as np
 
+# the protocol's constants, plateau count and interval are fig_modes' own
+from attnflow.experiments.fig_modes import (
+    ATOL,
+    PLATEAU,
+    RTOL,
+    SAVES,
+    THRESHOLD,
+    plateau_count,
+    plateau_interval,
+)
+
 BETAS = (1.0, 2.0, 3.0, 5.0, 8.0, 10.0, 20.0, 32.0, 100.0)
-THRESHOLD, RTOL, ATOL, SAVES, PLATEAU = 0.99, 1e-8, 1e-10, 61, (3.0, 6.0)
 
 
 def _save(path: Path, rows: list[dict]) -> None:
@@ -36,8 +46,6 @@ def _save(path: Path, rows: list[dict]) -> None:
 
 def one(n: int, beta: float, seeds: int, seed: int) -> dict:
     """The plateau counts of ``seeds`` runs of ``n`` tokens at ``beta``."""
-    from scipy import stats
-
     import attnflow as af
 
     pred = af.predict_metastable(beta)
@@ -51,17 +59,8 @@ def one(n: int, beta: float, seeds: int, seed: int) -> dict:
         af.IsotropicAttention(2, beta=beta), x0, ts[-1], ts=ts, frame="sphere", rtol=RTOL, atol=ATOL
     )
     counts = np.asarray(af.count_clusters(traj, threshold=THRESHOLD))
-    window = (ts / T >= PLATEAU[0]) & (ts / T <= PLATEAU[1])
-    plateau = []
-    for c in counts:
-        values, freq = np.unique(c[window], return_counts=True)
-        plateau.append(int(values[np.argmax(freq)]))
-    mean = float(np.mean(plateau))
-    lo = hi = mean
-    if seeds > 1 and np.std(plateau) > 0:
-        lo, hi = (
-            float(v) for v in stats.t.interval(0.95, seeds - 1, loc=mean, scale=stats.sem(plateau))
-        )
+    plateau = [plateau_count(ts / T, c) for c in counts]
+    mean, lo, hi = plateau_interval(plateau)
     return dict(
         n=n,
         beta=beta,

@@ -46,6 +46,18 @@ def plateau_count(ts_over_T: np.ndarray, counts: np.ndarray) -> int:
     return int(values[np.argmax(freq)])
 
 
+def plateau_interval(plateau: list[int]) -> tuple[float, float, float]:
+    """The mean of the plateau counts of the seeds and its 95% t-interval (the mean itself
+    when there is one seed or no spread)."""
+    from scipy import stats
+
+    mean = float(np.mean(plateau))
+    if len(plateau) < 2 or np.std(plateau) == 0:
+        return mean, mean, mean
+    lo, hi = stats.t.interval(0.95, len(plateau) - 1, loc=mean, scale=stats.sem(plateau))
+    return mean, float(lo), float(hi)
+
+
 def compute(quick: bool) -> F.Data:
     """Count the clusters of every seed and beta over time; the plateau counts.
 
@@ -59,7 +71,6 @@ def compute(quick: bool) -> F.Data:
         ``b{i}_counts`` ``(seeds, saves)`` and ``b{i}_ts_over_T``.
     """
     H.setup()
-    from scipy import stats
 
     import attnflow as af
 
@@ -86,11 +97,7 @@ def compute(quick: bool) -> F.Data:
         )
         counts = np.asarray(af.count_clusters(traj, threshold=THRESHOLD))  # (seeds, m)
         plateau = [plateau_count(ts / T, c) for c in counts]
-        mean = float(np.mean(plateau))
-        if seeds > 1 and np.std(plateau) > 0:
-            lo, hi = stats.t.interval(0.95, seeds - 1, loc=mean, scale=stats.sem(plateau))
-        else:
-            lo = hi = mean
+        mean, lo, hi = plateau_interval(plateau)
         arrays[f"b{i}_counts"] = counts
         arrays[f"b{i}_ts_over_T"] = ts / T
         runs.append(
