@@ -392,7 +392,8 @@ def simulate_noisy(
         >>> model = af.IsotropicAttention(3, beta=1.0)
         >>> x0 = np.random.default_rng(0).normal(size=(8, 3))
         >>> traj = simulate_noisy(model, x0, 1.0, noise=Noise(0.5, seed=0), dt=0.125)
-        >>> traj.x.shape, traj.solver["noise"]["seed"]
+        >>> recorded = traj.solver["noise"]
+        >>> traj.x.shape, recorded["seed"]
         ((2, 8, 3), 0)
     """
     started = time.perf_counter()
