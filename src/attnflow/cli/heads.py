@@ -55,7 +55,9 @@ def heads(
     beta = 1/sqrt(d_h), biases ignored. The layout (BERT, ALBERT, GPT-2, Llama-style with
     grouped keys and values, rotary positions, QK norm) is read from config.json and the
     tensor names; with grouped-query attention each query head is paired with its
-    key/value group. The spectra are computed in float64; --x64
+    key/value group; with learned QK-norm gains (Qwen3, OLMo-2) each head also gets the
+    bound of its logit spread, 2B with B = beta p max|w_q| max|w_k|. The spectra are
+    computed in float64; --x64
     (the default) also keeps the --dynamics runs in float64, which their horizons need.
 
     \b

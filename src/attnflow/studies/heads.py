@@ -113,6 +113,12 @@ class HeadReport:
         label, theorem, reason: ``predict_regime(Q_h, K_h, V_h)``.
         beta: the head's inverse temperature (recorded; it changes no label).
         rank_V: numerical rank of V_h; n_positive: eigenvalues with positive real part.
+        logit_bound: for a head with learned QK-norm gains (Llama-style layouts: Qwen3,
+            OLMo-2), ``B`` with every logit in ``[-B, B]`` whatever the tokens
+            (``TrainedHead.logit_bound``; per head ``beta p max|w_q| max|w_k|``,
+            ``attnflow.kernels.qknorm_logit_bound``), else None; logit_spread: ``2 B``,
+            the most a row of logits can spread, a cap that the softmax dynamics of the
+            theorems (whose logits grow without bound) do not have.
     """
 
     layer: int
@@ -133,6 +139,8 @@ class HeadReport:
     beta: float
     rank_V: int
     n_positive: int
+    logit_bound: float | None = None
+    logit_spread: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -162,6 +170,7 @@ def _report(hw: HeadWeights, rtol: float, reduce: bool = True) -> tuple[HeadRepo
         pd = bool(np.linalg.eigvalsh((M + M.T) / 2).min() > rtol * max(scale, 1e-300))
     sv = np.linalg.svd(V, compute_uv=False)
     rank = int((sv > hw.d * np.finfo(float).eps * sv[0]).sum()) if sv[0] > 0 else 0
+    bound = hw.logit_bound() if isinstance(hw, TrainedHead) else None
     rep = HeadReport(
         layer=hw.layer,
         head=hw.head,
@@ -181,6 +190,8 @@ def _report(hw: HeadWeights, rtol: float, reduce: bool = True) -> tuple[HeadRepo
         beta=float(hw.beta),
         rank_V=rank,
         n_positive=int((np.real(w) > lead.tol).sum()),
+        logit_bound=bound,
+        logit_spread=None if bound is None else 2.0 * bound,
     )
     return rep, reg
 
@@ -258,9 +269,10 @@ class HeadsAnalysis:
             flags = "".join("x" if f else "." for f in (h.real, h.positive, h.simple, h.dominant))
             qk = f"{h.qk_phi1:+.4g}" if h.qk_phi1 is not None else "-"
             why = h.reason.split(". (")[0]
+            spread = "" if h.logit_spread is None else f" [QK norm: spread <= {h.logit_spread:.4g}]"
             lines.append(
                 f"{h.layer:2d} {h.head:2d} {lam:>19} {h.lambda2_abs:10.4f} {flags} "
-                f"{qk:>12}  {h.label:<12} {why}"
+                f"{qk:>12}  {h.label:<12} {why}{spread}"
             )
         lines.append("flags: R real, + positive, S simple, D dominant (lambda_1 > |lambda_2|)")
         lines.append("counts: " + ", ".join(f"{k} {v}" for k, v in self.counts.items()))
@@ -274,6 +286,14 @@ class HeadsAnalysis:
             f"complex {hy['lambda1_complex']}, real negative {hy['lambda1_negative']}, real "
             f"positive {hy['lambda1_real_positive']}."
         )
+        spreads = [h.logit_spread for h in self.heads if h.logit_spread is not None]
+        if spreads:
+            lines.append(
+                f"QK norm: {len(spreads)} of {n} heads have learned gains; the logits of a "
+                f"row spread over at most 2B = {min(spreads):.4g} to {max(spreads):.4g} "
+                f"(B = beta sqrt(w_q w_k) max|g_q| max|g_k|, w the widths normalised "
+                f"together, p per head): no softmax row gets harder than that."
+            )
         return "\n".join(lines)
 
 
