@@ -53,6 +53,7 @@ CLI_ARGS = [
             "heads",
             "dispersion",
             "retrieval",
+            "longcontext",
             "figures",
             "cache",
         )

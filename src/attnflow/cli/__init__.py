@@ -59,6 +59,7 @@ from . import dispersion as _dispersion
 from . import figures as _figures
 from . import ginibre as _ginibre
 from . import heads as _heads
+from . import longcontext as _longcontext
 from . import modes as _modes
 from . import rank as _rank
 from . import retrieval as _retrieval
@@ -156,6 +157,7 @@ for _module, _name in (
     (_heads, "heads"),
     (_dispersion, "dispersion"),
     (_retrieval, "retrieval"),
+    (_longcontext, "longcontext"),
     (_figures, "figures"),
 ):
     app.command(name=_name, short_help=_module.SHORT_HELP)(getattr(_module, _name))

@@ -1,0 +1,105 @@
+"""``attnflow longcontext``: the long-context test of QK norm with a sink or a gate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from .. import _checks
+from . import _common as common
+from . import _options as opt
+
+SHORT_HELP = "QK norm with a sink or a gate at long context: train at n, read at up to 256 n."
+
+if TYPE_CHECKING:
+    Tier = opt.Choice
+else:
+    Tier = opt._choices("Tier", ("A", "B", "both"))
+
+
+def longcontext(
+    quick: bool = typer.Option(
+        False, "--quick", help="tiny models and few sets (seconds a model; for tests)"
+    ),
+    tier: Tier = typer.Option(
+        Tier("both"),
+        "--tier",
+        help="A: one head, needle or null; B: the small causal decoder; both",
+    ),
+    seeds: int = typer.Option(
+        2, "--seeds", callback=opt.checked(_checks.integer, lo=1), help="seeds per variant"
+    ),
+    variants: str | None = typer.Option(
+        None,
+        "--variants",
+        help="comma list of variants to train (default: all of each tier; the decision "
+        "rule needs the baseline, qknorm, qknorm+sink and qknorm+gate)",
+    ),
+    out: Path = opt.out_dir(Path("figures"), "folder of longcontext.json"),
+    cache: Path | None = typer.Option(
+        None,
+        "--cache",
+        help="folder of the trained models (default: <out>/longcontext_models); finished "
+        "models are reused, interrupted trainings resumed",
+    ),
+    retrain: bool = typer.Option(
+        False, "--retrain", help="train again even where a finished model is cached"
+    ),
+    as_json: bool = opt.as_json(),
+):
+    """Train each variant (softmax or plain, qknorm, qknorm+sink, qknorm+gate,
+    qknorm+sink+gate; tier A also ssmax) at one length, read it at 1x to 256x that length
+    (QK-norm variants also with their logits times log(n)/log(n_train)), pool the seeds,
+    and apply the pre-registered rule of docs/longcontext.md: does a sink or a gate take
+    away the QK-norm cost? Writes <out>/longcontext.json. Arithmetic is float32.
+
+    \b
+    Example:
+      attnflow longcontext --tier A --quick --seeds 1 --json"""
+    tiers = ("A", "B") if common.value(tier) == "both" else (common.value(tier),)
+    names = None if variants is None else tuple(v for v in variants.split(",") if v)
+    if names is not None and not names:
+        raise common.CLIError("--variants must be a comma list of variant names.")
+    if cache is not None:
+        _checks.output_dir("--cache", cache)
+    common.setup_cache()  # before JAX is imported: the quiet XLA log level
+    from ..studies import longcontext as LC
+
+    try:
+        res = LC.run_study(
+            tiers,
+            quick=quick,
+            seeds=seeds,
+            cache_dir=cache if cache is not None else Path(out) / "longcontext_models",
+            out=out,
+            variants=names,
+            retrain=retrain,
+            progress=not as_json,
+        )
+    except ValueError as exc:
+        if "variant" in str(exc) or "tier" in str(exc):
+            raise common.CLIError(str(exc)) from None
+        raise
+    if as_json:
+        common.emit_json(res.data)
+        return
+    for t in tiers:
+        summary = res.data["tiers"][t]["summary"]["plain"]
+        lengths = res.data["settings"][f"tier_{t}"]["lengths"]
+        typer.echo(f"tier {t}: accuracy % (present / absent) at n = {lengths}")
+        for variant, s in summary.items():
+            cells = [
+                f"{_pct(p)}/{_pct(a)}"
+                for p, a in zip(s["present"]["accuracy"], s["absent"]["accuracy"])
+            ]
+            typer.echo(f"  {variant:>17} " + " ".join(f"{c:>11}" for c in cells))
+        typer.echo(f"  verdict: {res.verdict(t)}")
+    if quick:
+        typer.echo("--quick: tiny models; these numbers say nothing about the variants.")
+    typer.echo(f"wrote {Path(out) / 'longcontext.json'}")
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}"

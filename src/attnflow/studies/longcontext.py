@@ -1,0 +1,451 @@
+"""The long-context test of QK norm with a sink or a gate (Bertsch et al. 2026's open test).
+
+QK norm bounds a head's logit spread by its weights, and with it the logit gap a needle
+can have over ``n`` keys and the height a sink can stand above them. The study trains
+models with and without QK norm, and with QK norm plus a learned sink, an output gate or
+both, at one length, reads them at 1x to 256x that length, and applies the decision
+rule of docs/longcontext.md (written before the study was run; ``decide``).
+
+Tier A (``_longcontext_task``): one head over a set of key-value items, the query
+present once or absent (answer NULL); variants ``VARIANTS``. Tier B
+(``attnflow.studies._decoder``): a small causal decoder, its ``VARIANTS``, read through
+``evaluate_decoder`` and ``heads_through_dynamics``. Both return ``AttentionReadout``s
+(``_readout``), summarised by ``_longcontext_stats``.
+
+Contract. ``run_study`` trains or reuses every model (cached under ``cache_dir``, an
+interrupted training resumed bit for bit), reads each at every length of its tier
+(``reading="plain"``; QK-norm variants also ``"scaled"``: logits times
+``log(n)/log(n_train)``), and returns a ``LongContextResult``: per model its config,
+training record, learned parameters (tier B: its heads through the dynamics) and
+per-length statistics; per tier and reading the seeds pooled per variant and half
+(accuracy, interval, halving length, entropy, sink and needle masses); the fits of
+accuracy on sink mass and on entropy; the dispersion-cap check; the rule's decision.
+``LongContextResult.save`` writes it as JSON and ``load`` reads it back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..dynamics import kernels as _kernels
+from ._longcontext_stats import (
+    HALVES,
+    RULE,
+    decide,
+    fit_line,
+    halving_length,
+    pooled,
+    readout_stats,
+)
+from ._longcontext_task import (
+    VARIANTS,
+    NeedleConfig,
+    NeedleModel,
+    evaluate,
+    load_or_train,
+    sample_needles,
+    train,
+    validation,
+)
+
+__all__ = [
+    "VARIANTS",
+    "NeedleConfig",
+    "NeedleModel",
+    "sample_needles",
+    "train",
+    "load_or_train",
+    "evaluate",
+    "validation",
+    "learned",
+    "readout_stats",
+    "halving_length",
+    "fit_line",
+    "decide",
+    "RULE",
+    "FACTORS",
+    "LongContextResult",
+    "run_study",
+    "tier_setup",
+]
+
+FACTORS = (1, 4, 16, 64, 256)  # lengths read, in multiples of the training length
+BASELINE = {"A": "softmax", "B": "plain"}
+CANDIDATES = ("qknorm+sink", "qknorm+gate")
+COMBINED = "qknorm+sink+gate"
+_MEANS = (
+    "entropy",
+    "entropy_norm",
+    "total_sink",
+    "sink_mass",
+    "first_mass",
+    "logit_spread",
+    "gate",
+)
+_PRESENT_MEANS = ("needle_mass", "needle_gap", "cap")
+
+
+def _decoder():
+    try:
+        from . import _decoder as D  # pyright: ignore[reportAttributeAccessIssue]
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__package__}._decoder":
+            raise
+        raise ValueError(
+            "tier 'B' needs attnflow.studies._decoder (the small causal decoder), which is "
+            "not in this installation; run tier 'A' only (--tier A)."
+        ) from None
+    return D
+
+
+def tier_setup(tier: str, quick: bool) -> dict[str, Any]:
+    """A tier's variants, its configuration maker ``make(variant, seed)``, training
+    length, lengths read and sequences per length."""
+    if tier == "A":
+        make = NeedleConfig.quick if quick else (lambda v, s: NeedleConfig(variant=v, seed=s))
+        n0 = make(VARIANTS[0], 0).n_train
+        factors = FACTORS[:4] if quick else FACTORS
+        return dict(
+            variants=VARIANTS,
+            make=make,
+            train_length=n0,
+            lengths=[n0 * f for f in factors],
+            sequences=512 if quick else 4096,
+        )
+    if tier == "B":
+        D = _decoder()
+        make = D.DecoderConfig.quick if quick else (lambda v, s: D.DecoderConfig(variant=v, seed=s))
+        n0 = int(make(D.VARIANTS[0], 0).train_length)
+        return dict(
+            variants=tuple(D.VARIANTS),
+            make=make,
+            train_length=n0,
+            lengths=[n0 * f for f in FACTORS[:4]],
+            sequences=32 if quick else 256,
+        )
+    raise ValueError(f"tier must be 'A' or 'B'; got {tier!r}.")
+
+
+@dataclasses.dataclass
+class LongContextResult:
+    """What ``run_study`` returns (a plain-JSON dict in ``data``; see the module
+    docstring): ``data["models"]`` (one dict per trained model), ``data["tiers"]``
+    (per tier: ``summary``, ``fits``, ``cap``, ``decision``, ``verdict``),
+    ``data["settings"]``."""
+
+    data: dict[str, Any]
+
+    def save(self, path: str | Path) -> Path:
+        """Write the result as JSON to ``path``; returns the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.data, indent=1, allow_nan=False) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> LongContextResult:
+        """The result saved at ``path`` (a ``ValueError`` naming the file when it is not
+        one)."""
+        from ..io.files import read_json
+
+        data = read_json(path, kind="long-context result")
+        for key in ("models", "tiers", "settings"):
+            if key not in data:
+                raise ValueError(f"{str(path)!r} is not a long-context result (no {key!r}).")
+        return cls(data)
+
+    def verdict(self, tier: str) -> str:
+        """The rule's verdict for ``tier`` in one sentence."""
+        return str(self.data["tiers"][tier]["verdict"])
+
+    def accuracy(
+        self, tier: str, variant: str, half: str = "all", reading: str = "plain"
+    ) -> list[float | None]:
+        """Pooled accuracy of ``variant`` at each length of the tier."""
+        return self.data["tiers"][tier]["summary"][reading][variant][half]["accuracy"]
+
+
+def learned(model: NeedleModel) -> dict[str, Any]:
+    """The kernel's learned parameters and the gate's bias, JSON-ready: QK-norm gains
+    (mean, min, max each) and their logit bound ``beta w max|wq| max|wk|``, the sink
+    logit ``b``, ssmax's ``s``."""
+    k = model.kernel
+    out: dict[str, Any] = {"kernel": k.describe()}
+    if isinstance(k, (_kernels.QKNorm, _kernels.QKNormSink)) and k.wq is not None:
+        for name in ("wq", "wk"):
+            a = np.asarray(getattr(k, name), np.float64)
+            out[name] = dict(mean=float(a.mean()), min=float(a.min()), max=float(a.max()))
+        w = model.Wq.shape[0]
+        out["logit_bound"] = _kernels.qknorm_logit_bound(k, 1.0 / math.sqrt(w), w)
+    if isinstance(k, _kernels.QKNormSink):
+        out["b"] = float(k.b)
+    if isinstance(k, _kernels.SSMax):
+        out["s"] = float(k.s)
+    if model.bg is not None:
+        out["gate_bias_mean"] = float(np.mean(np.asarray(model.bg)))
+    return out
+
+
+def _train_and_read(
+    tier: str, setup: dict, variant: str, seed: int, cache: Path, *, retrain: bool, progress: bool
+) -> dict[str, Any]:
+    cfg = setup["make"](variant, seed)
+    n0, lengths, m = setup["train_length"], setup["lengths"], setup["sequences"]
+    entry: dict[str, Any] = dict(
+        tier=tier,
+        variant=variant,
+        seed=seed,
+        config=cfg.to_dict() if hasattr(cfg, "to_dict") else dataclasses.asdict(cfg),
+    )
+    if tier == "A":
+        model, record, reused = load_or_train(cfg, cache / "A", progress=progress, retrain=retrain)
+        entry.update(record=record, reused=reused, learned=learned(model))
+
+        def read(n: int, scale: float):
+            return evaluate(model, cfg, n, sequences=m, seed=12345, logit_scale=scale)
+    else:
+        D = _decoder()
+        model, record = D.load_or_train_decoder(
+            cfg, cache / "B", retrain=retrain, progress=progress
+        )
+        entry.update(record=record, heads=D.heads_through_dynamics(model, cfg))
+
+        def read(n: int, scale: float):
+            return D.evaluate_decoder(model, cfg, n, sequences=m, seed=12345, logit_scale=scale)
+
+    readings = {"plain": [readout_stats(read(n, 1.0)) for n in lengths]}
+    if variant.startswith("qknorm"):
+        readings["scaled"] = [readout_stats(read(n, math.log(n) / math.log(n0))) for n in lengths]
+    entry["readings"] = readings
+    return entry
+
+
+def _head_mean(stats: dict, half: str, name: str) -> float | None:
+    vals = [v for row in stats["heads"][half].get(name, []) for v in row if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _summarise(models: list[dict], setup: dict, tier: str) -> dict[str, Any]:
+    lengths = setup["lengths"]
+    summary: dict[str, Any] = {}
+    for reading in ("plain", "scaled"):
+        per: dict[str, Any] = {}
+        for variant in setup["variants"]:
+            runs = [e for e in models if e["variant"] == variant and reading in e["readings"]]
+            if not runs:
+                continue
+            per[variant] = {}
+            for half in HALVES:
+                rows = [
+                    pooled(
+                        [
+                            (
+                                e["readings"][reading][i]["correct"][half],
+                                e["readings"][reading][i]["count"][half],
+                            )
+                            for e in runs
+                        ]
+                    )
+                    for i in range(len(lengths))
+                ]
+                acc = [r["accuracy"] for r in rows]
+                out: dict[str, Any] = dict(
+                    lengths=lengths,
+                    accuracy=acc,
+                    interval=[r["interval"] for r in rows],
+                    correct=[r["correct"] for r in rows],
+                    total=[r["total"] for r in rows],
+                    halving_length=halving_length(lengths, acc),
+                )
+                names = _MEANS + (_PRESENT_MEANS if half == "present" else ())
+                for name in names:
+                    col = []
+                    for i in range(len(lengths)):
+                        v = [_head_mean(e["readings"][reading][i], half, name) for e in runs]
+                        v = [x for x in v if x is not None]
+                        col.append(sum(v) / len(v) if v else None)
+                    out[name] = col
+                per[variant][half] = out
+            per[variant]["sink_heads"] = [
+                sum(e["readings"][reading][i]["sink_heads"] for e in runs) / len(runs)
+                for i in range(len(lengths))
+            ]
+            per[variant]["first_heads"] = [
+                sum(e["readings"][reading][i]["first_heads"] for e in runs) / len(runs)
+                for i in range(len(lengths))
+            ]
+        summary[reading] = per
+    fits: dict[str, Any] = {}
+    for half in HALVES:
+        pts: list[tuple[float, float, float]] = []
+        for st in (st for e in models for st in e["readings"]["plain"]):
+            a, b = st["accuracy"][half], _head_mean(st, half, "total_sink")
+            c = _head_mean(st, half, "entropy_norm")
+            if a is not None and b is not None and c is not None:
+                pts.append((float(a), b, c))
+        fits[half] = dict(
+            sink_mass=fit_line([p[1] for p in pts], [p[0] for p in pts]),
+            entropy_norm=fit_line([p[2] for p in pts], [p[0] for p in pts]),
+            points=[[p[1], p[2], p[0]] for p in pts],
+        )
+    checks = [st["cap_check"] for e in models for r in e["readings"].values() for st in r]
+    excess = [c["max_excess"] for c in checks if c["max_excess"] is not None]
+    shortfall = [c["max_floor_shortfall"] for c in checks if c["max_floor_shortfall"] is not None]
+    cap = dict(
+        cap_ok=all(c["cap_ok"] for c in checks),
+        floor_ok=all(c["floor_ok"] for c in checks),
+        max_excess=max(excess) if excess else None,
+        max_floor_shortfall=max(shortfall) if shortfall else None,
+    )
+    decision = {}
+    base, n0 = BASELINE[tier], setup["train_length"]
+    available = set(summary["plain"])
+    wanted = {base, "qknorm", *CANDIDATES, COMBINED}
+    if not wanted - {COMBINED} <= available:
+        missing = sorted(wanted - {COMBINED} - available)
+        return dict(
+            summary=summary,
+            fits=fits,
+            cap=cap,
+            decision=None,
+            verdict=f"the rule needs the variants {missing}, not trained here",
+        )
+    for half in HALVES:
+        table = {
+            v: {
+                n: (c, t)
+                for n, c, t in zip(
+                    lengths,
+                    summary["plain"][v][half]["correct"],
+                    summary["plain"][v][half]["total"],
+                )
+            }
+            for v in wanted & available
+        }
+        decision[half] = decide(table, baseline=base, candidates=CANDIDATES, train_length=n0)
+        if COMBINED in available:
+            decision[half]["combined"] = decide(
+                table, baseline=base, candidates=(COMBINED,), train_length=n0
+            )["candidates"][COMBINED]
+    return dict(
+        summary=summary, fits=fits, cap=cap, decision=decision, verdict=_verdict(decision, base)
+    )
+
+
+def _verdict(decision: dict[str, Any], base: str) -> str:
+    d = decision["all"]
+    if d["no_cost"]:
+        head = f"no QK-norm cost at 16x and 64x (QK norm within the {base} interval)"
+    elif d["goes_away"]:
+        head = f"the QK-norm cost goes away with {' and '.join(d['passed_by'])}"
+    else:
+        head = "the QK-norm cost does not go away with a sink or a gate"
+    parts = []
+    for half in ("absent", "present"):
+        h = decision[half]
+        if h["no_cost"]:
+            parts.append(f"{half} half: no cost")
+        elif h["goes_away"]:
+            parts.append(f"{half} half: closed by {' and '.join(h['passed_by'])}")
+        else:
+            parts.append(f"{half} half: not closed")
+    return f"{head} ({'; '.join(parts)})."
+
+
+def run_study(
+    tiers: Sequence[str] = ("A", "B"),
+    *,
+    quick: bool = False,
+    seeds: int = 2,
+    cache_dir: str | Path,
+    out: str | Path | None = None,
+    variants: Sequence[str] | None = None,
+    retrain: bool = False,
+    progress: bool = True,
+) -> LongContextResult:
+    """Train (or reuse) and read every model of ``tiers``; aggregate, decide, save.
+
+    Args:
+        tiers: ``"A"`` (one head, needle or null) and/or ``"B"`` (the decoder).
+        quick: tiny configurations (seconds a model; for tests).
+        seeds: seeds per variant (0, 1, ...).
+        cache_dir: where trained models are kept (``A/`` and ``B/``), reused when their
+            configuration matches, resumed when their training was interrupted.
+        out: when given, the result is written to ``out/longcontext.json``.
+        variants: a subset of the tier's variants (default: all; the rule needs its
+            baseline, ``qknorm`` and the candidates).
+        retrain: train again even where a finished model is cached.
+        progress: progress bars.
+
+    Returns:
+        The ``LongContextResult``.
+
+    Example:
+        >>> import tempfile
+        >>> from attnflow.studies.longcontext import run_study
+        >>> res = run_study(("A",), quick=True, seeds=1, variants=("softmax",),
+        ...                 cache_dir=tempfile.mkdtemp(), progress=False)
+        >>> settings, tier = res.data["settings"], res.data["tiers"]
+        >>> settings["tier_A"].get("lengths"), tier["A"].get("cap").get("cap_ok")
+        ([16, 64, 256, 1024], True)
+        >>> res.accuracy("A", "softmax", "present")[0] > 0.9  # at the training length
+        True
+    """
+    from tqdm.auto import tqdm
+
+    from .._meta import run_metadata
+
+    tiers = tuple(dict.fromkeys(tiers))
+    if not tiers or any(t not in ("A", "B") for t in tiers):
+        raise ValueError(f"tiers must be a non-empty selection of 'A' and 'B'; got {tiers!r}.")
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"seeds must be a whole number >= 1; got {seeds!r}.")
+    cache = Path(cache_dir)
+    setups = {t: tier_setup(t, quick) for t in tiers}
+    if variants is not None:
+        for t, s in setups.items():
+            bad = [v for v in variants if v not in s["variants"]]
+            if bad:
+                raise ValueError(
+                    f"variants: tier {t} has no variant {bad[0]!r} "
+                    f"(its variants: {', '.join(s['variants'])})."
+                )
+            s["variants"] = tuple(v for v in s["variants"] if v in variants)
+    jobs = [(t, v, s) for t in tiers for v in setups[t]["variants"] for s in range(seeds)]
+    models = []
+    for t, v, s in tqdm(jobs, desc="long-context models", disable=not progress):
+        models.append(
+            _train_and_read(t, setups[t], v, s, cache, retrain=retrain, progress=progress)
+        )
+    data: dict[str, Any] = dict(
+        settings=dict(
+            quick=bool(quick),
+            seeds=seeds,
+            tiers=list(tiers),
+            rule=RULE,
+            **{
+                f"tier_{t}": dict(
+                    variants=list(s["variants"]),
+                    train_length=s["train_length"],
+                    lengths=s["lengths"],
+                    sequences=s["sequences"],
+                    baseline=BASELINE[t],
+                )
+                for t, s in setups.items()
+            },
+            versions=run_metadata(),
+        ),
+        models=models,
+        tiers={t: _summarise([e for e in models if e["tier"] == t], setups[t], t) for t in tiers},
+    )
+    result = LongContextResult(json.loads(json.dumps(data, allow_nan=False)))
+    if out is not None:
+        result.save(Path(out) / "longcontext.json")
+    return result
