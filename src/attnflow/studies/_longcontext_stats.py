@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from .._stats import binomial_interval
-from ._readout import AttentionReadout
+from ._readout import ROW_FIELDS, AttentionReadout
 
 __all__ = [
     "HALVES",
@@ -101,18 +101,7 @@ def readout_stats(r: AttentionReadout) -> dict[str, Any]:
         out["count"][half], out["correct"][half] = t, k
         out["accuracy"][half] = k / t if t else None
         out["interval"][half] = list(binomial_interval(k, t)) if t else None
-    f = {
-        name: np.asarray(getattr(r, name), np.float64)
-        for name in (
-            "entropy",
-            "first_mass",
-            "sink_mass",
-            "needle_mass",
-            "logit_spread",
-            "needle_gap",
-            "gate",
-        )
-    }
+    f = {name: np.asarray(getattr(r, name), np.float64) for name in ROW_FIELDS}
     f["entropy_norm"] = f["entropy"] / np.log(np.maximum(n, 2.0))[None, None, :]
     f["total_sink"] = f["first_mass"] + f["sink_mass"]
     f["cap"] = _share(f["logit_spread"], n[None, None, :])
