@@ -80,6 +80,15 @@ def no_minilm(monkeypatch):
     )
 
 
+def pytest_runtest_teardown(item, nextitem):
+    """A worker runs hundreds of tests that compile thousands of distinct programs:
+    XLA:CPU maps each program's code in ~20 memory regions and Linux allows a process
+    65,530, past which LLVM fails to allocate and the worker aborts. Past
+    attnflow._cache.MAX_MEMORY_REGIONS, JAX's in-memory caches are dropped (programs
+    still needed are read back from the suite's persistent cache)."""
+    _cache.release_compiled_programs()
+
+
 def pytest_sessionfinish(session, exitstatus):
     if os.environ.get(_OWNER) == str(os.getpid()):  # the controller, after the workers
         if _FRESH:

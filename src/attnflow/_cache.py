@@ -44,6 +44,8 @@ __all__ = [
     "cache_enabled_by_env",
     "cache_info",
     "clear_cache",
+    "memory_regions",
+    "release_compiled_programs",
 ]
 
 _OFF = ("0", "false", "no", "off")
@@ -168,6 +170,46 @@ def enable_compilation_cache(
         for name, value in settings.items():
             os.environ[name.upper()] = str(value)
     return directory
+
+
+# XLA:CPU maps each compiled program's code into about 20 memory regions, and Linux lets
+# a process hold vm.max_map_count of them (65,530 by default): a process that keeps
+# ~3,000 programs alive fails inside LLVM ("Cannot allocate memory") and then aborts.
+# Long-lived processes that compile many distinct programs (the figure runner's
+# workers, the test suite's) drop JAX's in-memory caches past this many regions.
+MAX_MEMORY_REGIONS = 30_000
+
+
+def memory_regions() -> int | None:
+    """The memory regions this process maps (``/proc/self/maps``), None where the OS
+    does not say (not Linux)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
+def release_compiled_programs(limit: int = MAX_MEMORY_REGIONS) -> bool:
+    """Drop JAX's in-memory caches of traced and compiled programs once this process
+    maps more than ``limit`` memory regions; True when it did.
+
+    A later call of a dropped program traces it again and reads it back from the
+    persistent cache (or compiles it). Nothing is done where the region count is unknown
+    or JAX is not imported.
+
+    Args:
+        limit: the region count past which the caches are dropped.
+    """
+    if "jax" not in sys.modules:
+        return False
+    count = memory_regions()
+    if count is None or count <= limit:
+        return False
+    import jax
+
+    jax.clear_caches()
+    return True
 
 
 def quiet_xla_log() -> None:

@@ -47,7 +47,7 @@ import traceback
 from concurrent.futures import as_completed
 from pathlib import Path
 
-from .. import _parallel
+from .. import _cache, _parallel
 
 __all__ = ["find_experiments", "list_figures", "run_figures", "default_jobs"]
 
@@ -126,6 +126,10 @@ def _run_one(exp_dir: str, name: str, out: str, quick: bool) -> tuple:
     except Exception as exc:  # keep going: one broken script must not hide the rest
         said = f"\nit printed:\n{printed.getvalue()}" if printed.getvalue() else ""
         return name, None, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}{said}"
+    finally:
+        # a worker runs script after script: keep its compiled programs under the
+        # process's memory-map limit (attnflow._cache.MAX_MEMORY_REGIONS)
+        _cache.release_compiled_programs()
 
 
 def _package_digest() -> str:
