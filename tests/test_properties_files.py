@@ -880,6 +880,34 @@ def test_an_npy_header_declaring_another_size_is_refused(request, tmp_path, name
     assert peak < 20 * 2**20, f"{peak / 2**20:.0f} MB allocated reading a crafted file"
 
 
+@pytest.mark.parametrize("name", NPZ_CASES)
+def test_a_directory_read_as_a_shorter_one_is_refused(request, tmp_path, name):
+    """A central directory that zipfile reads, without an error, as a shorter one (one
+    flipped bit in an entry's extra-field length did it: hypothesis found a trajectory
+    that loaded without its x0, its statistics and its hash). Crafted here by cutting the
+    last entry out of the directory and its size: the end record still counts it, and
+    the file is refused."""
+    case = _case(request, name)
+    raw = case.files[case.target]
+    with zipfile.ZipFile(io.BytesIO(raw)) as zf:
+        entries, cd = len(zf.infolist()), zf.start_dir
+    if entries < 2:
+        pytest.skip("one array: no entry can vanish")
+    at = cd
+    for _ in range(entries - 1):  # to the last entry
+        n, m, k = struct.unpack_from("<HHH", raw, at + 28)
+        at += 46 + n + m + k
+    n, m, k = struct.unpack_from("<HHH", raw, at + 28)
+    cut = 46 + n + m + k
+    out = bytearray(raw[:at] + raw[at + cut :])
+    eocd = out.rfind(b"PK\x05\x06")
+    (size_cd,) = struct.unpack_from("<I", out, eocd + 12)
+    struct.pack_into("<I", out, eocd + 12, size_cd - cut)
+    with zipfile.ZipFile(io.BytesIO(bytes(out))) as zf:  # zipfile reads one entry less
+        assert len(zf.infolist()) == entries - 1
+    case.check(tmp_path, bytes(out), must_refuse=True)
+
+
 def _forge_sizes(raw: bytes, name: str, size: int) -> bytes:
     """A stored (uncompressed) archive whose member ``name`` claims ``size`` bytes in
     both its local and its central directory header."""

@@ -11,7 +11,8 @@ bytes), the hash that sweep shards and trajectory files record.
 Reading. ``read_npz`` and ``read_npy`` return the arrays numpy's ``np.load`` would
 return (same dtypes, shapes, order and bytes; never a pickle), or raise one ``BadFile``
 (a ``ValueError``) that names the file and says what is wrong: not a zip archive,
-truncated, a damaged member (the zip CRC-32 of every member read is checked), a member
+truncated, a damaged member (the zip CRC-32 of every member read is checked), a zip
+directory that lists fewer members than its end record counts, a member
 that is not an ``.npy`` array, an ``.npy`` header that cannot be parsed, that declares
 Python objects, or that declares more or fewer bytes than the member holds. Every
 declared size (a member's compressed and uncompressed sizes, an array's shape times its
@@ -286,6 +287,14 @@ def _npz(p: Path) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     with zipfile.ZipFile(p) as zf:
         infos = zf.infolist()
+        recorded = _recorded_entries(p, size)
+        if recorded is not None and recorded != len(infos):
+            # a damaged central directory that zipfile reads as a shorter one: the
+            # arrays after the damage (the hash among them) would silently vanish
+            raise _Malformed(
+                f"its zip directory is damaged (it lists {len(infos)} of the "
+                f"{recorded} arrays its end record counts)"
+            )
         keys = [info.filename.removesuffix(".npy") for info in infos]
         for info, key in zip(infos, keys):
             if not info.filename.endswith(".npy"):
@@ -297,6 +306,24 @@ def _npz(p: Path) -> dict[str, np.ndarray]:
                 with zf.open(info) as fh:
                     out[key] = _npy(fh, info.file_size, True)
     return out
+
+
+_EOCD = b"PK\x05\x06"  # the zip's end-of-central-directory signature
+_EOCD_SIZE = 22  # the record without its comment; a comment adds at most 65,535 bytes
+
+
+def _recorded_entries(p: Path, size: int) -> int | None:
+    """The entry count of the zip's end-of-central-directory record (None for a zip64
+    archive, whose count lives elsewhere and which zipfile checks itself)."""
+    tail = min(size, _EOCD_SIZE + 0xFFFF)
+    with open(p, "rb") as f:
+        f.seek(size - tail)
+        data = f.read(tail)
+    at = data.rfind(_EOCD)
+    if at < 0 or at + _EOCD_SIZE > len(data):
+        return None  # zipfile has opened it, so it found a record; leave it to zipfile
+    total = int.from_bytes(data[at + 10 : at + 12], "little")
+    return None if total == 0xFFFF else total
 
 
 def read_bytes(path: str | os.PathLike, *, kind: str = "", fix: str = "") -> bytes:
