@@ -246,6 +246,9 @@ def trained(tmp_path_factory):
     return cfg, model, record, cache
 
 
+# slow: training the quick decoder costs 25 s; the default suite checks its forward pass,
+# readout and loss against numpy, and the tier-A training and resume in test_longcontext
+@pytest.mark.slow
 def test_quick_training_reaches_its_accuracy(trained):
     cfg, model, record, cache = trained
     assert record["finished"] and not record["reused"] and record["step"] <= cfg.max_steps
@@ -272,6 +275,9 @@ def test_quick_training_reaches_its_accuracy(trained):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+# slow: training the quick decoder costs 25 s; the default suite checks its forward pass,
+# readout and loss against numpy, and the tier-A training and resume in test_longcontext
+@pytest.mark.slow
 def test_a_cached_model_of_another_configuration_is_refused(trained, tmp_path):
     cfg, _, _, cache = trained
     folder = tmp_path / cfg.key()
@@ -288,6 +294,9 @@ def test_a_cached_model_of_another_configuration_is_refused(trained, tmp_path):
         D.load_or_train_decoder(cfg, moved, progress=False)
 
 
+# slow: training the quick decoder costs 25 s; the default suite checks its forward pass,
+# readout and loss against numpy, and the tier-A training and resume in test_longcontext
+@pytest.mark.slow
 def test_training_resumes_bit_for_bit(trained, tmp_path):
     """A run killed after a checkpoint, and one killed between two (its newest checkpoint
     lost), resume to the bits of the uninterrupted run."""

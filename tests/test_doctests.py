@@ -23,11 +23,23 @@ MODULES = sorted(
 
 def test_the_main_functions_have_examples():
     documented = set(MODULES)
+    assert TRAINING <= documented
     for module in ("attnflow.dynamics.solve", "attnflow.dynamics.meanfield"):
         assert module in documented
 
 
-@pytest.mark.parametrize("name", MODULES)
+# the examples that train a model (seconds each) run with the slow checks
+TRAINING = {
+    "attnflow.studies.longcontext",
+    "attnflow.studies._longcontext_task",
+    "attnflow.studies._decoder",
+    "attnflow.studies._decoder_heads",
+}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(m, marks=pytest.mark.slow) if m in TRAINING else m for m in MODULES]
+)
 def test_docstring_examples(name):
     module = importlib.import_module(name)
     finder = doctest.DocTestFinder()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "experiments"
 
@@ -29,6 +30,8 @@ def test_fit_value_matrix_lowers_the_loss():
     assert out["loss_end"] < 0.2 * out["loss_start"], out
 
 
+# slow: the conformance suite runs SinkhornAttention through every analysis
+@pytest.mark.slow
 def test_sinkhorn_head_gets_every_analysis():
     out = _load("sinkhorn_head").main(["--quick"])
     assert out["leaders"] and out["label"]

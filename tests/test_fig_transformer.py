@@ -144,6 +144,9 @@ def _masked_layers(x, V, keep, dt, layers):
     return x
 
 
+# slow: quick runs of whole figure scripts (20 s); the default suite runs the runner on a quick
+# subset
+@pytest.mark.slow
 def test_fig_causal_quick(tmp_path):
     from attnflow.experiments import fig_causal as F
 
@@ -233,6 +236,9 @@ def test_fig_real_layer_skips_without_model(tmp_path, no_minilm):
     assert not list(tmp_path.iterdir())
 
 
+# slow: quick runs of whole figure scripts (20 s); the default suite runs the runner on a quick
+# subset
+@pytest.mark.slow
 def test_fig_real_layer_quick(tmp_path):
     import pytest
     from scipy.special import erf

@@ -104,6 +104,9 @@ def _check_training_resume(tmp_path: Path, fraction: float, uninterrupted) -> No
     assert not list(part.glob("*.tmp")) and not list(part.glob(".*.tmp"))
 
 
+# slow: 30 s; the default suite kills a sweep at a random moment and resumes trainings bit for
+# bit in test_longcontext and test_retrieval
+@pytest.mark.slow
 @settings(FEW, max_examples=1)  # a process start and a compile each: one by default
 @given(fraction=st.floats(min_value=0.0, max_value=1.0))
 def test_training_killed_at_a_random_moment_resumes_bit_for_bit(tmp_path, fraction, uninterrupted):

@@ -276,6 +276,9 @@ def _contrast(per, weights):
 FIRST, LAST, MID = [1] + [0] * 8, [0] * 8 + [1], [0, 0, 0, 1 / 3, 1 / 3, 1 / 3, 0, 0, 0]
 
 
+# slow: the particle ensemble costs 30 s; the default suite checks the same retrieval profile
+# against plain numpy on a tiny system
+@pytest.mark.slow
 def test_particles_match_the_numpy_windows(ensemble):
     prof, picked, per = ensemble
     assert prof.systems == 12000 and prof.S.shape == (FL.kinetic_times().size, 9)
@@ -285,6 +288,9 @@ def test_particles_match_the_numpy_windows(ensemble):
         np.testing.assert_allclose(prof.stderr[i], se, rtol=1e-8)
 
 
+# slow: the particle ensemble costs 30 s; the default suite checks the same retrieval profile
+# against plain numpy on a tiny system
+@pytest.mark.slow
 def test_the_subtracted_start_is_a_control_variate(ensemble):
     """Without the subtracted ``cos m (theta_q(0) - theta_k(0))`` the estimate has the
     same mean (within 4 standard errors at every source; measured at most 3.2) and a
@@ -300,6 +306,9 @@ def test_the_subtracted_start_is_a_control_variate(ensemble):
         assert lo < ratio < hi, (tau, ratio)
 
 
+# slow: the particle ensemble costs 30 s; the default suite checks the same retrieval profile
+# against plain numpy on a tiny system
+@pytest.mark.slow
 def test_particles_agree_with_the_closed_form_early(ensemble):
     """tau <= 1: every window with s >= 8/64 is within 4 standard errors of the finite-n
     linear theory of this model, and within that theory's gap to the closed form (5.7%
@@ -318,6 +327,9 @@ def test_particles_agree_with_the_closed_form_early(ensemble):
         assert np.all(np.abs(part - closed) <= gap * closed + 4 * se), (part - closed) / closed
 
 
+# slow: the particle ensemble costs 30 s; the default suite checks the same retrieval profile
+# against plain numpy on a tiny system
+@pytest.mark.slow
 def test_particles_are_u_shaped_before_the_threshold(ensemble):
     """tau = 1.5 < t_crit: the first and the last window above the middle three by over 3
     standard errors each (primacy 0.36 +- 0.10, recency 0.42 +- 0.11; their mean, the U's
@@ -336,6 +348,9 @@ def test_particles_are_u_shaped_before_the_threshold(ensemble):
     assert early[0] > 4 * early[1], early
 
 
+# slow: the particle ensemble costs 30 s; the default suite checks the same retrieval profile
+# against plain numpy on a tiny system
+@pytest.mark.slow
 def test_particles_recency_end_falls_after_the_threshold(ensemble):
     """tau = 4 > t_crit: the last window below the middle three by over 3 standard errors
     (measured -1.05 +- 0.28), as the closed form falls (-2.97); before (tau = 1) it was

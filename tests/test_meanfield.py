@@ -74,6 +74,9 @@ def test_energy_grows_at_its_closed_form_rate(bumpy):
         assert got == pytest.approx(want, rel=2e-3)
 
 
+# slow: four particle ensembles cost 22 s; the default suite checks the density's modes, energy
+# and Fourier statistics against particles
+@pytest.mark.slow
 def test_particles_converge_to_the_density_at_rate_one_over_n(bumpy):
     """Quantile-placed particles start at W1 = pi / (2 n) and stay near it while the
     density concentrates into three clusters: the fitted exponent is -1."""

@@ -582,13 +582,13 @@ def test_every_kernel_and_mask_matches_numpy(family):
                 check_attention(_every_case(family, kernel, mask, d))
 
 
-@_settings(40)
+@_settings(20)
 @given(case=cases(**SMALL))
 def test_attention_matches_numpy(case):
     check_attention(case)
 
 
-@_settings(12)
+@_settings(6)
 @given(
     case=cases(**SMALL),
     frame=st.sampled_from(("original", "sphere")),
@@ -599,7 +599,7 @@ def test_euler_layers_match_numpy(case, frame, method, layernorm):
     check_layers(case, frame, method, layernorm)
 
 
-@_settings(10)
+@_settings(5)
 @given(case=cases(**SMALL), method=st.sampled_from(("euler", "euler-ode")))
 def test_rescaled_frame_is_the_original_rescaled(case, method):
     check_rescaled(case, method)
