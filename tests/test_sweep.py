@@ -154,6 +154,24 @@ def test_run_writes_shards_and_merge_equals_compute(tmp_path):
     assert stats(tmp_path) == before
 
 
+def test_merged_sweep_as_an_xarray_dataset(tmp_path):
+    import json
+
+    sw = toy()
+    S.run(sw, tmp_path)
+    data = S.merge(tmp_path)
+    ds = data.to_xarray()
+    assert ds.sizes["sample"] == data.size == 50
+    np.testing.assert_array_equal(ds["sample"].values, np.arange(50))
+    for name, arr in data.arrays.items():
+        assert ds[name].dims[0] == "sample" and ds[name].shape == arr.shape
+        np.testing.assert_array_equal(ds[name].values, arr)
+        # the global sample index selects the same row as the merged array
+        np.testing.assert_array_equal(ds[name].sel(sample=37).values, arr[37])
+    assert json.loads(ds.attrs["config"]) == data.manifest["config"]
+    assert ds.attrs["seed"] == data.manifest["seed"] and ds.attrs["name"] == sw.name
+
+
 def test_job_array_slices_then_merge(tmp_path):
     sw = toy(size=61, shard_size=6)
     for i in (2, 0):

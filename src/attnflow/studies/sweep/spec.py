@@ -180,6 +180,36 @@ class SweepData:
     def size(self) -> int:
         return int(self.manifest["size"])
 
+    def to_xarray(self):
+        """The merged arrays as an ``xarray.Dataset``: one variable per array, its first
+        dimension ``sample`` (coordinate ``0 .. size - 1``, the global sample index) and
+        its others ``<name>_0``, ``<name>_1``, ...; the manifest's numbers and strings as
+        attributes and its other entries (``config``, ``versions``) as JSON strings, so
+        that ``to_netcdf`` writes it and ``json.loads(ds.attrs["config"])`` gives the
+        config back. Needs ``pip install "attnflow[xarray]"``.
+
+        Example:
+            >>> import numpy as np
+            >>> from attnflow.studies.sweep import SweepData
+            >>> data = SweepData({"label": np.array([0, 2, 1])}, {"name": "demo", "size": 3})
+            >>> ds = data.to_xarray()
+            >>> ds["label"].sel(sample=1).item()
+            2
+        """
+        try:
+            import xarray as xr
+        except ImportError:
+            raise ImportError("to_xarray needs xarray: pip install 'attnflow[xarray]'.") from None
+        data_vars = {}
+        for name, arr in self.arrays.items():
+            a = np.asarray(arr)
+            data_vars[name] = (("sample", *(f"{name}_{k}" for k in range(a.ndim - 1))), a)
+        attrs = {
+            k: v if isinstance(v, (str, int, float)) and not isinstance(v, bool) else json.dumps(v)
+            for k, v in self.manifest.items()
+        }
+        return xr.Dataset(data_vars, coords={"sample": np.arange(self.size)}, attrs=attrs)
+
 
 @dataclasses.dataclass
 class RunReport:
