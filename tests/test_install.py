@@ -9,7 +9,10 @@ from (a pinned environment, a conda install, a future release with the same bug)
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -20,6 +23,33 @@ import pytest
 import attnflow as af
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+_REPRODUCER = """
+import jax, jax.numpy as jnp
+jax.config.update("jax_enable_x64", True)
+i = jnp.arange(16385, dtype=jnp.float64)
+x = jnp.stack((i, 0 * i, 0 * i), axis=1)
+M = jnp.eye(3)
+f = lambda x: jax.vmap(lambda r: jnp.sum((M @ r) ** 2))(x)
+print(float(f(x)[-1]), float(jax.jit(f)(x)[-1]))
+"""
+
+
+def test_vmapped_matvec_reduction_past_16k_rows_with_xla_defaults():
+    """The upstream reproducer in a child process that compiles as users do (the suite
+    compiles with its own XLA:CPU options, see conftest.py)."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    p = subprocess.run(
+        [sys.executable, "-c", _REPRODUCER], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    eager, jitted = map(float, p.stdout.split())
+    assert eager == jitted == 16384.0**2, (
+        f"jax {jax.__version__} with XLA's default options miscompiles a vmapped matvec + "
+        f"reduction ({eager}, {jitted} != {16384.0**2}); install another release "
+        f"(0.10.2 is known bad)."
+    )
 
 
 def test_vmapped_matvec_reduction_past_16k_rows():
