@@ -908,6 +908,15 @@ def test_a_directory_read_as_a_shorter_one_is_refused(request, tmp_path, name):
     case.check(tmp_path, bytes(out), must_refuse=True)
 
 
+def test_a_saved_trajectory_without_its_hash_is_refused(trajectory, tmp_path):
+    """A file written with its ``saved`` record always has its hash: one without it (a
+    crafted archive, valid in every other way) is refused, naming the file."""
+    raw = trajectory.files["run.npz"]
+    parts = [(i, b) for i, b in members(raw) if i.filename != "sha256.npy"]
+    assert len(parts) == len(members(raw)) - 1
+    trajectory.check(tmp_path, rezip(parts), must_refuse=True)
+
+
 def _forge_sizes(raw: bytes, name: str, size: int) -> bytes:
     """A stored (uncompressed) archive whose member ``name`` claims ``size`` bytes in
     both its local and its central directory header."""

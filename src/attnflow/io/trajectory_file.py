@@ -298,9 +298,16 @@ def _read(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
 
 def _check_hash(meta: dict, data: dict, path: Path) -> None:
     """The file's SHA-256 (``save`` writes it beside the arrays) against its content;
-    files written before it existed have none."""
+    files written before it existed have none, but a file that records when it was saved
+    (``saved``, which came later) must have one."""
     text = meta.pop("__text__")
     digest = data.pop("sha256", None)
+    if digest is None and isinstance(meta.get("saved"), dict):
+        raise ValueError(
+            f"{str(path)!r} has lost the hash it was saved with (no sha256 array): the "
+            f"file was altered or damaged after it was written; re-save the run from its "
+            f"source."
+        )
     if digest is not None and str(digest) != arrays_sha256({"metadata": np.asarray(text), **data}):
         raise ValueError(
             f"{str(path)!r} does not match the hash it was saved with: the file was "
