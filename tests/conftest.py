@@ -13,8 +13,13 @@ from pathlib import Path
 # only where the suite's sizes make no difference. The long checks (`-m slow`), whose
 # time is computing, and ATTNFLOW_TEST_XLA=default compile as users do;
 # tests/test_install.py runs JAX's known miscompile reproducer with XLA's defaults.
-# The controlling process decides; xdist workers inherit XLA_FLAGS.
-TEST_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=0"
+# XLA aborts on an option it does not know (jaxlib 0.12 has no loop emitters), so the
+# controlling process tries each set in a child and keeps the first that starts; xdist
+# workers inherit XLA_FLAGS.
+TEST_XLA_CHOICES = (
+    "--xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=0",
+    "--xla_backend_optimization_level=0",
+)
 _DEVICES = "--xla_force_host_platform_device_count=2"
 
 
@@ -32,10 +37,34 @@ def _selects_slow(argv: list[str]) -> bool:
     return False
 
 
+def _xla_starts_with(flags: str) -> bool:
+    """Whether JAX's CPU backend starts with these XLA options (in a child process)."""
+    import subprocess
+
+    probe = "import jax; jax.devices()"
+    env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", probe], env=env, capture_output=True, timeout=120
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def _suite_xla_flags() -> str:
+    if os.environ.get("ATTNFLOW_TEST_XLA", "").strip().lower() == "default":
+        return _DEVICES
+    if _selects_slow(sys.argv):
+        return _DEVICES
+    for extra in TEST_XLA_CHOICES:
+        if _xla_starts_with(f"{_DEVICES} {extra}"):
+            return f"{_DEVICES} {extra}"
+    return _DEVICES
+
+
 if "XLA_FLAGS" not in os.environ:
-    _default = os.environ.get("ATTNFLOW_TEST_XLA", "").strip().lower() == "default"
-    _default = _default or _selects_slow(sys.argv)
-    os.environ["XLA_FLAGS"] = _DEVICES if _default else f"{_DEVICES} {TEST_XLA_FLAGS}"
+    os.environ["XLA_FLAGS"] = _suite_xla_flags()
 
 # The suite's compilation cache: a directory of its own, never the user's cache (the
 # command line enables that one by default), made or chosen by the controlling process
