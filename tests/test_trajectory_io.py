@@ -220,11 +220,23 @@ def test_a_newer_version_is_refused_with_what_to_do(tmp_path):
         af.Trajectory.load(tmp_path / "other.npz")
 
 
+def _before_the_hash(arrays: dict) -> dict:
+    """The arrays of a file as attnflow wrote it before trajectory files carried a hash:
+    no ``sha256`` array and no ``saved`` record (which came later, always with a hash)."""
+    import json
+
+    meta = json.loads(str(arrays["metadata"]))
+    meta.pop("saved", None)
+    out = {k: v for k, v in arrays.items() if k != "sha256"}
+    out["metadata"] = np.asarray(json.dumps(meta))
+    return out
+
+
 def test_a_missing_weight_array_is_named(tmp_path):
     path = _block_run().save(tmp_path / "b.npz")
     with np.load(path) as f:
         # as a file written before the hash (which would name the change first)
-        data = {k: f[k] for k in f.files if k not in ("model.attention.V", "sha256")}
+        data = _before_the_hash({k: f[k] for k in f.files if k != "model.attention.V"})
     np.savez(tmp_path / "cut.npz", **data)
     with pytest.raises(ValueError, match="'model.attention.V', which it does not hold"):
         af.Trajectory.load(tmp_path / "cut.npz")
@@ -273,7 +285,7 @@ def test_a_file_checks_its_hash_and_its_consistency(tmp_path):
     tr = af.simulate(af.Attention(np.eye(2), np.eye(2), 0.5 * np.eye(2)), np.eye(2) + 0.1, 0.5)
     p = tr.save(tmp_path / "a.npz")
     with np.load(p) as f:
-        state, meta = f["state"], str(f["metadata"])
+        state = f["state"]
     bad = state.copy()
     bad[0, -1, 0, 0] += 1e-9
     _rewrite(p, tmp_path / "b.npz", state=bad)
@@ -281,7 +293,7 @@ def test_a_file_checks_its_hash_and_its_consistency(tmp_path):
         af.Trajectory.load(tmp_path / "b.npz")
     # no hash: an older file; a NaN where the status says ok is refused anyway
     with np.load(p) as f:
-        old = {k: f[k] for k in f.files if k != "sha256"}
+        old = _before_the_hash({k: f[k] for k in f.files})
     np.savez(tmp_path / "c.npz", **old)
     np.testing.assert_array_equal(
         np.asarray(af.Trajectory.load(tmp_path / "c.npz").x), np.asarray(tr.x)
@@ -296,7 +308,7 @@ def test_a_file_checks_its_hash_and_its_consistency(tmp_path):
     np.savez(tmp_path / "e.npz", **{**old, "metadata": np.asarray("{not json")})
     with pytest.raises(ValueError, match=r"e\.npz' has metadata that is not JSON"):
         af.Trajectory.load(tmp_path / "e.npz")
-    record = json.loads(meta)
+    record = json.loads(str(old["metadata"]))
     del record["run"]["solver"]
     np.savez(tmp_path / "f.npz", **{**old, "metadata": np.asarray(json.dumps(record))})
     with pytest.raises(ValueError, match=r"f\.npz' is a malformed trajectory file: KeyError"):
