@@ -6,10 +6,11 @@ figure runner and the scripts all record the same fields.
 
 from __future__ import annotations
 
+import json
 import platform
 from importlib.metadata import PackageNotFoundError, version
 
-__all__ = ["attnflow_version", "run_metadata"]
+__all__ = ["attnflow_version", "run_metadata", "netcdf_attrs"]
 
 
 def attnflow_version() -> str:
@@ -40,4 +41,14 @@ def run_metadata() -> dict:
         "python": platform.python_version(),
         "x64": bool(jax.config.read("jax_enable_x64")),
         "backend": jax.default_backend(),
+    }
+
+
+def netcdf_attrs(record: dict) -> dict:
+    """A record's entries as attributes of an ``xarray.Dataset`` that ``to_netcdf`` can
+    write: strings, integers and floats as they are, anything else (booleans, None,
+    lists, dicts) as JSON text."""
+    return {
+        k: v if isinstance(v, (str, int, float)) and not isinstance(v, bool) else json.dumps(v)
+        for k, v in record.items()
     }

@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._meta import run_metadata
+from .._meta import netcdf_attrs, run_metadata
 from ..dynamics.base import AbstractModel, family_class
 from ..dynamics.trajectory import Continuous, Layers  # the time discretisations
 from .files import arrays_sha256, read_npz, temporary_name, write_atomic
@@ -485,10 +485,7 @@ def to_xarray(traj: Trajectory):
     if traj.has_z:
         data_vars["z"] = (dims, np.asarray(traj.z))
     meta = metadata(traj)
-    attrs: dict[str, Any] = {
-        k: (v if isinstance(v, (str, int, float)) and not isinstance(v, bool) else json.dumps(v))
-        for k, v in meta["run"].items()
-    }
+    attrs: dict[str, Any] = netcdf_attrs(meta["run"])
     attrs["model"] = json.dumps(meta["model"])
     attrs["extra"] = json.dumps(meta["extra"])
     coords = {

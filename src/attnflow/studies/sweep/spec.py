@@ -25,7 +25,7 @@ import numpy as np
 from jaxtyping import Shaped
 
 from ... import _checks
-from ..._meta import run_metadata
+from ..._meta import netcdf_attrs, run_metadata
 
 __all__ = [
     "IDENTITY",
@@ -204,10 +204,7 @@ class SweepData:
         for name, arr in self.arrays.items():
             a = np.asarray(arr)
             data_vars[name] = (("sample", *(f"{name}_{k}" for k in range(a.ndim - 1))), a)
-        attrs = {
-            k: v if isinstance(v, (str, int, float)) and not isinstance(v, bool) else json.dumps(v)
-            for k, v in self.manifest.items()
-        }
+        attrs = netcdf_attrs(self.manifest)
         return xr.Dataset(data_vars, coords={"sample": np.arange(self.size)}, attrs=attrs)
 
 
