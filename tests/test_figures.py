@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -313,6 +314,33 @@ def test_movie_cases_and_simulate_tokens_arguments():
             simulate_tokens(np.eye(2), **kw)
     with pytest.raises(ValueError, match="^case must be one of"):
         movie("nonsense", "m.gif")
+
+
+def test_jobs_run_scripts_in_worker_processes_with_one_blas_thread(tmp_path):
+    """--jobs 2: each script runs in a worker process of this one (not in it), with one
+    BLAS thread, and the workers are gone when run_figures returns."""
+    from attnflow.experiments.runner import run_figures
+
+    ext = tmp_path / "mine"
+    ext.mkdir()
+    for name in ("a", "b"):
+        (ext / f"fig_{name}.py").write_text(
+            "import os\nfrom pathlib import Path\n\n\n"
+            "def make(out_dir, quick=False):\n"
+            f"    p = Path(out_dir) / '{name}.txt'\n"
+            "    env = os.environ['OPENBLAS_NUM_THREADS']\n"
+            "    p.write_text(f'{os.getpid()} {os.getppid()} {env}')\n"
+            "    return {'figures': [p]}\n"
+        )
+    index = run_figures(tmp_path / "out", quick=True, experiments=ext, jobs=2, progress=False)
+    assert not index["failed"] and index["jobs"] == 2
+    seen = [(tmp_path / "out" / f"{n}.txt").read_text().split() for n in ("a", "b")]
+    for pid, ppid, blas in seen:
+        assert int(pid) != os.getpid() and int(ppid) == os.getpid() and blas == "1"
+    deadline = time.time() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid, _, _ in seen) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(Path(f"/proc/{pid}").exists() for pid, _, _ in seen)
 
 
 def test_find_experiments_installed_and_external(tmp_path):

@@ -1,23 +1,25 @@
-"""Process pools for attnflow: spawned workers with one BLAS thread that die with their parent.
+"""Process pools for attnflow: loky's workers, one BLAS thread each, that die with their parent.
 
 Everything that runs work in other processes goes through here (sweeps' shards and
-chunks, ``attnflow figures --jobs``), so every pool is made the same way:
+chunks, ``attnflow figures --jobs``), so every pool is made the same way, on loky's
+executors (the process pools under joblib):
 
-- ``process_pool(workers)``: a ``concurrent.futures.ProcessPoolExecutor`` whose workers
-  are *spawned* (never forked: forking a process in which JAX runs threads can deadlock)
-  with one BLAS/OpenMP thread each (``WORKER_ENV`` is in their environment from the start,
-  since the libraries read it when they load), so that ``workers`` processes use
-  ``workers`` cores without oversubscription.
-- Workers exit when their parent dies, however it dies (``kill -9`` included): on Linux
-  the kernel kills them (``prctl(PR_SET_PDEATHSIG, SIGKILL)``), and everywhere a watchdog
-  thread in each worker polls ``os.getppid()`` and exits once the parent is gone (it is
-  the only guard where there is no ``prctl``, and where a worker was spawned from a thread
-  other than the main one: the kernel's signal follows the spawning *thread*).
+- ``process_pool(workers)``: a ``loky.ProcessPoolExecutor`` whose workers are started as
+  fresh interpreters (never forked from this one: forking a process in which JAX runs
+  threads can deadlock), with ``WORKER_ENV`` (one BLAS/OpenMP thread) in their
+  environment from their first instruction, so that ``workers`` processes use
+  ``workers`` cores without oversubscription. This process's environment is untouched.
+- ``shared_pool(workers)``: loky's reusable executor for this thread, resized to
+  ``workers`` (a started worker costs seconds of imports, so sweeps reuse it); loky
+  closes it at exit, and in a worker that is itself asked to stop.
+- Workers exit when their parent dies, however it dies (``kill -9`` included), even in
+  the middle of a task (loky's workers notice only at their next task): on Linux the
+  kernel kills them (``prctl(PR_SET_PDEATHSIG, SIGKILL)``, asked for when the pool is
+  made in the main thread, since the signal follows the spawning *thread*), and
+  everywhere a watchdog thread in each worker polls ``os.getppid()`` and exits once the
+  parent is gone.
 - ``shutdown_on_sigterm(pool)``: while the block runs, SIGTERM kills the pool's workers
   and raises ``SystemExit(143)`` in the main thread, so that ``finally`` blocks run.
-- ``shared_pool(workers)``: one cached pool per worker count for the life of the process
-  (a spawned worker costs seconds of imports), closed at exit, also in processes that
-  multiprocessing ends with ``os._exit``.
 - ``blas_threads(n)``: BLAS calls on ``n`` threads inside a block, for every BLAS loaded
   (OpenBLAS, MKL, BLIS, ...), through ``threadpoolctl``; thread-safe (blocks in several
   threads share one limit), so it also holds for tasks of a thread pool.
@@ -26,23 +28,24 @@ chunks, ``attnflow figures --jobs``), so every pool is made the same way:
   ``pool`` is any ``concurrent.futures.Executor`` (a cluster engine's included).
 - ``map_devices(fn, *args)``: a batched JAX function with its batch sharded over devices.
 
+A task is sent to a worker with cloudpickle (loky's pickler): it also sends functions
+defined in ``__main__``; callers that record a function by name (sweeps) check that it
+pickles by reference first.
+
 Private: below every layer, imports no attnflow module but ``_checks``.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import multiprocessing
-import multiprocessing.util
 import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -50,12 +53,12 @@ from . import _checks
 
 if TYPE_CHECKING:
     from jaxtyping import Array, Shaped
+    from loky import ProcessPoolExecutor
 
 __all__ = [
     "WORKER_ENV",
     "available_cores",
     "resolve_workers",
-    "worker_environment",
     "blas_threads",
     "process_pool",
     "shared_pool",
@@ -67,7 +70,6 @@ __all__ = [
     "map_devices",
 ]
 
-_P = ParamSpec("_P")
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
@@ -81,14 +83,16 @@ WORKER_ENV = {
     "NUMEXPR_NUM_THREADS": "1",
 }
 # Tells a worker whether it may ask the kernel for a parent-death signal (see
-# worker_environment); read once by the worker's initializer.
+# _worker_env); read once by the worker's initializer.
 _PDEATHSIG_VAR = "ATTNFLOW_WORKER_PDEATHSIG"
 # Use prctl(PR_SET_PDEATHSIG) where available (tests turn it off to check the watchdog).
 USE_PDEATHSIG = sys.platform.startswith("linux")
 # Seconds between two looks of a worker's watchdog at its parent.
 PARENT_POLL_SECONDS = 0.5
-
-_ENV_LOCK = threading.RLock()
+# Seconds an idle worker of the shared pool waits for a task before it exits (loky
+# starts a new one on the next submit): long enough that a sweep's chunks and the next
+# sweep of a script reuse the workers' imports and compiled programs.
+SHARED_IDLE_SECONDS = 300
 
 
 # ------------------------------------------------------------------------ cores
@@ -200,33 +204,15 @@ def _worker_start(
 
 
 # ------------------------------------------------------------------ parent side
-@contextlib.contextmanager
-def worker_environment() -> Iterator[None]:
-    """``WORKER_ENV`` in ``os.environ`` inside the block (and the parent-death flag):
-    processes started inside it see one BLAS/OpenMP thread from their first instruction.
-    Held under a lock, so that two threads starting workers do not interleave."""
+def _worker_env() -> dict[str, str]:
+    """The variables a worker starts with: one BLAS thread, and whether it may ask for
+    the parent-death signal (only when the pool is made in the main thread)."""
     flag = USE_PDEATHSIG and threading.current_thread() is threading.main_thread()
-    wanted = {**WORKER_ENV, _PDEATHSIG_VAR: "1" if flag else "0"}
-    with _ENV_LOCK:
-        saved = {k: os.environ.get(k) for k in wanted}
-        os.environ.update(wanted)
-        try:
-            yield
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    return {**WORKER_ENV, _PDEATHSIG_VAR: "1" if flag else "0"}
 
 
-class _WorkerPool(ProcessPoolExecutor):
-    """A ``ProcessPoolExecutor`` that starts its workers (which happens during
-    ``submit``) inside ``worker_environment``."""
-
-    def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
-        with worker_environment():
-            return super().submit(fn, *args, **kwargs)
+def _initargs(initializer: Callable[..., object] | None, initargs: tuple) -> tuple:
+    return (os.getpid(), PARENT_POLL_SECONDS, initializer, tuple(initargs))
 
 
 def process_pool(
@@ -235,49 +221,40 @@ def process_pool(
     initializer: Callable[..., object] | None = None,
     initargs: tuple = (),
 ) -> ProcessPoolExecutor:
-    """A pool of ``workers`` spawned processes, one BLAS thread each, tied to this process.
+    """A pool of ``workers`` fresh processes, one BLAS thread each, tied to this process.
 
     Args:
         workers: the number of worker processes, >= 1.
         initializer: called with ``initargs`` in each worker when it starts (after the
-            worker has tied its life to this process); must be picklable (a module-level
-            function).
+            worker has tied its life to this process); must be picklable.
         initargs: the arguments of ``initializer``.
 
     Returns:
-        A ``concurrent.futures.ProcessPoolExecutor``; use it as a context manager or
-        call ``shutdown``. Its workers exit if this process dies.
+        A ``loky.ProcessPoolExecutor`` (a ``concurrent.futures.Executor``); use it as a
+        context manager or call ``shutdown``. Its workers exit if this process dies.
     """
     workers = _checks.integer("workers", workers, lo=1)
-    return _WorkerPool(
+    from loky import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(
         max_workers=workers,
-        mp_context=multiprocessing.get_context("spawn"),
         initializer=_worker_start,
-        initargs=(os.getpid(), PARENT_POLL_SECONDS, initializer, tuple(initargs)),
+        initargs=_initargs(initializer, initargs),
+        env=_worker_env(),
     )
 
 
 def worker_pids(pool: ProcessPoolExecutor) -> list[int]:
-    """The process ids of the pool's live workers (CPython keeps them in ``_processes``)."""
+    """The process ids of the pool's live workers (loky keeps them in ``_processes``)."""
     procs = getattr(pool, "_processes", None) or {}
     return [int(p) for p in procs]
 
 
 def kill_workers(pool: ProcessPoolExecutor) -> None:
-    """Stop the pool's workers now (SIGTERM, then SIGKILL after a second) and shut the
-    pool down without waiting; tasks in flight are lost."""
-    procs = list((getattr(pool, "_processes", None) or {}).values())
-    for p in procs:
-        with contextlib.suppress(Exception):
-            p.terminate()
-    deadline = time.monotonic() + 1.0
-    for p in procs:
-        with contextlib.suppress(Exception):
-            p.join(max(0.0, deadline - time.monotonic()))
-            if p.is_alive():
-                p.kill()
+    """Stop the pool's workers now (SIGKILL, with any processes they started) and shut
+    the pool down without waiting; tasks in flight are lost."""
     with contextlib.suppress(Exception):
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown(wait=False, kill_workers=True)
 
 
 # ------------------------------------------------------------------------ SIGTERM
@@ -320,42 +297,42 @@ def shutdown_on_sigterm(pool: ProcessPoolExecutor) -> Iterator[None]:
 
 
 # ------------------------------------------------------------------ shared pools
-_POOLS: dict[int, ProcessPoolExecutor] = {}
+# The shared pool last handed out in each thread (loky keeps one reusable executor per
+# thread).
+_SHARED = threading.local()
 
 
 def shared_pool(workers: int) -> ProcessPoolExecutor:
-    """The process's cached ``process_pool(workers)`` (created on first use)."""
-    pool = _POOLS.get(workers)
-    if pool is None:
-        pool = _POOLS[workers] = process_pool(workers)
+    """loky's reusable executor of this thread with ``workers`` processes (started on
+    first use, resized or restarted when asked for another count or after a crash)."""
+    workers = _checks.integer("workers", workers, lo=1)
+    from loky import get_reusable_executor
+
+    pool = get_reusable_executor(
+        max_workers=workers,
+        timeout=SHARED_IDLE_SECONDS,
+        initializer=_worker_start,
+        initargs=_initargs(None, ()),
+        env=_worker_env(),
+    )
+    _SHARED.pool = pool
     return pool
 
 
 def drop_shared_pool(workers: int, *, kill: bool = False) -> None:
-    """Forget the cached pool of ``workers`` processes: shut it down without waiting
-    (pending tasks cancelled, running ones finish), or with ``kill`` stop its workers."""
-    pool = _POOLS.pop(workers, None)
+    """Shut the shared pool down without waiting (pending tasks cancelled, running ones
+    finish), or with ``kill`` stop its workers; the next ``shared_pool`` starts anew.
+    ``workers`` is the count it was asked for (there is one shared pool per thread)."""
+    del workers
+    pool = getattr(_SHARED, "pool", None)
+    _SHARED.pool = None
     if pool is None:
         return
     if kill:
         kill_workers(pool)
     else:
-        pool.shutdown(wait=False, cancel_futures=True)
-
-
-@atexit.register
-def _close_pools() -> None:
-    for w in list(_POOLS):
         with contextlib.suppress(Exception):
-            _POOLS.pop(w).shutdown(wait=True, cancel_futures=True)
-
-
-# A process started by multiprocessing (a worker of `attnflow figures --jobs`, say) ends
-# with os._exit: atexit handlers never run there, and multiprocessing joins the
-# process's children first, so a cached pool's idle workers would keep it alive for
-# ever. Finalizers with a priority >= 0 run before that join, highest first: above the
-# pool's own queues (priority 10), whose closing would swallow the workers' stop signals.
-multiprocessing.util.Finalize(None, _close_pools, exitpriority=100)
+            pool.shutdown(wait=False)
 
 
 # ------------------------------------------------------------------ scheduling

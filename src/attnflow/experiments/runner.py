@@ -29,7 +29,7 @@ it was.
 Figures are computed in float64: ``run_figures`` turns x64 on for the duration of the call
 and restores the previous setting on return. Run in this process (``jobs=1``) it leaves
 matplotlib's backend and rcParams as it found them; worker processes, which the runner
-starts and owns (``attnflow._parallel.process_pool``: spawned, one BLAS thread each,
+starts and owns (``attnflow._parallel.process_pool``: loky's, one BLAS thread each,
 gone when the runner dies or is sent SIGTERM), draw with the Agg backend.
 """
 
@@ -241,11 +241,11 @@ def run_figures(
         quick: small versions (seconds each), as the tests use.
         experiments: the folder of scripts (see ``find_experiments``).
         progress: show a progress bar over the scripts.
-        jobs: scripts run at once, each in its own worker process (spawned, one BLAS
-            thread each; a worker runs several scripts one after the other). Default:
-            one per core. With 1,
-            everything runs in this process. Much of a quick run is single-threaded
-            XLA compilation, so two workers on two cores nearly halve it. The longest
+        jobs: scripts run at once, each in a worker process (a fresh interpreter, one
+            BLAS thread each; a worker runs several scripts one after the other).
+            Default: one per core. With 1, everything runs in this process. Much of a
+            quick run is single-threaded XLA compilation, so two workers on two cores
+            nearly halve it. The longest
             scripts start first, by the ``SECONDS`` each script declares (else by an
             earlier run's ``index.json``).
         reuse: reuse the saved results of scripts whose inputs are unchanged (see the

@@ -42,8 +42,8 @@ Layout of ``out_dir``::
 In memory (``compute``), the same kernel runs over chunks and the arrays are
 concatenated; the chunking does not change the numbers.
 
-Parallelism. ``workers > 1`` runs shards (or chunks) concurrently in a pool of spawned
-worker processes (``attnflow._parallel``), each with one BLAS/OpenMP thread
+Parallelism. ``workers > 1`` runs shards (or chunks) concurrently in a pool of worker
+processes (loky's reusable executor, through ``attnflow._parallel``), each with one BLAS/OpenMP thread
 (``OPENBLAS_NUM_THREADS=1`` etc.), so that ``workers`` processes use ``workers`` cores
 without oversubscription; workers exit when the process that started them dies, even by
 ``kill -9``, and SIGTERM stops them with it. Every kernel call runs with one BLAS thread

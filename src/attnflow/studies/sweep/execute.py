@@ -3,8 +3,8 @@
 Contract: every kernel call runs with one BLAS thread (``blas_threads(1)``), wherever it
 runs, so that its rounding does not depend on the place; its output is checked
 (``check_output``) before anything is written. ``execute`` yields one result per task:
-in this process in order, or, unordered, in attnflow's shared pool of spawned worker
-processes (``attnflow._parallel``: one BLAS thread each, gone when their parent dies;
+in this process in order, or, unordered, in attnflow's shared pool of worker
+processes (loky's) (``attnflow._parallel``: one BLAS thread each, gone when their parent dies;
 a dead worker is a ``RuntimeError`` saying why, SIGTERM and Ctrl-C stop the pool) or in
 a caller's ``concurrent.futures.Executor``, used as it is and never shut down. At most
 ``inflight`` tasks are submitted at a time, so the task iterator may claim its shards
@@ -122,8 +122,10 @@ def _is_serialization_error(exc: BaseException, kernel: Any) -> bool:
 
 
 def _picklable_first(tasks: Iterable[tuple]) -> Iterator[tuple]:
-    """The tasks, after checking that the first one's kernel and config pickle (the
-    embedded pool sends them with ``pickle``): a clear error before any worker starts."""
+    """The tasks, after checking that the first one's kernel and config pickle by
+    reference, as plain ``pickle`` sends them (loky's cloudpickle would also send a
+    lambda, which another engine's workers might not): a clear error before any worker
+    starts, and the same rule for every engine."""
     first = True
     for task in tasks:
         if first:
