@@ -435,7 +435,7 @@ def retrieval_files(tmp_path_factory):
 
     from attnflow.studies import _checkpoint
     from attnflow.studies import retrieval as R
-    from attnflow.studies._retrieval_model import save_finished
+    from attnflow.studies._training import finish
 
     cfg = R.RetrievalConfig(**RETRIEVAL)
     d = tmp_path_factory.mktemp("retrieval")
@@ -445,7 +445,7 @@ def retrieval_files(tmp_path_factory):
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))  # as train does
     record = dict(state, finished=True, resumed=False, config=cfg.to_dict())
-    save_finished(folder, model, record)
+    finish(folder, model, record)
     _checkpoint.save(d / "checkpoint.bin", (model, opt_state, model), state)
     like = (model, opt_state, model)
     ref_model, ref_record, reused = R.load_or_train(cfg, d, progress=False)

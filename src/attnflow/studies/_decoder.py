@@ -78,9 +78,7 @@ each trained head as a particle system.
 from __future__ import annotations
 
 import functools
-import json
 import math
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -90,12 +88,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _checkpoint
+from . import _training
 from ._decoder_heads import heads_through_dynamics
 from ._decoder_model import Decoder, RowParts, forward
 from ._decoder_task import ALL_VARIANTS, VARIANTS, DecoderConfig, RecallBatch, sample_batch
 from ._readout import ROW_FIELDS, AttentionReadout
-from ._retrieval_model import load_finished, save_finished
+from ._retrieval_model import load_finished
 
 __all__ = [
     "VARIANTS",
@@ -406,92 +404,57 @@ def train_decoder(
     Returns:
         The training record (``train.json``; see the module docstring).
     """
-    from tqdm.auto import tqdm
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
-    model, opt_state = _template(config)
-    best_model = model
-    state: dict[str, Any] = dict(
-        step=0, best=-1.0, bad=0, history=[], history_split=[], seconds=0.0
-    )
-    ckpt = directory / "checkpoint.bin"
-    found = _checkpoint.load(ckpt, (model, opt_state, best_model))
-    resumed = found is not None
-    if found is not None:
-        (model, opt_state, best_model), state = found
     step_fn = _step_fn(config)
-    base = jax.random.key(config.seed + 17)
-    bar = tqdm(
-        total=config.max_steps,
-        initial=state["step"],
-        disable=not progress,
-        desc=f"train {config.variant}",
-    )
-    t0 = time.perf_counter()
-    done_here = 0
-    loss = jnp.nan
 
-    def save_checkpoint():
-        _checkpoint.save(ckpt, (model, opt_state, best_model), state)
+    def advance(model: Any, opt_state: Any, base: Any, s0: int, block: int):
+        params, static = eqx.partition(model, eqx.is_inexact_array)
+        loss = jnp.nan
+        for s in range(s0, s0 + block):
+            params, opt_state, loss = step_fn(params, opt_state, jax.random.fold_in(base, s))
+        return eqx.combine(params, static), opt_state, loss
 
-    def running() -> bool:
+    def validate(state: dict, model: Any, loss: float) -> tuple[bool, dict[str, str]]:
+        acc, pres, absent = _validation(model, config)
+        state["history"].append([state["step"], loss, acc])
+        state["history_split"].append([state["step"], pres, absent])
+        state["bad"] = 0 if acc > state["best"] + config.min_delta else state["bad"] + 1
+        latest_best = acc >= state["best"] - config.min_delta  # the latest of the best
+        state["best"] = max(state["best"], acc)
+        return latest_best, dict(loss=f"{loss:.3f}", present=f"{pres:.3f}", absent=f"{absent:.3f}")
+
+    def running(state: dict) -> bool:
         last = state["history"][-1][2] if state["history"] else -1.0
         reached = config.stop_accuracy is not None and last >= config.stop_accuracy
         patient = config.patience is None or state["bad"] < config.patience
         return state["step"] < config.max_steps and patient and not reached
 
+    schedule = _training.Schedule(
+        config.variant,
+        config.max_steps,
+        config.eval_every,
+        config.checkpoint_every,
+        config.seed,
+        config.lr,
+        eval_at_end=True,
+    )
     with jax.numpy_dtype_promotion("standard"):
-        while running():
-            s0 = state["step"]  # step s draws its batch from fold_in(base, s), whatever the blocks
-            block = min(
-                config.eval_every - s0 % config.eval_every,
-                config.checkpoint_every - s0 % config.checkpoint_every,
-                config.max_steps - s0,
-                *(() if stop_after is None else (stop_after - done_here,)),
-            )
-            params, static = eqx.partition(model, eqx.is_inexact_array)
-            for s in range(s0, s0 + block):
-                params, opt_state, loss = step_fn(params, opt_state, jax.random.fold_in(base, s))
-            model = eqx.combine(params, static)
-            if not math.isfinite(float(loss)):
-                bar.close()
-                raise FloatingPointError(
-                    f"training {config.variant!r} diverged: the loss is {float(loss)} after step "
-                    f"{s0 + block} (lr = {config.lr}); the last checkpoint ({ckpt.name}, step "
-                    f"{state['step']}) is kept. Lower lr."
-                )
-            state["step"] += block
-            done_here += block
-            bar.update(block)
-            if state["step"] % config.eval_every == 0 or state["step"] == config.max_steps:
-                acc, pres, absent = _validation(model, config)
-                state["history"].append([state["step"], float(loss), acc])
-                state["history_split"].append([state["step"], pres, absent])
-                state["bad"] = 0 if acc > state["best"] + config.min_delta else state["bad"] + 1
-                if acc >= state["best"] - config.min_delta:  # the latest of the best
-                    best_model = model
-                state["best"] = max(state["best"], acc)
-                bar.set_postfix(
-                    loss=f"{float(loss):.3f}", present=f"{pres:.3f}", absent=f"{absent:.3f}"
-                )
-            if state["step"] % config.checkpoint_every == 0:
-                state["seconds"] += time.perf_counter() - t0
-                t0 = time.perf_counter()
-                save_checkpoint()
-            if stop_after is not None and done_here >= stop_after:
-                bar.close()
-                state["seconds"] += time.perf_counter() - t0
-                save_checkpoint()
-                return dict(state, finished=False, resumed=resumed)
-        bar.close()
-        state["seconds"] += time.perf_counter() - t0
-        extra = _head_record(best_model, config)
-    record = dict(state, finished=True, resumed=resumed, config=config.to_dict(), **extra)
-    record = save_finished(directory, best_model, record)  # pyright: ignore[reportArgumentType]
-    _checkpoint.remove(ckpt)
-    return record
+        run = _training.train_resumable(
+            Path(directory),
+            config.to_dict(),
+            _template(config),
+            schedule,
+            advance,
+            validate,
+            running,
+            progress=progress,
+            stop_after=stop_after,
+            extra={"history_split": []},
+        )
+        if not run.finished:
+            return dict(run.state, finished=False, resumed=run.resumed)
+        extra = _head_record(run.best, config)
+    record = dict(run.state, finished=True, resumed=run.resumed, config=config.to_dict(), **extra)
+    return _training.finish(Path(directory), run.best, record)
 
 
 def load_or_train_decoder(
@@ -520,8 +483,7 @@ def load_or_train_decoder(
         raise ValueError(f"config must be a DecoderConfig; got {type(config).__name__}.")
     directory = Path(cache_dir).expanduser() / config.key()
     if retrain:
-        _checkpoint.remove(directory / "checkpoint.bin")
-        (directory / "train.json").unlink(missing_ok=True)
+        _training.forget(directory)
     if (directory / "train.json").exists():
         model, record = load_finished(config, directory, _template(config)[0])  # pyright: ignore[reportArgumentType]
         return model, dict(record, reused=True)  # pyright: ignore[reportReturnType]

@@ -40,7 +40,6 @@ import functools
 import hashlib
 import json
 import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -52,10 +51,8 @@ import numpy as np
 from jaxtyping import Array, Bool, Int
 
 from ..dynamics import kernels as _kernels
-from ..io.files import BadFile, json_field, read_json
-from . import _checkpoint
+from . import _training
 from ._readout import AttentionReadout
-from ._retrieval_model import _read_model, save_finished
 
 VARIANTS = ("softmax", "qknorm", "qknorm+sink", "qknorm+gate", "qknorm+sink+gate", "ssmax")
 _F32 = jnp.float32
@@ -377,109 +374,68 @@ def train(
     """Train (or resume) the model of ``config`` into ``directory``; returns the record
     (also ``train.json``). ``stop_after`` stops, as a crash would, after that many steps
     of this call, leaving the checkpoint (for tests of resuming)."""
-    from tqdm.auto import tqdm
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
-    model, opt_state = _template(config)
-    best = model
-    state: dict[str, Any] = dict(step=0, best=-1.0, bad=0, history=[], seconds=0.0)
-    ckpt = directory / "checkpoint.bin"
-    found = _checkpoint.load(ckpt, (model, opt_state, best))
-    resumed = found is not None
-    if found is not None:
-        (model, opt_state, best), state = found
-    steps_fn = _steps_fn(config)
-    base = jax.random.key(config.seed + 17)
-    bar = tqdm(
-        total=config.max_steps,
-        initial=state["step"],
-        disable=not progress,
-        desc=f"train {config.variant} seed {config.seed}",
+    def validate(state: dict, model: Any, loss: float) -> tuple[bool, dict[str, str]]:
+        val = validation(model, config)
+        state["history"].append([state["step"], loss, val["loss"], val["all"]])
+        better = state["best"] < 0 or val["loss"] < state["best"] * (1 - config.min_delta)
+        state["bad"] = 0 if better else state["bad"] + 1
+        state["best"] = val["loss"] if better else state["best"]
+        return better, dict(loss=f"{val['loss']:.2e}", val=f"{val['all']:.3f}")
+
+    def running(state: dict) -> bool:
+        patient = state["bad"] < config.patience or state["step"] < config.min_steps
+        return state["step"] < config.max_steps and patient
+
+    schedule = _training.Schedule(
+        f"{config.variant} seed {config.seed}",
+        config.max_steps,
+        config.eval_every,
+        config.checkpoint_every,
+        config.seed,
+        config.lr,
     )
-    t0, done_here = time.perf_counter(), 0
     with jax.numpy_dtype_promotion("standard"):  # optax's step count meets floats
-        while state["step"] < config.max_steps and (
-            state["bad"] < config.patience or state["step"] < config.min_steps
-        ):
-            s0 = state["step"]  # step s always draws its batch from fold_in(base, s)
-            block = min(
-                config.eval_every - s0 % config.eval_every,
-                config.checkpoint_every - s0 % config.checkpoint_every,
-                config.max_steps - s0,
-                *(() if stop_after is None else (stop_after - done_here,)),
-            )
-            keys = jax.vmap(lambda s: jax.random.fold_in(base, s))(jnp.arange(s0, s0 + block))
-            model, opt_state, loss = steps_fn(model, opt_state, keys)
-            if not math.isfinite(float(loss)):
-                bar.close()
-                raise FloatingPointError(
-                    f"training {config.variant!r} diverged: the loss is {float(loss)} after "
-                    f"step {s0 + block} (lr = {config.lr}); the last checkpoint is kept, "
-                    f"nothing is recorded as finished. Lower lr."
-                )
-            state["step"] += block
-            done_here += block
-            bar.update(block)
-            if state["step"] % config.eval_every == 0:
-                val = validation(model, config)
-                state["history"].append([state["step"], float(loss), val["loss"], val["all"]])
-                if state["best"] < 0 or val["loss"] < state["best"] * (1 - config.min_delta):
-                    state["best"], state["bad"], best = val["loss"], 0, model
-                else:
-                    state["bad"] += 1
-                bar.set_postfix(loss=f"{val['loss']:.2e}", val=f"{val['all']:.3f}")
-            if state["step"] % config.checkpoint_every == 0 or (
-                stop_after is not None and done_here >= stop_after
-            ):
-                state["seconds"] += time.perf_counter() - t0
-                t0 = time.perf_counter()
-                _checkpoint.save(ckpt, (model, opt_state, best), state)
-            if stop_after is not None and done_here >= stop_after:
-                bar.close()
-                return dict(state, finished=False, resumed=resumed)
-        bar.close()
+        run = _training.train_resumable(
+            Path(directory),
+            config.to_dict(),
+            _template(config),
+            schedule,
+            _training.scanned(_steps_fn(config)),
+            validate,
+            running,
+            progress=progress,
+            stop_after=stop_after,
+        )
+        state, best = run.state, run.best
+        if not run.finished:
+            return dict(state, finished=False, resumed=run.resumed)
         if state["best"] < 0:
-            state["best"], best = validation(model, config)["loss"], model
+            state["best"], best = validation(run.model, config)["loss"], run.model
         final = validation(best, config)
-    state["seconds"] += time.perf_counter() - t0
-    record = dict(state, finished=True, resumed=resumed, config=config.to_dict(), validation=final)
-    record = save_finished(directory, cast(Any, best), record)
-    _checkpoint.remove(ckpt)
-    return record
+    record = dict(
+        state, finished=True, resumed=run.resumed, config=config.to_dict(), validation=final
+    )
+    return _training.finish(Path(directory), best, record)
+
+
+_RECORD = {
+    "step": int,
+    "best": float,
+    "history": list,
+    "seconds": float,
+    "finished": bool,
+    "config": dict,
+    "validation": dict,
+    "model_sha256": str,
+}
 
 
 def load_finished(config: NeedleConfig, directory: Path) -> tuple[NeedleModel, dict]:
     """The finished model in ``directory`` and its record, every file checked (as the
     retrieval study's); a bad file is one ``ValueError`` naming it."""
-    fix = f"delete {str(directory)!r} or pass retrain=True to train again"
-    saved = read_json(directory / "config.json", fix=fix)
-    if saved != config.to_dict():
-        raise ValueError(
-            f"{str(directory / 'config.json')!r} holds a model of another configuration; "
-            f"remove {str(directory)!r} or pass retrain=True."
-        )
-    path = directory / "train.json"
-    record = read_json(path, fix=fix)
-    try:
-        for name, kind in (
-            ("step", int),
-            ("best", float),
-            ("history", list),
-            ("seconds", float),
-            ("finished", bool),
-            ("config", dict),
-            ("validation", dict),
-            ("model_sha256", str),
-        ):
-            json_field(record, name, kind)
-        if record["finished"] is not True or record["config"] != saved:
-            raise ValueError("it is not the record of this finished model")
-    except ValueError as exc:
-        raise BadFile(path, str(exc), fix=fix) from None
-    like = _template(config)[0]
-    model = _read_model(directory / "model.eqx", cast(Any, like), record["model_sha256"], fix)
+    like = cast(Any, _template(config)[0])
+    model, record = _training.read_finished(config.to_dict(), directory, like, _RECORD)
     return cast(NeedleModel, model), record
 
 
@@ -494,8 +450,7 @@ def load_or_train(
         model, record = load_finished(config, directory)
         return model, record, True
     if retrain:
-        (directory / "train.json").unlink(missing_ok=True)
-        _checkpoint.remove(directory / "checkpoint.bin")
+        _training.forget(directory)
     record = train(config, directory, progress=progress)
     model, _ = load_finished(config, directory)
     return model, record, False

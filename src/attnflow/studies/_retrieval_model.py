@@ -9,8 +9,8 @@ and targets from a JAX key, in float32 and int32 whatever the x64 mode;
 computed) give the head's weights over the items, its pre-kernel logits and its output,
 through attnflow's kernel registry, the same code as ``simulate``. All of them but
 ``head_from_embeddings`` are importable from ``attnflow.studies.retrieval``.
-``save_finished`` and ``load_finished`` write and read a finished model's files
-(``model.eqx``, ``train.json``; the checks ``retrieval``'s docstring states): a damaged
+``load_finished`` reads a finished model's files (``model.eqx``, ``train.json``,
+written by ``_training.finish``; the checks ``retrieval``'s docstring states): a damaged
 or malformed file is one ``ValueError`` naming it, every array checked against the
 model before it is read.
 """
@@ -19,28 +19,19 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float, Int
 
 from ..dynamics import kernels as _kernels
-from ..io.files import (
-    BadFile,
-    json_field,
-    read_bytes,
-    read_json,
-    read_npy_stream,
-    temporary_name,
-    write_atomic,
-)
+from . import _training
 
 CLASSES = 10
 # kernels that are evaluated on a model trained with another kernel
@@ -262,84 +253,24 @@ _RECORD = {  # the fields of train.json and their kinds
 }
 
 
-def save_finished(directory: Path, model: RetrievalModel, record: dict) -> dict:
-    """Write a finished model: ``model.eqx`` (atomically), then ``train.json``, the
-    record with the SHA-256 of ``model.eqx`` (``model_sha256``), which marks the model
-    finished. Returns the record written."""
-    buf = io.BytesIO()
-    eqx.tree_serialise_leaves(buf, model)
-    blob = buf.getvalue()
-    path = directory / "model.eqx"
-    write_atomic(path, lambda f: f.write(blob), temporary_name(path))
-    record = dict(record, model_sha256=hashlib.sha256(blob).hexdigest())
-    (directory / "train.json").write_text(json.dumps(record, indent=1))
-    return record
+def _history_rows(record: dict) -> None:
+    for row in record["history"]:  # [step, loss, validation accuracy]
+        kinds = (int, (int, float), (int, float))
+        if not (
+            isinstance(row, list)
+            and len(row) == 3
+            and all(isinstance(v, k) and not isinstance(v, bool) for v, k in zip(row, kinds))
+        ):
+            raise ValueError(f"its history holds {row!r:.60}, not [step, loss, accuracy]")
 
 
-def load_finished(
-    config: RetrievalConfig, directory: Path, like: RetrievalModel
-) -> tuple[RetrievalModel, dict]:
+def load_finished(config: Any, directory: Path, like: Any) -> tuple[Any, dict]:
     """The finished model in ``directory`` and its record, each file checked: the
-    configuration it was trained with, the record's fields, the SHA-256 of ``model.eqx``
-    (caches written before it was recorded have none) and the shape and dtype of every
-    array, before it is read. A bad file is one ValueError naming it."""
-    fix = f"delete {str(directory)!r} or pass retrain=True to train again"
-    saved = read_json(directory / "config.json", fix=fix)
-    if saved != config.to_dict():
-        raise ValueError(
-            f"{str(directory / 'config.json')!r} holds a model of another configuration "
-            f"({saved!r:.300}); remove {str(directory)!r} or pass retrain=True."
-        )
-    path = directory / "train.json"
-    record = read_json(path, fix=fix)
-    try:
-        for key, kind in _RECORD.items():
-            json_field(record, key, kind)
-        if record["finished"] is not True or record["config"] != saved:
-            raise ValueError("it is not the record of this finished model")
-        for row in record["history"]:  # [step, loss, validation accuracy]
-            kinds = (int, (int, float), (int, float))
-            if not (
-                isinstance(row, list)
-                and len(row) == 3
-                and all(isinstance(v, k) and not isinstance(v, bool) for v, k in zip(row, kinds))
-            ):
-                raise ValueError(f"its history holds {row!r:.60}, not [step, loss, accuracy]")
-        digest = json_field(record, "model_sha256", str) if "model_sha256" in record else None
-    except ValueError as exc:
-        raise BadFile(path, str(exc), fix=fix) from None
-    return _read_model(directory / "model.eqx", like, digest, fix), record
-
-
-def _read_model(path: Path, like: RetrievalModel, digest: str | None, fix: str):
-    """``eqx.tree_deserialise_leaves(path, like)``, with each array's ``.npy`` header
-    checked against ``like`` (shape, dtype, bytes left) before equinox reads it."""
-    blob = read_bytes(path, fix=fix)
-    if digest is not None and hashlib.sha256(blob).hexdigest() != digest:
-        raise BadFile(
-            path, "it does not match the SHA-256 its train.json records (damaged)", fix=fix
-        )
-    count = [0]
-
-    def leaf(f, x):
-        loaded = isinstance(x, (jax.Array, jax.ShapeDtypeStruct, np.ndarray))
-        if not (loaded or eqx.is_array_like(x)):
-            return x  # not stored (equinox's default)
-        want = (tuple(x.shape), np.dtype(x.dtype)) if loaded else (np.shape(x), np.asarray(x).dtype)
-        start = f.tell()
-        arr = read_npy_stream(f, len(blob) - start, exact=False)
-        if (arr.shape, arr.dtype) != want:
-            raise ValueError(
-                f"its array {count[0]} is {arr.shape} {arr.dtype}, the model needs "
-                f"{want[0]} {want[1]}"
-            )
-        count[0] += 1
-        f.seek(start)
-        return eqx.default_deserialise_filter_spec(f, x)
-
-    try:
-        return eqx.tree_deserialise_leaves(io.BytesIO(blob), like, filter_spec=leaf)
-    except (ValueError, TypeError, EOFError, OSError, RuntimeError) as exc:
-        while isinstance(exc.__cause__, Exception):  # equinox names the leaf, then why
-            exc = exc.__cause__
-        raise BadFile(path, str(exc) or type(exc).__name__, fix=fix) from None
+    configuration it was trained with, the record's fields and history rows, the SHA-256
+    of ``model.eqx`` (caches written before it was recorded have none) and the shape and
+    dtype of every array, before it is read (``_training.read_finished``). A bad file is
+    one ValueError naming it. ``config`` is a ``RetrievalConfig`` or any configuration
+    with ``to_dict()`` whose record has these fields (the decoder's)."""
+    return _training.read_finished(
+        config.to_dict(), directory, like, _RECORD, check=_history_rows, hash_required=False
+    )

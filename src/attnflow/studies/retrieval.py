@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -67,7 +66,7 @@ import numpy as np
 
 from .._stats import binomial_interval
 from ..analysis.dispersion import bound_tight, dispersion
-from . import _checkpoint
+from . import _training
 from ._retrieval_model import (
     EVAL_ONLY,
     RetrievalConfig,
@@ -76,7 +75,6 @@ from ._retrieval_model import (
     head_weights,
     load_finished,
     sample_sets,
-    save_finished,
 )
 
 __all__ = [
@@ -200,84 +198,40 @@ def train(
         The training record (also ``train.json``): steps, best validation accuracy,
         history, seconds, whether it resumed.
     """
-    from tqdm.auto import tqdm
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
-    model, opt_state = _template(config)
-    best_model = model
-    state: dict[str, Any] = dict(step=0, best=-1.0, bad=0, history=[], seconds=0.0)
-    ckpt = directory / "checkpoint.bin"
-    found = _checkpoint.load(ckpt, (model, opt_state, best_model))
-    resumed = found is not None
-    if found is not None:
-        (model, opt_state, best_model), state = found
+    def validate(state: dict, model: Any, loss: float) -> tuple[bool, dict[str, str]]:
+        acc = _validation_accuracy(model, config)
+        state["history"].append([state["step"], loss, acc])
+        better = acc > state["best"] + config.min_delta
+        state["bad"] = 0 if better else state["bad"] + 1
+        state["best"] = acc if better else state["best"]
+        return better, dict(loss=f"{loss:.3f}", val=f"{acc:.3f}")
 
-    steps_fn = _steps_fn(config)
-
-    def save_checkpoint():
-        # the model, the optimiser, the best model and the step record as one unit
-        _checkpoint.save(ckpt, (model, opt_state, best_model), state)
-
-    base = jax.random.key(config.seed + 17)
-    bar = tqdm(
-        total=config.max_steps,
-        initial=state["step"],
-        disable=not progress,
-        desc=f"train {config.kernel}",
+    run = _training.train_resumable(
+        Path(directory),
+        config.to_dict(),
+        _template(config),
+        _training.Schedule(
+            config.kernel,
+            config.max_steps,
+            config.eval_every,
+            config.checkpoint_every,
+            config.seed,
+            config.lr,
+        ),
+        _training.scanned(_steps_fn(config)),
+        validate,
+        lambda s: s["step"] < config.max_steps and s["bad"] < config.patience,
+        progress=progress,
+        stop_after=stop_after,
     )
-    t0 = time.perf_counter()
-    done_here = 0
-    loss = jnp.nan
-    while state["step"] < config.max_steps and state["bad"] < config.patience:
-        # a block of steps up to the next validation, checkpoint, stop or end; step s
-        # always draws its batch from fold_in(base, s), whatever the blocks
-        s0 = state["step"]
-        block = min(
-            config.eval_every - s0 % config.eval_every,
-            config.checkpoint_every - s0 % config.checkpoint_every,
-            config.max_steps - s0,
-            *(() if stop_after is None else (stop_after - done_here,)),
-        )
-        keys = jax.vmap(lambda s: jax.random.fold_in(base, s))(jnp.arange(s0, s0 + block))
-        model, opt_state, loss = steps_fn(model, opt_state, keys)
-        if not math.isfinite(float(loss)):
-            bar.close()
-            raise FloatingPointError(
-                f"training {config.kernel!r} diverged: the loss is {float(loss)} after step "
-                f"{s0 + block} (lr = {config.lr}); the last checkpoint "
-                f"({ckpt.name}, step {state['step']}) is kept, nothing is recorded as "
-                f"finished. Lower lr or change the schedule."
-            )
-        state["step"] += block
-        done_here += block
-        bar.update(block)
-        if state["step"] % config.eval_every == 0:
-            acc = _validation_accuracy(model, config)
-            state["history"].append([state["step"], float(loss), acc])
-            if acc > state["best"] + config.min_delta:
-                state["best"], state["bad"], best_model = acc, 0, model
-            else:
-                state["bad"] += 1
-            bar.set_postfix(loss=f"{float(loss):.3f}", val=f"{acc:.3f}")
-        if state["step"] % config.checkpoint_every == 0:
-            state["seconds"] += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            save_checkpoint()
-        if stop_after is not None and done_here >= stop_after:
-            bar.close()
-            state["seconds"] += time.perf_counter() - t0
-            save_checkpoint()
-            return dict(state, finished=False, resumed=resumed)
-    bar.close()
+    state, best = run.state, run.best
+    if not run.finished:
+        return dict(state, finished=False, resumed=run.resumed)
     if state["best"] < 0:  # fewer steps than one validation
-        state["best"], best_model = _validation_accuracy(model, config), model
-    state["seconds"] += time.perf_counter() - t0
-    record = dict(state, finished=True, resumed=resumed, config=config.to_dict())
-    record = save_finished(directory, best_model, record)
-    _checkpoint.remove(ckpt)
-    return record
+        state["best"], best = _validation_accuracy(run.model, config), run.model
+    record = dict(state, finished=True, resumed=run.resumed, config=config.to_dict())
+    return _training.finish(Path(directory), best, record)
 
 
 def load_or_train(

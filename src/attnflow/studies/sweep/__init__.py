@@ -43,15 +43,15 @@ In memory (``compute``), the same kernel runs over chunks and the arrays are
 concatenated; the chunking does not change the numbers.
 
 Parallelism. ``workers > 1`` runs shards (or chunks) concurrently in a pool of worker
-processes (loky's reusable executor, through ``attnflow._parallel``), each with one BLAS/OpenMP thread
-(``OPENBLAS_NUM_THREADS=1`` etc.), so that ``workers`` processes use ``workers`` cores
-without oversubscription; workers exit when the process that started them dies, even by
-``kill -9``, and SIGTERM stops them with it. Every kernel call runs with one BLAS thread
-(``blas_threads(1)``, for any BLAS that ``threadpoolctl`` knows), so the rounding is the
-same wherever a sample is computed. That is the right "device" for host LAPACK work
-(non-symmetric eigenvalues have no accelerator implementation in JAX). Kernels that
-compute with JAX call ``map_devices`` instead, which shards a batch over all local JAX
-devices (padded to the device count) and returns the unpadded result.
+processes (loky's reusable executor, through ``attnflow._parallel``), each with one
+BLAS/OpenMP thread (``OPENBLAS_NUM_THREADS=1`` etc.), so that ``workers`` processes use
+``workers`` cores without oversubscription; workers exit when the process that started
+them dies, even by ``kill -9``, and SIGTERM stops them with it. Every kernel call runs
+with one BLAS thread (``blas_threads(1)``, for any BLAS that ``threadpoolctl`` knows),
+so the rounding is the same wherever a sample is computed. That is the right "device"
+for host LAPACK work (non-symmetric eigenvalues have no accelerator implementation in
+JAX). Kernels that compute with JAX call ``map_devices`` instead, which shards a batch
+over all local JAX devices (padded to the device count) and returns the unpadded result.
 
 Engines. ``executor=`` runs the shards (or chunks) in any ``concurrent.futures.Executor``
 instead: a thread pool, a cluster engine's (Dask's ``Client.get_executor()``,
