@@ -343,6 +343,41 @@ def test_jobs_run_scripts_in_worker_processes_with_one_blas_thread(tmp_path):
     assert not any(Path(f"/proc/{pid}").exists() for pid, _, _ in seen)
 
 
+def test_exclusive_scripts_run_first_with_nothing_beside_them(tmp_path):
+    """A full run with --jobs 2: the scripts that declare EXCLUSIVE (they use every core
+    themselves) run one at a time before the others, whose runs overlap each other."""
+    from attnflow.experiments.runner import run_figures
+
+    ext = tmp_path / "mine"
+    ext.mkdir()
+    body = (
+        "import time\nfrom pathlib import Path\n\nSECONDS = {{'quick': 1, 'full': {s}}}\n"
+        "EXCLUSIVE = {x}\n\n\n"
+        "def make(out_dir, quick=False):\n"
+        "    t0 = time.time()\n"
+        "    time.sleep(0.6)\n"
+        "    p = Path(out_dir) / '{n}.txt'\n"
+        "    p.write_text(f'{{t0}} {{time.time()}}')\n"
+        "    return {{'figures': [p]}}\n"
+    )
+    for name, secs, excl in (
+        ("big", 50, True),
+        ("pool", 5, True),
+        ("a", 9, False),
+        ("b", 8, False),
+    ):
+        (ext / f"fig_{name}.py").write_text(body.format(s=secs, x=excl, n=name))
+    index = run_figures(tmp_path / "out", experiments=ext, jobs=2, progress=False, reuse=False)
+    assert not index["failed"]
+    span = {
+        n: [float(v) for v in (tmp_path / "out" / f"{n}.txt").read_text().split()]
+        for n in ("big", "pool", "a", "b")
+    }
+    assert span["big"][1] <= span["pool"][0]  # the longer exclusive one first, alone
+    assert span["pool"][1] <= min(span["a"][0], span["b"][0])
+    assert max(span["a"][0], span["b"][0]) < min(span["a"][1], span["b"][1])  # a, b overlap
+
+
 def test_find_experiments_installed_and_external(tmp_path):
     """Default: the installed subpackage; --experiments DIR: any folder of fig_*.py."""
     import attnflow.experiments

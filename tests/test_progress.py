@@ -36,3 +36,21 @@ def test_a_script_that_skips_itself_leaves_the_total():
     p.finished("heads", skipped=True)  # the optional model is not installed
     assert p.bar.total == 10 and p._finished == 0.0
     p.close()
+
+
+def test_an_exclusive_script_runs_with_no_other_beside_it():
+    """A script that parallelises over the cores itself (``EXCLUSIVE``) is started alone
+    and the others wait for it; the runner submits them in the same order."""
+    order = ["phase", "ginibre", "a", "b", "c"]
+    expected = {"phase": 200.0, "ginibre": 50.0, "a": 30.0, "b": 20.0, "c": 10.0}
+    p = WorkProgress(
+        order, expected, 2, total_figures=5, disable=True, exclusive={"phase", "ginibre"}
+    )
+    assert list(p._running) == ["phase"] and p._queue == ["ginibre", "a", "b", "c"]
+    p.finished("phase")
+    assert list(p._running) == ["ginibre"]
+    p.finished("ginibre")
+    assert set(p._running) == {"a", "b"} and p._queue == ["c"]
+    p.finished("a")
+    assert set(p._running) == {"b", "c"}
+    p.close()

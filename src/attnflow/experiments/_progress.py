@@ -5,8 +5,10 @@ The bar's total is their sum; a finished script counts its expected seconds, and
 running one the time it has run so far, capped at its expected seconds, so the bar moves
 while a long script runs and the estimate of what remains is in seconds of work. The
 scripts run first-in first-out on ``jobs`` workers, in the order they were submitted,
-which is how the running ones and their start times are known without asking the
-workers. A ticker thread refreshes the bar twice a second; ``close`` stops it.
+except that a script of ``exclusive`` (one that parallelises over the cores itself) runs
+with no other script beside it: this is how the running ones and their start times are
+known without asking the workers. A ticker thread refreshes the bar twice a second;
+``close`` stops it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class WorkProgress:
         total_figures: int,
         desc: str = "attnflow figures",
         disable: bool = False,
+        exclusive: set[str] | frozenset[str] = frozenset(),
     ):
         from tqdm.auto import tqdm
 
@@ -36,6 +39,7 @@ class WorkProgress:
         self._expected = {n: max(float(expected.get(n, 0.0)), 1.0) for n in order}
         self._queue = list(order)
         self._jobs = max(1, int(jobs))
+        self._exclusive = frozenset(exclusive)
         self._running: dict[str, float] = {}
         self._finished = 0.0
         self._figures = [done, total_figures]
@@ -59,6 +63,11 @@ class WorkProgress:
 
     def _start_next(self, now: float) -> None:
         while self._queue and len(self._running) < self._jobs:
+            alone = self._queue[0] in self._exclusive or not self._exclusive.isdisjoint(
+                self._running
+            )
+            if alone and self._running:
+                break
             self._running[self._queue.pop(0)] = now
 
     def _work(self, now: float) -> float:

@@ -213,6 +213,13 @@ def _long_scripts(exp_dir: Path, names: list[str]) -> dict[str, str]:
     return out
 
 
+def _exclusive_scripts(exp_dir: Path, names: list[str]) -> set[str]:
+    """The scripts that declare ``EXCLUSIVE = True``: they parallelise over the machine's
+    cores themselves (a large batch on XLA's threads, a sweep's own process pool), so
+    the runner gives them the machine alone; their ``SECONDS`` is their time alone."""
+    return {n for n in names if getattr(_load(exp_dir, n), "EXCLUSIVE", False) is True}
+
+
 def default_jobs() -> int:
     """Worker processes for ``run_figures``: one per core this process may use."""
     return _parallel.available_cores()
@@ -245,9 +252,10 @@ def run_figures(
             BLAS thread each; a worker runs several scripts one after the other).
             Default: one per core. With 1, everything runs in this process. Much of a
             quick run is single-threaded XLA compilation, so two workers on two cores
-            nearly halve it. The longest
-            scripts start first, by the ``SECONDS`` each script declares (else by an
-            earlier run's ``index.json``).
+            nearly halve it. In a full run the scripts that declare ``EXCLUSIVE = True``
+            (they use every core themselves) run first, one at a time with nothing
+            beside them; then the others, the longest first, by the ``SECONDS`` each
+            script declares (else by an earlier run's ``index.json``).
         reuse: reuse the saved results of scripts whose inputs are unchanged (see the
             module docstring); False runs every script.
         redraw: compute nothing: draw every selected figure again from the data saved
@@ -374,9 +382,13 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) ->
     keys = {n: input_key(exp_dir, n, quick, package, versions) for n in names}
     previous = _previous_index(out, quick)  # read once: reuse and the order
     reused = _reusable(previous, keys) if reuse else {}
-    # the longest first: a long script started last would run alone at the end
+    # the scripts that use every core first, one at a time, then the others on the
+    # workers, the longest first: a long script started last would run alone at the end
     expected = _expected_seconds(exp_dir, names, quick, previous)
-    order = sorted((n for n in names if n not in reused), key=lambda n: -expected[n])
+    exclusive = set() if quick else _exclusive_scripts(exp_dir, names)  # quick ones are small
+    order = sorted(
+        (n for n in names if n not in reused), key=lambda n: (n not in exclusive, -expected[n])
+    )
     results, failed = dict(reused), {}
     t_all = time.perf_counter()
     bar = WorkProgress(
@@ -386,6 +398,7 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) ->
         done=len(reused),
         total_figures=len(names),
         disable=not progress,
+        exclusive=exclusive,
     )
 
     def record(name, res, err):
@@ -413,7 +426,14 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) ->
                 _parallel.process_pool(min(jobs, len(order)), initializer=_init_worker) as pool,
                 _parallel.shutdown_on_sigterm(pool),
             ):
-                futures = [pool.submit(_run_one, str(exp_dir), n, str(out), quick) for n in order]
+                alone = [n for n in order if n in exclusive]
+                for name in alone:  # each with the machine to itself
+                    record(*pool.submit(_run_one, str(exp_dir), name, str(out), quick).result())
+                futures = [
+                    pool.submit(_run_one, str(exp_dir), n, str(out), quick)
+                    for n in order
+                    if n not in exclusive
+                ]
                 for fut in as_completed(futures):
                     record(*fut.result())
     finally:
