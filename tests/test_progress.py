@@ -47,7 +47,12 @@ def test_an_exclusive_script_runs_with_no_other_beside_it():
         order, expected, 2, total_figures=5, disable=True, exclusive={"phase", "ginibre"}
     )
     assert list(p._running) == ["phase"] and p._queue == ["ginibre", "a", "b", "c"]
+    # it holds both workers: its seconds count twice, so the bar moves at 2 s/s
+    assert p.bar.total == 2 * 200 + 2 * 50 + 30 + 20 + 10
+    t0 = time.perf_counter()
+    assert 5.9 < p._work(t0 + 3.0) < 6.1
     p.finished("phase")
+    assert p._finished == 400.0
     assert list(p._running) == ["ginibre"]
     p.finished("ginibre")
     assert set(p._running) == {"a", "b"} and p._queue == ["c"]

@@ -7,7 +7,10 @@ while a long script runs and the estimate of what remains is in seconds of work.
 scripts run first-in first-out on ``jobs`` workers, in the order they were submitted,
 except that a script of ``exclusive`` (one that parallelises over the cores itself) runs
 with no other script beside it: this is how the running ones and their start times are
-known without asking the workers. A ticker thread refreshes the bar twice a second;
+known without asking the workers. An exclusive script holds every worker, so its
+seconds count ``jobs`` times (in its expected work and while it runs): the bar then
+moves at about ``jobs`` seconds of work per second throughout, and tqdm's estimate of
+what remains holds before, during and after it. A ticker thread refreshes the bar twice a second;
 ``close`` stops it.
 """
 
@@ -36,10 +39,11 @@ class WorkProgress:
         from tqdm.auto import tqdm
 
         # a script without an expected duration counts one second
-        self._expected = {n: max(float(expected.get(n, 0.0)), 1.0) for n in order}
         self._queue = list(order)
         self._jobs = max(1, int(jobs))
         self._exclusive = frozenset(exclusive)
+        self._weight = {n: self._jobs if n in self._exclusive else 1 for n in order}
+        self._expected = {n: max(float(expected.get(n, 0.0)), 1.0) for n in order}
         self._running: dict[str, float] = {}
         self._finished = 0.0
         self._figures = [done, total_figures]
@@ -47,7 +51,7 @@ class WorkProgress:
         self._last = ""
         self._desc = desc
         self.bar = tqdm(
-            total=round(sum(self._expected.values())),
+            total=round(sum(self._weight[n] * t for n, t in self._expected.items())),
             desc=desc,
             unit="s",
             disable=disable,
@@ -71,7 +75,9 @@ class WorkProgress:
             self._running[self._queue.pop(0)] = now
 
     def _work(self, now: float) -> float:
-        run = sum(min(now - t, self._expected[n]) for n, t in self._running.items())
+        run = sum(
+            self._weight[n] * min(now - t, self._expected[n]) for n, t in self._running.items()
+        )
         return self._finished + run
 
     def _refresh(self) -> None:
@@ -97,13 +103,16 @@ class WorkProgress:
             if name in self._queue:  # finished before it was thought to start
                 self._queue.remove(name)
             if skipped:
-                self.bar.total = max(self.bar.total - round(self._expected.get(name, 1.0)), 1)
+                self.bar.total = max(self.bar.total - round(self._work_of(name)), 1)
             else:
-                self._finished += self._expected.get(name, 1.0)
+                self._finished += self._work_of(name)
             self._figures[0] += 1
             self._last = name
             self._start_next(now)
         self._refresh()
+
+    def _work_of(self, name: str) -> float:
+        return self._weight.get(name, 1) * self._expected.get(name, 1.0)
 
     def close(self) -> None:
         self._stop.set()
