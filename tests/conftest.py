@@ -32,7 +32,7 @@ def _selects_slow(argv: list[str]) -> bool:
             expr = arg[2:]
         else:
             continue
-        if "slow" in expr and "not slow" not in expr:
+        if "slow" in expr.replace("not slow", ""):  # "slow", "slow or not slow", ...
             return True
     return False
 

@@ -319,11 +319,10 @@ def shared_pool(workers: int) -> ProcessPoolExecutor:
     return pool
 
 
-def drop_shared_pool(workers: int, *, kill: bool = False) -> None:
-    """Shut the shared pool down without waiting (pending tasks cancelled, running ones
-    finish), or with ``kill`` stop its workers; the next ``shared_pool`` starts anew.
-    ``workers`` is the count it was asked for (there is one shared pool per thread)."""
-    del workers
+def drop_shared_pool(*, kill: bool = False) -> None:
+    """Shut this thread's shared pool down without waiting (the tasks it already holds
+    finish; ``imap_unordered`` cancels its own queued ones when it stops), or with
+    ``kill`` stop its workers; the next ``shared_pool`` starts anew."""
     pool = getattr(_SHARED, "pool", None)
     _SHARED.pool = None
     if pool is None:

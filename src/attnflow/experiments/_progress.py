@@ -10,8 +10,8 @@ with no other script beside it: this is how the running ones and their start tim
 known without asking the workers. An exclusive script holds every worker, so its
 seconds count ``jobs`` times (in its expected work and while it runs): the bar then
 moves at about ``jobs`` seconds of work per second throughout, and tqdm's estimate of
-what remains holds before, during and after it. A ticker thread refreshes the bar twice a second;
-``close`` stops it.
+what remains holds before, during and after it. A ticker thread refreshes the bar twice
+a second; ``close`` stops it.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ against the model's template (shapes, dtypes and hash checked before equinox rea
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import io
@@ -45,6 +46,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..io.files import (
@@ -135,7 +137,7 @@ def train_resumable(
     model, opt_state = template
     best = model
     state: dict[str, Any] = dict(step=0, best=-1.0, bad=0, history=[], seconds=0.0)
-    state.update(json.loads(json.dumps(dict(extra or {}))))  # fresh lists
+    state.update(copy.deepcopy(dict(extra or {})))  # fresh lists
     ckpt = directory / CHECKPOINT
     found = _checkpoint.load(ckpt, (model, opt_state, best))
     if found is not None:
@@ -192,7 +194,6 @@ def train_resumable(
 def scanned(steps: Callable[[Any, Any, Any], tuple[Any, Any, Any]]) -> Callable:
     """The ``advance`` of a compiled ``steps(model, opt_state, keys)`` that takes one step
     per key (a ``lax.scan``): the keys of steps ``s0 .. s0 + block - 1``."""
-    import jax.numpy as jnp
 
     def advance(model: Any, opt_state: Any, base: Any, s0: int, block: int):
         keys = jax.vmap(lambda s: jax.random.fold_in(base, s))(jnp.arange(s0, s0 + block))

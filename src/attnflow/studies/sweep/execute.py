@@ -3,17 +3,16 @@
 Contract: every kernel call runs with one BLAS thread (``blas_threads(1)``), wherever it
 runs, so that its rounding does not depend on the place; its output is checked
 (``check_output``) before anything is written. ``execute`` yields one result per task:
-in this process in order, or, unordered, in attnflow's shared pool of worker
-processes (loky's) (``attnflow._parallel``: one BLAS thread each, gone when their parent dies;
-a dead worker is a ``RuntimeError`` saying why, SIGTERM and Ctrl-C stop the pool) or in
-a caller's ``concurrent.futures.Executor``, used as it is and never shut down. At most
-``inflight`` tasks are submitted at a time, so the task iterator may claim its shards
-lazily. A caller's executor only computes: its tasks return their arrays and the shard
-files are written in the process that runs the sweep, so every claim, hash and atomic
-write stays there. A kernel that cannot travel to other processes is a ``ValueError``
-naming it, raised before any worker starts where that can be known.
-
-A task is ``(kernel, config, start, stop, seed, name, path, digest)``; ``path`` None
+in this process in order, or, unordered, in attnflow's shared pool of worker processes
+(loky's, through ``attnflow._parallel``: one BLAS thread each, gone when their parent
+dies; a dead worker is a ``RuntimeError`` saying why, SIGTERM and Ctrl-C stop the pool)
+or in a caller's ``concurrent.futures.Executor``, used as it is and never shut down. At
+most ``inflight`` tasks are submitted at a time, so the task iterator may claim its
+shards lazily. A caller's executor only computes: its tasks return their arrays and the
+shard files are written in the process that runs the sweep, so every claim, hash and
+atomic write stays there. A kernel that cannot travel to other processes is a
+``ValueError`` naming it, raised before any worker starts where that can be known. A
+task is ``(kernel, config, start, stop, seed, name, path, digest)``; ``path`` None
 returns the arrays, else the shard file is written there.
 """
 
@@ -161,13 +160,13 @@ def execute(
                 pool, run_one, _picklable_first(tasks), inflight=inflight or workers
             )
     except BrokenProcessPool as exc:
-        _parallel.drop_shared_pool(workers, kill=True)
+        _parallel.drop_shared_pool(kill=True)
         raise RuntimeError(_BROKEN) from exc
     except Exception:
-        _parallel.drop_shared_pool(workers)  # do not queue abandoned tasks
+        _parallel.drop_shared_pool()  # do not queue abandoned tasks
         raise
     except BaseException:  # SIGTERM (SystemExit), Ctrl-C, an abandoned generator
-        _parallel.drop_shared_pool(workers, kill=True)
+        _parallel.drop_shared_pool(kill=True)
         raise
 
 
