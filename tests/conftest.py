@@ -106,6 +106,11 @@ _CACHE = os.environ["ATTNFLOW_CACHE_DIR"]
 # XLA:CPU's loader writes two lines per program read from the cache on CPUs whose
 # compile-time features name tuning preferences (see attnflow._cache); fatal only
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# equinox's runtime checks as NaN instead of host callbacks, so that the adaptive solve
+# is kept in the suite's cache, as the command line does for its own process
+# (attnflow.cli._common.setup_cache); the library leaves equinox's mode to the user,
+# and the tests of that run in child processes without it (tests/test_cache_dir.py)
+os.environ.setdefault("EQX_ON_ERROR", "nan")
 
 import jax  # noqa: E402
 

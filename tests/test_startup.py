@@ -251,8 +251,9 @@ def two_processes(tmp_path_factory):
     cache's events in each, and the programs the directory held after the first."""
     cache = tmp_path_factory.mktemp("jaxcache")
     env = {"ATTNFLOW_CACHE_DIR": str(cache), "ATTNFLOW_COMPILATION_CACHE": "1"}
-    # as on a user's machine: XLA's log level not set (this run's conftest sets it)
-    quiet = ("TF_CPP_MIN_LOG_LEVEL",)
+    # as on a user's machine: neither XLA's log level nor equinox's error mode set (this
+    # run's conftest sets both)
+    quiet = ("TF_CPP_MIN_LOG_LEVEL", "EQX_ON_ERROR")
     first = json.loads(python(README_SIMULATE, env=env, unset=quiet).stdout)
     programs = _programs(cache)
     run = python(README_SIMULATE, env=env, unset=quiet)
@@ -274,9 +275,15 @@ def test_second_process_reuses_the_first_ones_programs(two_processes):
     assert second.get("cache_misses", 0) == misses - len(programs)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="diffrax's runtime checks of the saved times are host callbacks under "
+    "equinox's default EQX_ON_ERROR=raise (never cached), and enable_compilation_cache no "
+    "longer switches equinox's mode for the whole process; the solve will be cached again "
+    "once it scopes the checks to its own trace (dynamics/solve.py)",
+)
 def test_second_process_reuses_the_adaptive_solve(two_processes):
-    """diffrax's runtime checks of the saved times would be host callbacks (never
-    cached); enable_compilation_cache sets EQX_ON_ERROR=nan before equinox is imported."""
+    """The README's adaptive solve is read back by a second process."""
     first, second, programs = two_processes
     assert "jit__solve_adaptive" in programs
     assert second.get("cache_misses", 0) == 0
@@ -289,6 +296,7 @@ def test_cli_writes_the_cache_and_no_cache_does_not(tmp_path):
     def cli(*argv, cache):
         env = {**os.environ, "ATTNFLOW_CACHE_DIR": str(cache), "ATTNFLOW_COMPILATION_CACHE": "1"}
         env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+        env.pop("EQX_ON_ERROR", None)
         p = subprocess.run(
             [sys.executable, *args, *argv], capture_output=True, text=True, env=env, timeout=300
         )
@@ -303,6 +311,8 @@ def test_cli_writes_the_cache_and_no_cache_does_not(tmp_path):
     json.loads(cli(*sim, cache=on))  # the second run reads the programs back
     json.loads(cli("--no-cache", *sim, cache=off))
     assert len(_programs(on)) >= 5
+    # the command line's own process runs equinox's checks as NaN: the solve is kept
+    assert "jit__solve_adaptive" in _programs(on)
     assert not off.exists()
     info = json.loads(cli("cache", "info", "--json", cache=on))
     assert info["dir"] == str(on) and info["exists"] and info["enabled"]

@@ -21,10 +21,24 @@ compilation (``jax_persistent_cache_min_compile_time_secs = 0``): the command li
 programs compile in tenths of a second each, and together they are most of its wait.
 
 JAX refuses to write a program that holds host callbacks (``jax.debug.callback``,
-``jax.pure_callback``, progress bars); such a program is compiled again in every process.
-Equinox's runtime checks are such callbacks unless ``EQX_ON_ERROR`` says otherwise:
-``enable_compilation_cache`` sets it to ``nan`` when equinox is not imported yet and the
-variable is unset (see its docstring).
+``jax.pure_callback``, progress bars, equinox's runtime checks under its default
+``EQX_ON_ERROR=raise``); such a program is compiled again in every process. Equinox's
+error mode is the user's: nothing here changes it (the command line, which runs only
+attnflow's own programs, sets ``EQX_ON_ERROR=nan`` for its own process, see
+``attnflow.cli._common.setup_cache``).
+
+Ownership. A directory that ``enable_compilation_cache`` creates, or finds empty or
+holding nothing but JAX's cache files, gets the marker file ``MARKER``
+(a ``CACHEDIR.TAG`` naming attnflow). ``clear_cache`` deletes only JAX's cache files (``*-cache``,
+``*-atime``, ``.lockfile``) and the marker, and the directory itself only once it is
+empty; it refuses, naming the directory, one without the marker that holds anything
+else (``ATTNFLOW_CACHE_DIR=~/mywork`` must never cost ``~/mywork``). A cache written by
+an earlier attnflow, which wrote no marker, holds JAX's files alone and is cleared.
+
+Quiet. A cache that cannot be written (a read-only folder, a full disk) or that holds
+damaged entries costs compile time, not warnings: JAX's per-program warnings about
+reading or writing cache entries are filtered out while the cache is on (a damaged
+entry is compiled again; ``clear_cache`` removes it).
 
 Below every layer: this module imports no module of attnflow, and JAX only inside the
 functions that need it.
@@ -32,13 +46,19 @@ functions that need it.
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
-import shutil
+import re
+import struct
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "MARKER",
+    "NotACache",
     "enable_compilation_cache",
     "cache_dir",
     "cache_enabled_by_env",
@@ -60,6 +80,74 @@ _QUIET_XLA = "3"
 _USER_XLA_LOG = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
 if "jax" in sys.modules and _USER_XLA_LOG == "1":  # JAX's default, not the user's
     _USER_XLA_LOG = None
+
+# The file that says a directory is attnflow's compilation cache (see the module
+# docstring), and the files JAX's cache writes there (jax._src.lru_cache): an entry
+# "<key>-cache", its access time "<key>-atime", and a lock file when eviction is on.
+# A cache directory tag (https://bford.info/cachedir/: backup tools skip the folder)
+# naming attnflow, so that another tool's tag is not taken for ours.
+MARKER = "CACHEDIR.TAG"
+_MARKER_SIGNATURE = "Signature: 8a477f597d28d172789f06886806bc55"
+_MARKER_TEXT = (
+    f"{_MARKER_SIGNATURE}\n"
+    "# This directory is attnflow's compilation cache (JAX's compiled programs).\n"
+    "# `attnflow cache clear` deletes the programs in it, and nothing else.\n"
+)
+_JAX_SUFFIXES = ("-cache", "-atime")
+_JAX_FILES = (".lockfile",)
+# JAX's warnings about one cache entry it could not read or write (jax._src.compiler):
+# a read-only, full or damaged cache would print one per program
+_JAX_CACHE_WARNINGS = r"Error (reading|writing) persistent compilation cache entry"
+
+
+class NotACache(ValueError):
+    """A directory that ``clear_cache`` will not delete: it cannot prove it is attnflow's
+    compilation cache (no marker, and files that JAX's cache does not write)."""
+
+
+def _is_jax_file(p: Path) -> bool:
+    """A file JAX's persistent cache writes (an entry, its access time, its lock)."""
+    return (
+        p.name != MARKER
+        and p.is_file()
+        and (p.name.endswith(_JAX_SUFFIXES) or p.name in _JAX_FILES)
+    )
+
+
+def _marked(directory: Path) -> bool:
+    """Whether ``directory`` carries attnflow's marker (a cache directory tag naming
+    attnflow)."""
+    try:
+        with open(directory / MARKER, encoding="utf-8", errors="replace") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return head.startswith(_MARKER_SIGNATURE) and "attnflow" in head
+
+
+def _foreign(directory: Path) -> list[Path]:
+    """What ``directory`` holds besides JAX's cache files and attnflow's marker (another
+    tool's ``CACHEDIR.TAG`` is foreign)."""
+    ours = _marked(directory)
+    return sorted(
+        p
+        for p in directory.iterdir()
+        if not _is_jax_file(p) and not (p.name == MARKER and ours and p.is_file())
+    )
+
+
+def _claim(directory: Path) -> None:
+    """Write the marker into ``directory`` when it holds nothing but JAX's cache files
+    (just created, empty, or a cache of an attnflow that wrote no marker); a directory
+    that holds anything else is left unmarked (``clear_cache`` will refuse it). A
+    directory that cannot be written stays unmarked too."""
+    marker = directory / MARKER
+    if marker.exists() or _foreign(directory):
+        return
+    with contextlib.suppress(OSError):  # FileExistsError: another process marked it
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(_MARKER_TEXT)
 
 
 def cache_enabled_by_env() -> bool:
@@ -101,13 +189,16 @@ def enable_compilation_cache(
     compilation, and a later call changes the directory only for programs compiled after
     it (the cache is reopened). Safe to call more than once.
 
-    The adaptive solve holds two runtime checks of diffrax (the saved times increase and
-    lie in ``[0, t1]``), host callbacks under equinox's default ``EQX_ON_ERROR=raise``,
-    and JAX writes no program with a host callback. ``simulate`` checks the same two
-    things on the host before every solve, so when equinox is not imported yet and
-    ``EQX_ON_ERROR`` is unset this call sets it to ``nan`` (equinox's runtime checks then
-    return NaN instead of calling the host), and the solve is cached too. Set
-    ``EQX_ON_ERROR`` yourself to choose otherwise.
+    Equinox's error mode (``EQX_ON_ERROR``) is left as it is: the programs that hold
+    equinox's runtime checks as host callbacks (under its default ``raise``) are
+    compiled again in each process, and the user's own ``eqx.error_if`` checks keep
+    raising.
+
+    The directory gets the marker ``MARKER`` when it is new, empty or holds nothing but
+    JAX's cache files; ``clear_cache`` deletes only marked caches (see the module
+    docstring). JAX's warnings about cache entries it cannot read or write (a read-only
+    folder, a full disk, a damaged entry) are filtered out: such a program is compiled
+    instead, without a word per program.
 
     XLA:CPU writes an error line for every feature of every program it reads from the
     cache when the CPU features recorded at compile time include LLVM tuning
@@ -115,11 +206,11 @@ def enable_compilation_cache(
     list lacks; the programs load and run (the same machine compiled them). So unless
     ``TF_CPP_MIN_LOG_LEVEL`` was set before attnflow was imported, this call sets it to
     ``3`` (XLA's C++ log shows fatal messages only; errors still reach Python as
-    exceptions), overriding the ``1`` that importing JAX sets. XLA reads the variable
-    when JAX is first imported, so in this process this takes effect only when the call
-    comes before ``import jax`` (as on the command line); child processes started
-    afterwards (``children``) inherit it. Set it yourself otherwise, or to ``0`` to see
-    XLA's log.
+    exceptions), overriding the ``1`` that importing JAX sets; child processes started
+    afterwards (``children``) inherit it. XLA reads the variable when JAX is first
+    imported: when JAX was imported before this call (as in the README's ten lines),
+    the same threshold is set in the loaded XLA directly (Linux; elsewhere set the
+    variable before ``import jax``). Set it yourself, or to ``0`` to see XLA's log.
 
     Args:
         path: the directory (created if missing). None: ``$ATTNFLOW_CACHE_DIR``, else
@@ -144,13 +235,21 @@ def enable_compilation_cache(
         return None
     directory = cache_dir(path)
     directory.mkdir(parents=True, exist_ok=True)
-    if "equinox" not in sys.modules:
-        os.environ.setdefault("EQX_ON_ERROR", "nan")
-    # XLA:CPU logs an error line per feature for every program it loads from the cache
+    if not directory.is_dir():
+        raise NotADirectoryError(
+            f"the compilation cache {str(directory)!r} is not a directory; point "
+            "ATTNFLOW_CACHE_DIR (or the path argument) at a folder."
+        )
+    _claim(directory)
+    warnings.filterwarnings("ignore", message=_JAX_CACHE_WARNINGS, category=UserWarning)
+    jax_first = "jax" in sys.modules
+    # XLA logs an error line per feature for every program it loads from the cache
     # when the compile-time CPU features name LLVM tuning preferences the host list lacks
     # (``+prefer-no-gather``, ``+prefer-no-scatter`` on some x86 CPUs); the program loads
     # and runs, but a cached command would print dozens of such lines.
     quiet_xla_log()
+    if jax_first and _USER_XLA_LOG is None:
+        _quiet_loaded_xla()
     import jax
 
     settings: dict[str, Any] = {
@@ -222,41 +321,163 @@ def quiet_xla_log() -> None:
 
 def cache_info(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """What the cache directory holds: its path, whether it exists, the number of
-    compiled programs and their total size in bytes; also whether the environment turns
-    the cache off. Imports no JAX.
+    compiled programs and their total size in bytes, whether it carries attnflow's
+    marker; also whether the environment turns the cache off. Imports no JAX.
 
     Args:
         path: the directory (None: as ``cache_dir``).
 
     Returns:
-        ``{"dir", "exists", "enabled", "entries", "bytes"}``.
+        ``{"dir", "exists", "enabled", "marked", "entries", "bytes"}``; ``entries`` and
+        ``bytes`` count JAX's cache files only.
     """
     directory = cache_dir(path)
-    files = [p for p in directory.rglob("*") if p.is_file()] if directory.is_dir() else []
+    files = [p for p in directory.iterdir() if _is_jax_file(p)] if directory.is_dir() else []
     entries = [p for p in files if p.name.endswith("-cache")]  # JAX also writes "-atime"
     return {
         "dir": str(directory),
         "exists": directory.is_dir(),
         "enabled": cache_enabled_by_env(),
+        "marked": _marked(directory),
         "entries": len(entries),
         "bytes": sum(p.stat().st_size for p in files),
     }
 
 
 def clear_cache(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """Delete the cache directory and everything in it (a missing one is not an error).
+    """Delete the compiled programs of attnflow's compilation cache, and the directory
+    once nothing else is left in it (a missing directory is not an error).
+
+    Only JAX's cache files (``*-cache``, ``*-atime``, ``.lockfile``) and the marker are
+    deleted; anything else in the directory stays, and so does the directory then. A
+    directory without the marker is cleared only when it holds nothing but JAX's cache
+    files (a cache of an attnflow that wrote no marker); otherwise nothing is deleted.
 
     Args:
         path: the directory (None: as ``cache_dir``).
 
     Returns:
-        ``cache_info`` of the directory as it was before deleting.
+        ``cache_info`` of the directory as it was before deleting, with ``"kept"``: the
+        names of the files and folders left in a marked directory.
 
     Raises:
+        NotACache: the directory has no marker and holds other files, or is not a
+            directory (the message names it and says what to do).
         OSError: a file that cannot be deleted.
     """
+    directory = cache_dir(path)
+    if not directory.exists() and not directory.is_symlink():
+        return {**cache_info(path), "kept": []}
+    if not directory.is_dir():
+        raise NotACache(
+            f"refusing to clear {str(directory)!r}: it is not a directory, so not a "
+            "compilation cache; set ATTNFLOW_CACHE_DIR to the cache folder (or unset it for "
+            "the default one)."
+        )
     info = cache_info(path)
-    directory = Path(info["dir"])
-    if directory.is_dir():
-        shutil.rmtree(directory)
-    return info
+    foreign = _foreign(directory)
+    if not info["marked"] and foreign:
+        shown = ", ".join(repr(p.name) for p in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise NotACache(
+            f"refusing to clear {str(directory)!r}: it does not carry attnflow's cache marker "
+            f"({MARKER}) and holds files that are not compiled programs ({shown}); nothing "
+            "was deleted. If it is a cache, delete its *-cache and *-atime files yourself; "
+            "else set ATTNFLOW_CACHE_DIR to attnflow's own cache folder (or unset it)."
+        )
+    for p in directory.iterdir():
+        if _is_jax_file(p):
+            p.unlink(missing_ok=True)
+    if foreign:  # marked, but the user keeps files there: the marker stays too
+        return {**info, "kept": [p.name for p in foreign]}
+    if info["marked"]:
+        (directory / MARKER).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # a file that appeared meanwhile: leave the folder
+        directory.rmdir()
+    return {**info, "kept": []}
+
+
+# ------------------------------------------------------------- XLA's log, JAX first
+# absl's SetMinLogLevel in the XLA library that jaxlib loads: a local symbol (not
+# exported), found in the library's ELF symbol table. Its one argument is absl's
+# LogSeverityAtLeast (an int): 3 is kFatal.
+_XLA_LIBRARY = "libjax_common.so"
+_SET_MIN_LOG_LEVEL = rb"_ZN4absl12lts_\d+14SetMinLogLevelENS0_18LogSeverityAtLeastE\x00"
+_FATAL = 3
+_SYM = [("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2")]
+_SYM += [("value", "<u8"), ("size", "<u8")]
+
+
+def _elf_function(path: str, pattern: bytes) -> tuple[int, int] | None:
+    """``(address relative to the first loadable segment, first segment's p_vaddr)`` of
+    the one function whose name matches ``pattern`` in the symbol table of the 64-bit
+    little-endian ELF file ``path``; None when there is no single such function."""
+    import numpy as np
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        if m[:4] != b"\x7fELF" or m[4] != 2 or m[5] != 1:
+            return None
+        phoff, shoff = struct.unpack_from("<QQ", m, 0x20)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", m, 0x36)
+        vaddr = None
+        for i in range(phnum):
+            p_type, _, _, p_vaddr = struct.unpack_from("<IIQQ", m, phoff + i * phentsize)
+            if p_type == 1:  # PT_LOAD
+                vaddr = p_vaddr
+                break
+        sections = [
+            struct.unpack_from("<IIQQQQIIQQ", m, shoff + i * shentsize) for i in range(shnum)
+        ]
+        symtab = next((sec for sec in sections if sec[1] == 2), None)  # SHT_SYMTAB
+        if vaddr is None or symtab is None or symtab[6] >= len(sections):
+            return None
+        strtab = sections[symtab[6]]
+        found = re.compile(pattern).search(m, strtab[4], strtab[4] + strtab[5])  # type: ignore[arg-type]
+        if found is None:
+            return None
+        name = found.start() - strtab[4]
+        del found  # it holds the map
+        syms = np.frombuffer(m, np.dtype(_SYM), symtab[5] // 24, symtab[4]).copy()
+    hits = np.nonzero(syms["name"] == name)[0]
+    if len(hits) != 1 or syms["info"][hits[0]] & 0xF != 2 or not syms["size"][hits[0]]:
+        return None  # not exactly one function (STT_FUNC) of that name
+    return int(syms["value"][hits[0]]), int(vaddr)
+
+
+def _quiet_loaded_xla() -> bool:
+    """Set the loaded XLA library's C++ log threshold to fatal, as
+    ``TF_CPP_MIN_LOG_LEVEL=3`` does when set before JAX is imported; True when done.
+
+    Linux only, and only when the function is found unambiguously and its address lies
+    in an executable mapping of the library; otherwise nothing is done."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        with open("/proc/self/maps") as f:
+            maps = [ln.split() for ln in f]
+        lib = next((m[5] for m in maps if len(m) == 6 and m[5].endswith("/" + _XLA_LIBRARY)), None)
+        if lib is None:
+            return False
+        base = next(
+            int(m[0].split("-")[0], 16)
+            for m in maps
+            if len(m) == 6 and m[5] == lib and int(m[2], 16) == 0
+        )
+        found = _elf_function(lib, _SET_MIN_LOG_LEVEL)
+        if found is None:
+            return False
+        address = base + found[0] - found[1]
+        executable = any(
+            len(m) == 6
+            and m[5] == lib
+            and "x" in m[1]
+            and int(m[0].split("-")[0], 16) <= address < int(m[0].split("-")[1], 16)
+            for m in maps
+        )
+        if not executable:
+            return False
+        import ctypes
+
+        ctypes.CFUNCTYPE(None, ctypes.c_int)(address)(_FATAL)
+        return True
+    except (OSError, ValueError, StopIteration, struct.error, ImportError):
+        return False

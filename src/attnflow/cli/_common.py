@@ -111,6 +111,13 @@ def setup_cache(*, children: bool = False) -> None:
     figure scripts. A cache directory that cannot be created leaves the cache off, with
     one note on stderr; the command still runs.
 
+    The command line runs only attnflow's own programs, so when equinox is not imported
+    yet and ``EQX_ON_ERROR`` is unset it sets ``EQX_ON_ERROR=nan`` for its process (and
+    the workers it starts): diffrax's runtime checks of the saved times, host callbacks
+    under equinox's ``raise``, would keep the adaptive solve out of the cache, and
+    ``simulate`` checks the same on the host first. ``enable_compilation_cache`` (the
+    library's) leaves equinox alone.
+
     Args:
         children: also hand the cache to the worker processes the command starts
             (through ``JAX_*`` environment variables).
@@ -120,6 +127,9 @@ def setup_cache(*, children: bool = False) -> None:
     if not STATE["cache"] or not _cache.cache_enabled_by_env():
         return
     _cache.quiet_xla_log()  # before JAX is imported: XLA reads it then
+    if "equinox" not in sys.modules and "EQX_ON_ERROR" not in os.environ:
+        STATE["restore_env"].setdefault("EQX_ON_ERROR", None)
+        os.environ["EQX_ON_ERROR"] = "nan"  # equinox reads it when imported
     import jax
 
     for name in _CACHE_OPTIONS:

@@ -44,14 +44,18 @@ def info(as_json: bool = opt.as_json()):
         typer.echo(_describe(res))
 
 
-@app.command("clear", short_help="Delete the cache directory and every program in it.")
+@app.command("clear", short_help="Delete the compiled programs of the cache (nothing else).")
 def clear(as_json: bool = opt.as_json()):
-    """Delete the cache directory and every compiled program in it (the next run of each
-    program compiles it again)."""
+    """Delete the compiled programs in the cache directory, and the directory once nothing
+    else is left in it (the next run of each program compiles it again). Only a directory
+    that attnflow created as its cache (it carries a CACHEDIR.TAG naming attnflow), or one
+    that holds nothing but compiled programs, is cleared; any other directory is refused
+    (exit status 2) and nothing in it is deleted."""
     from .._cache import clear_cache
 
     res = clear_cache()
     if as_json:
         common.emit_json({**res, "cleared": True})
     else:
-        typer.echo(f"cleared {_describe(res)}")
+        kept = f" (kept {len(res['kept'])} file(s) that are not programs)" if res["kept"] else ""
+        typer.echo(f"cleared {_describe(res)}{kept}")
