@@ -252,9 +252,18 @@ def worker_pids(pool: ProcessPoolExecutor) -> list[int]:
 
 def kill_workers(pool: ProcessPoolExecutor) -> None:
     """Stop the pool's workers now (SIGKILL, with any processes they started) and shut
-    the pool down without waiting; tasks in flight are lost."""
+    the pool down without waiting; tasks in flight are lost.
+
+    The workers are also sent SIGKILL here, directly: loky kills them from its manager
+    thread, and a later ``shutdown()`` (a ``with`` block's exit) that comes before that
+    thread has read the request turns it back into a graceful shutdown, which lets the
+    running tasks, and the queued ones, run to the end."""
+    pids = worker_pids(pool)
     with contextlib.suppress(Exception):
         pool.shutdown(wait=False, kill_workers=True)
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 # ------------------------------------------------------------------------ SIGTERM

@@ -61,7 +61,7 @@ def figures(
     since the last run into the same folder is not run again (its files are kept;
     --force runs it). --redraw only draws, from the data a run saved in --out: a
     figure without such data fails, saying what to run."""
-    from ..experiments.runner import find_experiments, list_figures, run_figures
+    from ..experiments.runner import FolderBusy, find_experiments, list_figures, run_figures
 
     if list_only:
         names = list_figures(find_experiments(experiments))
@@ -80,16 +80,19 @@ def figures(
         )
     if not redraw:  # --redraw computes nothing: no JAX, no compilation cache
         common.setup_cache(children=True)  # this process and the worker processes
-    index = run_figures(
-        out,
-        only=only,
-        quick=quick,
-        experiments=experiments,
-        progress=not as_json,
-        jobs=jobs,
-        reuse=not force,
-        redraw=redraw,
-    )
+    try:
+        index = run_figures(
+            out,
+            only=only,
+            quick=quick,
+            experiments=experiments,
+            progress=not as_json,
+            jobs=jobs,
+            reuse=not force,
+            redraw=redraw,
+        )
+    except FolderBusy as exc:  # a second run into the same --out
+        raise common.CLIFailure(str(exc)) from None
     if as_json:
         common.emit_json(index)
     else:

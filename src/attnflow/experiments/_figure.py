@@ -123,7 +123,10 @@ def write_data(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, 
     """Write a data file: the arrays and ``meta`` (plain JSON, as UTF-8 bytes)."""
     payload: dict[str, Any] = dict(arrays)
     payload[_META] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    np.savez(path, **payload)
+    from attnflow.io.files import temporary_name, write_atomic
+
+    path = Path(path)
+    write_atomic(path, lambda f: np.savez(f, **payload), temporary_name(path))  # pyright: ignore[reportArgumentType]
 
 
 # The record ``make`` writes beside the arrays, and the kind of each field.
@@ -311,7 +314,9 @@ class FigureScript:
         for stem, fig in self.draw(data).items():
             if isinstance(fig, str):  # a text file, e.g. a markdown table
                 out.mkdir(parents=True, exist_ok=True)
-                (out / stem).write_text(fig)
+                from attnflow.io.files import write_text
+
+                write_text(out / stem, fig)
                 paths.append(out / stem)
             else:
                 paths += H.save(fig, out, stem, data.quick and not self.full_dpi, self.tight)

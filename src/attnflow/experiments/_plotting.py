@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from attnflow.io.files import temporary_name, write_atomic, write_text
+
 if TYPE_CHECKING:
     from types import ModuleType
 
@@ -182,13 +184,18 @@ def save(
     paths = []
     for ext in ("png", "pdf"):
         p = out_dir / f"{stem}.{ext}"
-        fig.savefig(
-            p,
-            dpi=(DPI_QUICK if quick else DPI_FULL) if ext == "png" else None,
-            bbox_inches="tight" if tight else None,
-            # no creation date: a rerun of unchanged code writes the same bytes
-            metadata={"CreationDate": None} if ext == "pdf" else None,
-        )
+
+        def writer(f, ext=ext) -> None:
+            fig.savefig(
+                f,
+                format=ext,
+                dpi=(DPI_QUICK if quick else DPI_FULL) if ext == "png" else None,
+                bbox_inches="tight" if tight else None,
+                # no creation date: a rerun of unchanged code writes the same bytes
+                metadata={"CreationDate": None} if ext == "pdf" else None,
+            )
+
+        write_atomic(p, writer, temporary_name(p))  # whole or not at all
         paths.append(p)
     plt.close(fig)
     return paths
@@ -214,9 +221,7 @@ def write_json(
         text = _compact_numbers(text)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{stem}.json"
-    path.write_text(text + "\n")
-    return path
+    return write_text(out / f"{stem}.json", text + "\n")
 
 
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:

@@ -288,14 +288,18 @@ def main():
     print(json.dumps(report.to_dict()))
     if not args.quick:
         Path(args.table).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.table).write_text(
+        from attnflow.io.files import temporary_name, write_atomic, write_text
+
+        write_text(
+            Path(args.table),
             "# Agreement study: predicted vs observed limit\n\n"
             f"Command: `python -m attnflow.experiments.agreement_study --per-family {per} "
             f"--seed {args.seed}` (n = {args.n} tokens, float64, Tsit5 rtol 1e-6, "
-            f"t1 = 12/|lambda_1|, 60/c for V = -cI).\n\n" + text + "\n"
+            f"t1 = 12/|lambda_1|, 60/c for V = -cI).\n\n" + text + "\n",
         )
         arrays: dict[str, Any] = {**data.arrays, "manifest": json.dumps(data.manifest)}
-        np.savez(Path(args.table).with_suffix(".npz"), **arrays)
+        npz = Path(args.table).with_suffix(".npz")
+        write_atomic(npz, lambda f: np.savez(f, **arrays), temporary_name(npz))
 
 
 if __name__ == "__main__":

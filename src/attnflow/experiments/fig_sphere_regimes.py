@@ -184,7 +184,9 @@ class _WithMarkdown(F.FigureScript):
     def _draw(self, data: F.Data, out: Path) -> list[Path]:
         figures = super()._draw(data, out)
         md = out / f"{NAME}.md"
-        md.write_text(H.markdown_table(HEADER, cells(data.sidecar["table"])) + "\n")
+        from attnflow.io.files import write_text
+
+        write_text(md, H.markdown_table(HEADER, cells(data.sidecar["table"])) + "\n")
         return [*figures, md]
 
 

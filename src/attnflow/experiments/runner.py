@@ -26,6 +26,17 @@ whose data is missing, was saved by another attnflow version or by a run with th
 run instead; the others are still drawn. JAX is not used, and ``index.json`` is left as
 it was.
 
+The index is written (atomically) as each script finishes, so a run that is stopped
+or killed leaves an index of what finished, and ``only`` keeps the entries of the scripts
+it did not run: the next run reuses both. SIGTERM stops a run: the scripts running are
+killed and no queued script starts (the index holds what finished). A worker process
+that dies (killed, out of memory) costs its script alone: the scripts it took down with
+it are run again, each alone in a fresh worker; one whose worker dies again is recorded
+as failed, and the run goes on. One run at a time writes into an output folder: the
+lock file ``.attnflow-figures.lock`` (the pid of the run holding it) makes a second
+concurrent run refuse, naming the folder and the pid; a lock left by a process that no
+longer runs is taken over.
+
 Figures are computed in float64: ``run_figures`` turns x64 on for the duration of the call
 and restores the previous setting on return. Run in this process (``jobs=1``) it leaves
 matplotlib's backend and rcParams as it found them; worker processes, which the runner
@@ -41,15 +52,26 @@ import importlib
 import importlib.util
 import io
 import json
+import os
+import socket
 import sys
 import time
 import traceback
-from concurrent.futures import as_completed
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from .. import _cache, _parallel
 
-__all__ = ["find_experiments", "list_figures", "run_figures", "default_jobs"]
+__all__ = ["find_experiments", "list_figures", "run_figures", "default_jobs", "FolderBusy"]
+
+LOCK = ".attnflow-figures.lock"
+
+
+class FolderBusy(RuntimeError):
+    """Another ``attnflow figures`` run is writing into the same output folder."""
 
 
 def _installed() -> Path:
@@ -160,6 +182,12 @@ def _previous_index(out: Path, quick: bool) -> dict:
     return index if isinstance(index, dict) else {}
 
 
+def _section(index: dict, key: str, known: set[str]) -> dict:
+    """The entries of ``index[key]`` (a dict of script names) of the ``known`` scripts."""
+    part = index.get(key)
+    return {k: v for k, v in part.items() if k in known} if isinstance(part, dict) else {}
+
+
 def _reusable(index: dict, keys: dict[str, str]) -> dict:
     """The results in an earlier run's ``index`` whose inputs equal ``keys[name]`` and
     whose files all exist."""
@@ -218,6 +246,120 @@ def _exclusive_scripts(exp_dir: Path, names: list[str]) -> set[str]:
     cores themselves (a large batch on XLA's threads, a sweep's own process pool), so
     the runner gives them the machine alone; their ``SECONDS`` is their time alone."""
     return {n for n in names if getattr(_load(exp_dir, n), "EXCLUSIVE", False) is True}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError, OverflowError):
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _folder_lock(out: Path) -> Iterator[None]:
+    """Hold ``out/LOCK`` for the block: refuse (``FolderBusy``) while a live run holds
+    it; take over a lock whose process no longer runs (on this host)."""
+    from ..io.files import write_text
+
+    lock = out / LOCK
+    me = f"{os.getpid()} {socket.gethostname()}\n"
+    for _ in range(3):
+        try:
+            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                pid_s, _, host = lock.read_text().strip().partition(" ")
+                pid = int(pid_s)
+            except (OSError, ValueError):
+                pid, host = -1, ""  # unreadable: written by a run killed mid-write
+            if pid > 0 and (host != socket.gethostname() or _pid_alive(pid)):
+                where = "" if host == socket.gethostname() else f" on {host}"
+                raise FolderBusy(
+                    f"another `attnflow figures` run (pid {pid}{where}) is writing into "
+                    f"{str(out)!r}; wait for it to finish or use another --out (if no such "
+                    f"run is alive, delete {str(lock)!r})."
+                ) from None
+            write_text(lock, me)  # stale: take it over (atomically), then check it is ours
+            if lock.read_text() == me:
+                break
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(me)
+        break
+    else:
+        raise FolderBusy(f"could not take the lock {str(lock)!r}; another run is starting.")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            if lock.read_text() == me:
+                lock.unlink()
+
+
+def _run_pool(
+    exp_dir: Path,
+    names: list[str],
+    out: Path,
+    quick: bool,
+    workers: int,
+    record: Callable[[str, dict | None, str | None], None],
+) -> None:
+    """Run ``names`` in worker processes, ``workers`` at a time (in order; nothing waits
+    in the pool's queue, so a stop leaves nothing to start), calling ``record`` as each
+    finishes. A worker's death takes the scripts running beside it down: they are run
+    again, each alone in a fresh worker; one that dies alone is recorded as failed."""
+    pending = deque(names)
+    lost: list[str] = []
+    while pending:
+        lost += _pool_round(exp_dir, pending, out, quick, workers, record)
+        for name in lost:  # each alone: a death is then its own
+            if not _pool_round(exp_dir, deque([name]), out, quick, 1, record):
+                continue
+            record(
+                name,
+                None,
+                "WorkerDied: the worker process running it died (killed, or out of memory); "
+                "the other scripts went on",
+            )
+        lost = []
+
+
+def _pool_round(exp_dir, pending: deque, out, quick, workers, record) -> list[str]:
+    """One pool of ``workers`` running ``pending`` (consumed) until it is empty or a
+    worker dies; returns the scripts lost with a dead worker."""
+    pool = _parallel.process_pool(min(workers, len(pending)), initializer=_init_worker)
+    running: dict = {}
+    lost: list[str] = []
+    try:
+        with _parallel.shutdown_on_sigterm(pool):
+            while pending or running:
+                while pending and len(running) < workers:
+                    name = pending.popleft()
+                    running[pool.submit(_run_one, str(exp_dir), name, str(out), quick)] = name
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                broken = False
+                for fut in done:
+                    name = running.pop(fut)
+                    try:
+                        record(*fut.result())
+                    except BrokenProcessPool:
+                        lost.append(name)
+                        broken = True
+                if broken:
+                    lost += running.values()
+                    running.clear()
+                    break
+    except BaseException:
+        _parallel.kill_workers(pool)  # SIGTERM, Ctrl-C: what runs dies, nothing starts
+        raise
+    if lost:
+        _parallel.kill_workers(pool)
+    else:
+        pool.shutdown(wait=True)
+    return lost
 
 
 def default_jobs() -> int:
@@ -365,11 +507,6 @@ def _redraw_figures(out_dir, *, only, quick, experiments, progress) -> dict:
 
 
 def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) -> dict:
-    import matplotlib
-
-    from .._meta import run_metadata
-    from ._progress import WorkProgress
-
     exp_dir = find_experiments(experiments)
     names, skipped = _select(exp_dir, only, quick)
     jobs = default_jobs() if jobs is None else int(jobs)
@@ -377,6 +514,17 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) ->
         raise ValueError(f"jobs must be >= 1; got {jobs}.")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    with _folder_lock(out):
+        return _run_locked(out, exp_dir, names, skipped, quick, progress, jobs, reuse)
+
+
+def _run_locked(out, exp_dir, names, skipped, quick, progress, jobs, reuse) -> dict:
+    import matplotlib
+
+    from .._meta import run_metadata
+    from ..io.files import write_text
+    from ._progress import WorkProgress
+
     versions = run_metadata()
     package = _package_digest()
     keys = {n: input_key(exp_dir, n, quick, package, versions) for n in names}
@@ -401,6 +549,33 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) ->
         exclusive=exclusive,
     )
 
+    index_path = out / ("index_quick.json" if quick else "index.json")
+    known = set(list_figures(exp_dir))
+
+    def index_now() -> dict:
+        """This run's results over the earlier index's entries of the scripts this run
+        has not (yet) run: what the folder holds now."""
+        before, before_failed, before_skipped = (
+            _section(previous, key, known) for key in ("figures", "failed", "skipped")
+        )
+        mine = {n: r for n, r in results.items() if not r.get("skipped")}
+        said = {n: r["skipped"] for n, r in results.items() if r.get("skipped")}
+        now_skipped = {**skipped, **said}
+        done = set(results) | set(failed) | set(now_skipped)
+        figures = {**{k: v for k, v in before.items() if k not in done}, **mine}
+        return {
+            "quick": quick,
+            "jobs": jobs,
+            "seconds": round(time.perf_counter() - t_all, 2),
+            "figures": {n: figures[n] for n in sorted(figures)},
+            "failed": {**{k: v for k, v in before_failed.items() if k not in done}, **failed},
+            "skipped": {
+                **{k: v for k, v in before_skipped.items() if k not in done},
+                **now_skipped,
+            },
+            "versions": versions,
+        }
+
     def record(name, res, err):
         if err is None:
             results[name] = {**res, "inputs": keys[name]}
@@ -408,6 +583,7 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) ->
             failed[name] = err.splitlines()[0]
             print(err, file=sys.stderr)
         bar.finished(name, skipped=bool(err is None and res.get("skipped")))
+        write_text(index_path, json.dumps(index_now(), indent=2, default=str))
 
     try:
         if not order:
@@ -421,28 +597,21 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) ->
                     record(*_run_one(str(exp_dir), name, str(out), quick))
         else:
             # spawned workers, one BLAS thread each, that exit if this process dies; SIGTERM
-            # stops them with it
-            with (
-                _parallel.process_pool(min(jobs, len(order)), initializer=_init_worker) as pool,
-                _parallel.shutdown_on_sigterm(pool),
-            ):
-                alone = [n for n in order if n in exclusive]
-                for name in alone:  # each with the machine to itself
-                    record(*pool.submit(_run_one, str(exp_dir), name, str(out), quick).result())
-                futures = [
-                    pool.submit(_run_one, str(exp_dir), n, str(out), quick)
-                    for n in order
-                    if n not in exclusive
-                ]
-                for fut in as_completed(futures):
-                    record(*fut.result())
+            # stops them with it. The exclusive scripts each with the machine to itself.
+            alone = [n for n in order if n in exclusive]
+            if alone:
+                _run_pool(exp_dir, alone, out, quick, 1, record)
+            rest = [n for n in order if n not in exclusive]
+            if rest:
+                _run_pool(exp_dir, rest, out, quick, min(jobs, len(rest)), record)
     finally:
         bar.close()
     results = {n: results[n] for n in names if n in results}
     # a script whose compute raised Skipped (e.g. a model that is not installed)
     skipped.update({n: r["skipped"] for n, r in results.items() if r.get("skipped")})
     results = {n: r for n, r in results.items() if n not in skipped}
-    index = {
+    write_text(index_path, json.dumps(index_now(), indent=2, default=str))
+    return {
         "quick": quick,
         "jobs": jobs,
         "seconds": round(time.perf_counter() - t_all, 2),
@@ -451,7 +620,3 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) ->
         "skipped": skipped,
         "versions": versions,
     }
-    (out / ("index_quick.json" if quick else "index.json")).write_text(
-        json.dumps(index, indent=2, default=str)
-    )
-    return index

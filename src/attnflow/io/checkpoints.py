@@ -281,11 +281,15 @@ def write_safetensors(
         offset += len(data)
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as f:
+    from .files import temporary_name, write_atomic
+
+    def writer(f) -> None:
         f.write(len(raw).to_bytes(8, "little"))
         f.write(raw)
         for b in blobs:
             f.write(b)
+
+    write_atomic(Path(path), writer, temporary_name(Path(path)))
     return path
 
 

@@ -5,6 +5,10 @@ temporary file ``tmp`` beside ``path`` (created with the mode of any new file: t
 umask decides), flushes and fsyncs it, and renames it onto ``path``: a reader sees the
 old file or the new one, never a part. On any failure the temporary file is removed.
 ``temporary_name(path)`` is a fresh such name, ``.<name>.<pid>.<random>.tmp``.
+``write_text(path, text)`` writes a text file that way. A write killed before its
+rename leaves its temporary file behind: the next ``write_atomic`` of the same path
+removes the temporaries of ``path`` whose writing process is gone
+(``remove_stale_temporaries``; a temporary of a live process is left alone).
 ``arrays_sha256`` is the SHA-256 of arrays by name (names, dtypes, shapes, C-order
 bytes), the hash that sweep shards and trajectory files record.
 
@@ -30,11 +34,13 @@ the latter) with the same one error naming it. The ``reason`` of a ``BadFile`` i
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import lzma
 import math
 import os
+import re
 import secrets
 import struct
 import zipfile
@@ -56,8 +62,10 @@ __all__ = [
     "read_json",
     "read_npz",
     "safetensors_layout",
+    "remove_stale_temporaries",
     "temporary_name",
     "write_atomic",
+    "write_text",
 ]
 
 # What the standard library and numpy raise on a damaged zip archive or .npy stream.
@@ -116,8 +124,45 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
 
+# ".<name>.<pid>.tmp" (training checkpoints) or ".<name>.<pid>.<random>.tmp"
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?P<pid>\d+)(\.[0-9a-f]+)?\.tmp")
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (True when it cannot be told)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError, OverflowError):
+        return True  # someone else's process, or no way to tell: keep its file
+    return True
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files that killed writes of ``path`` left beside it (named
+    as ``temporary_name`` names them, by a process that no longer runs); returns them."""
+    path = Path(path)
+    removed = []
+    try:
+        candidates = list(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
+    except OSError:
+        return removed
+    for tmp in candidates:
+        m = _TEMPORARY.fullmatch(tmp.name)
+        if m is None or m["name"] != path.name or _alive(int(m["pid"])):
+            continue
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+            removed.append(tmp)
+    return removed
+
+
 def write_atomic(path: Path, writer: Callable[[Any], None], tmp: Path) -> None:
     """Write ``path`` whole or not at all (see the module docstring)."""
+    remove_stale_temporaries(path)
     try:
         with open(tmp, "wb") as f:
             writer(f)
@@ -128,6 +173,15 @@ def write_atomic(path: Path, writer: Callable[[Any], None], tmp: Path) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` whole or not at all (``write_atomic``); returns
+    the path. On any failure the file that was there is left as it was."""
+    path = Path(path)
+    data = text.encode("utf-8")
+    write_atomic(path, lambda f: f.write(data), temporary_name(path))
+    return path
 
 
 # ------------------------------------------------------------------ reading

@@ -35,6 +35,9 @@ def save(path: Path, tree: Any, state: dict) -> None:
     body = json.dumps(state).encode() + leaves.getvalue()
     n_state = len(body) - len(leaves.getvalue())
     header = MAGIC + f" {hashlib.sha256(body).hexdigest()} {n_state}\n".encode()
+    from ..io.files import remove_stale_temporaries
+
+    remove_stale_temporaries(path)  # of killed saves
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         f.write(header + body)

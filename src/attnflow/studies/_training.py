@@ -57,6 +57,7 @@ from ..io.files import (
     read_npy_stream,
     temporary_name,
     write_atomic,
+    write_text,
 )
 from . import _checkpoint
 
@@ -133,7 +134,7 @@ def train_resumable(
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(dict(config), indent=1))
+    write_text(directory / "config.json", json.dumps(dict(config), indent=1))
     model, opt_state = template
     best = model
     state: dict[str, Any] = dict(step=0, best=-1.0, bad=0, history=[], seconds=0.0)
@@ -213,7 +214,9 @@ def finish(directory: Path, model: Any, record: dict) -> dict:
     path = directory / "model.eqx"
     write_atomic(path, lambda f: f.write(blob), temporary_name(path))
     record = dict(record, model_sha256=hashlib.sha256(blob).hexdigest())
-    (directory / "train.json").write_text(json.dumps(record, indent=1))
+    # whole or not at all: a kill here leaves no train.json, and the rerun resumes from
+    # the checkpoint (removed only below), at its last step
+    write_text(directory / "train.json", json.dumps(record, indent=1))
     _checkpoint.remove(directory / CHECKPOINT)
     return record
 

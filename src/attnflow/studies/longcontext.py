@@ -143,11 +143,13 @@ class LongContextResult:
     data: dict[str, Any]
 
     def save(self, path: str | Path) -> Path:
-        """Write the result as JSON to ``path``; returns the path."""
+        """Write the result as JSON to ``path``, whole or not at all (a failed write, a
+        full disk say, leaves the file that was there as it was); returns the path."""
+        from ..io.files import write_text
+
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.data, indent=1, allow_nan=False) + "\n")
-        return path
+        return write_text(path, json.dumps(self.data, indent=1, allow_nan=False) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> LongContextResult:
