@@ -124,8 +124,8 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
 
-# ".<name>.<pid>.tmp" (training checkpoints) or ".<name>.<pid>.<random>.tmp"
-_TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?P<pid>\d+)(\.[0-9a-f]+)?\.tmp")
+# after ".<name>.": "<pid>.tmp" (training checkpoints) or "<pid>.<random>.tmp"
+_TEMPORARY = re.compile(r"(?P<pid>\d+)(\.[0-9a-f]+)?\.tmp")
 
 
 def _alive(pid: int) -> bool:
@@ -150,9 +150,10 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
         candidates = list(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
     except OSError:
         return removed
+    prefix = f".{path.name}."
     for tmp in candidates:
-        m = _TEMPORARY.fullmatch(tmp.name)
-        if m is None or m["name"] != path.name or _alive(int(m["pid"])):
+        m = _TEMPORARY.fullmatch(tmp.name[len(prefix) :])
+        if not tmp.name.startswith(prefix) or m is None or _alive(int(m["pid"])):
             continue
         with contextlib.suppress(OSError):
             tmp.unlink()
