@@ -7,7 +7,7 @@ This layer imports nothing from the layers above it (``analysis``, ``studies``, 
 from .gated import GatedAttention
 from .isotropic import IsotropicAttention
 from .model import Attention
-from .propagator import Propagator
+from .propagator import FlowCache, Propagator, fresh
 from .simulate import SOLVERS, simulate
 from .stochastic import Noise, noisy_layer, simulate_noisy
 from .trajectory import SimulationError, Status, Trajectory
@@ -22,6 +22,7 @@ __all__ = [
     "MultiHeadAttention",
     "Noise",
     "Propagator",
+    "FlowCache",
     "SOLVERS",
     "SimulationError",
     "Status",

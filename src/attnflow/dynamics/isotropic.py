@@ -21,7 +21,7 @@ from jaxtyping import Array, Float
 from . import kernels as _kernels
 from .base import AbstractKernelAttention
 from .model import Attention, describe_head, head_arrays, saved_kernel
-from .propagator import Propagator
+from .propagator import FlowCache, Propagator
 
 __all__ = ["IsotropicAttention"]
 
@@ -45,7 +45,7 @@ class IsotropicAttention(AbstractKernelAttention):
 
     V: Array
     beta: Array
-    propagator: Propagator
+    flow: FlowCache
     kernel: _kernels.AbstractKernel
     mask: Any
     block: int | None = eqx.field(static=True)
@@ -76,12 +76,17 @@ class IsotropicAttention(AbstractKernelAttention):
             mask=mask,
             block=block,
         )
-        self.V, self.beta, self.propagator = ref.V, ref.beta, ref.propagator
+        self.V, self.beta, self.flow = ref.V, ref.beta, ref.flow
         self.kernel, self.mask, self.block = ref.kernel, ref.mask, ref.block
 
     @property
     def d(self) -> int:
         return self.V.shape[-1]
+
+    @property
+    def propagator(self) -> Propagator:  # pyright: ignore[reportIncompatibleVariableOverride]
+        """``e^{tV}`` of the model's own ``V`` (the identity) through its cache."""
+        return Propagator(self.V, flow=self.flow)
 
     @property
     def dtype(self):

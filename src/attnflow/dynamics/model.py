@@ -24,7 +24,7 @@ from jaxtyping import Array
 from .. import _checks
 from . import kernels as _kernels
 from .base import AbstractKernelAttention, saved_kernel_params
-from .propagator import Propagator
+from .propagator import FlowCache, Propagator
 
 __all__ = [
     "Attention",
@@ -186,7 +186,7 @@ class Attention(AbstractKernelAttention):
     K: Array
     V: Array
     beta: Array
-    propagator: Propagator
+    flow: FlowCache
     kernel: _kernels.AbstractKernel
     mask: Any
     block: int | None = eqx.field(static=True)
@@ -279,7 +279,7 @@ class Attention(AbstractKernelAttention):
             )
         self.kernel = kobj.astype(dtype)
         self.block = None if block is None else int(block)
-        self.propagator = Propagator(self.V, method=propagator)
+        self.flow = FlowCache(self.V, propagator)
 
     def _init_stacked(self, Q, K, V, *, beta, kernel_params, **options) -> None:
         """``Q, K, V`` of shape ``(b, d, d)`` (or ``(b, p, d)``): ``b`` heads built one by
@@ -327,7 +327,7 @@ class Attention(AbstractKernelAttention):
         ]
         st = stack(heads)
         assert isinstance(st, Attention)
-        for name in ("Q", "K", "V", "beta", "propagator", "kernel", "mask", "block"):
+        for name in ("Q", "K", "V", "beta", "flow", "kernel", "mask", "block"):
             setattr(self, name, getattr(st, name))
 
     # ----------------------------------------------------------------- basic facts
@@ -343,6 +343,12 @@ class Attention(AbstractKernelAttention):
     @property
     def dtype(self):
         return self.V.dtype
+
+    @property
+    def propagator(self) -> Propagator:  # pyright: ignore[reportIncompatibleVariableOverride]
+        """``e^{tV}`` of the model's own ``V`` through its cached decomposition
+        (``flow``)."""
+        return Propagator(self.V, flow=self.flow)
 
     # --------------------------------------------------- the attention system seam
     def query_key_maps(self) -> tuple[Array, Array]:

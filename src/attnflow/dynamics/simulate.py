@@ -37,6 +37,7 @@ from .. import _checks
 from . import _devices, _inputs
 from ._inputs import FIXED, MAX_STEPS_LIMIT, check_tolerances, check_ts, check_x0
 from .base import AbstractModel
+from .propagator import fresh
 from .frames import FRAMES, LAYERNORMS, AbstractFrame, frame_maker
 from .solve import ICOEFF, PCOEFF, SOLVERS, AdaptiveSolver, LayerSolver, adaptive_solve
 from .solve import log_limit as _log_limit
@@ -395,6 +396,7 @@ def simulate(
             f"got {type(model).__name__}."
         )
     _checks.choice("frame", frame, FRAMES)
+    model = fresh(model)  # the propagator's cache built from the model's own V
     if noise is not None:
         extra: dict[str, Any] = dict(layernorm=layernorm not in (None, "post"), chunk=chunk)
         extra.update(solver=solver, devices=devices, cost=cost is not None, residual=not residual)

@@ -36,6 +36,7 @@ from jaxtyping import Array, Float, Int
 
 from .base import AbstractModel
 from .frames import make_frame
+from .propagator import fresh
 from .status import Status
 from .terms import FlowTerm, layer_term
 
@@ -290,6 +291,7 @@ def solve(
             f"solver must be an attnflow.AdaptiveSolver or attnflow.LayerSolver; got "
             f"{type(solver).__name__}."
         )
+    model = fresh(model)
     x0 = jnp.asarray(x0, model.dtype)
     if x0.ndim != 2 or x0.shape[-1] != model.d:
         raise ValueError(

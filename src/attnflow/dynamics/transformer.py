@@ -38,7 +38,7 @@ from . import kernels as _kernels
 from .base import AbstractAttentionSystem, AbstractModel, family_class
 from .kernels._tiling import prepared as _prepared
 from .model import Attention, describe_kernel, kernel_and_mask, saved_kernel
-from .propagator import Propagator
+from .propagator import FlowCache, Propagator
 
 __all__ = ["MultiHeadAttention", "FeedForward", "Block", "ACTIVATIONS", "single_head"]
 
@@ -124,9 +124,9 @@ class MultiHeadAttention(AbstractModel):
     Q: Array
     K: Array
     V: Array
-    W: Array
+    W_given: Array | None
     beta: Array
-    propagator: Propagator
+    flow: FlowCache
     kernel: _kernels.AbstractKernel
     mask: Any
     block: int | None = eqx.field(static=True)
@@ -180,10 +180,25 @@ class MultiHeadAttention(AbstractModel):
         self.V = _cast("V", Va, dtype)
         self.beta = jnp.asarray(b, dtype)
         self.w_given = Wa is not None
-        # the default W: the sum of the heads' value matrices, summed in float64
-        self.W = _cast("W", Va.astype(np.float64).sum(0) if Wa is None else Wa, dtype)
+        self.W_given = None if Wa is None else _cast("W", Wa, dtype)
         self.kernel = kobj.astype(dtype)
-        self.propagator = Propagator(self.W)
+        self.flow = FlowCache(self.W)
+
+    @property
+    def W(self) -> Array:
+        """The rescaling matrix: the ``W`` given, else the sum of the heads' value
+        matrices (summed in float64 when they are concrete), derived from ``V`` at each
+        use so that it never drifts from it."""
+        if self.W_given is not None:
+            return self.W_given
+        if isinstance(self.V, jax.core.Tracer):
+            return jnp.sum(self.V, axis=-3)
+        return jnp.asarray(np.asarray(self.V, np.float64).sum(-3), self.V.dtype)
+
+    @property
+    def propagator(self) -> Propagator:  # pyright: ignore[reportIncompatibleVariableOverride]
+        """``e^{tW}`` of the rescaling matrix ``W`` through its cached decomposition."""
+        return Propagator(self.W, flow=self.flow)
 
     # ----------------------------------------------------------------- basic facts
     @property
@@ -455,7 +470,6 @@ class Block(AbstractModel):
 
     attn: AbstractModel
     ffn: FeedForward | None
-    propagator: Propagator
     family = "Block"
 
     def __init__(self, attention, feedforward=None):
@@ -487,7 +501,11 @@ class Block(AbstractModel):
                 )
         self.attn = attention
         self.ffn = feedforward
-        self.propagator = attention.propagator
+
+    @property
+    def propagator(self) -> Any:  # pyright: ignore[reportIncompatibleVariableOverride]
+        """The attention's propagator (its rescaling matrix), read through it."""
+        return self.attn.propagator
 
     @property
     def d(self) -> int:
