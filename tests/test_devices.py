@@ -230,7 +230,9 @@ def test_token_sharded_field_and_run_equal_the_tiled_attention():
     P = np.exp(L - L.max(axis=1, keepdims=True))
     P /= P.sum(axis=1, keepdims=True)
     np.testing.assert_allclose(want[:7], (P @ X) @ np.asarray(m.V).T, rtol=1e-12, atol=1e-13)
-    np.testing.assert_array_equal(got, want)
+    # equal up to rounding: XLA may order a row's sums differently once the rows are
+    # split (jaxlib 0.6.1 differs in the last bit at 25 of 16,396 entries)
+    np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
     a = af.simulate(m, x, 0.2, method="euler", dt=0.1)
     b = af.simulate(m, x, 0.2, method="euler", dt=0.1, devices="all", shard="tokens")
     np.testing.assert_allclose(np.asarray(b.x), np.asarray(a.x), rtol=1e-13, atol=1e-13)
