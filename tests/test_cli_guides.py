@@ -253,6 +253,40 @@ def test_out_of_memory_is_a_size_not_an_internal_error(capsys, monkeypatch, exc,
     assert (f"({size} GiB asked)" in line) if size else ("asked" not in line)
 
 
+def test_out_of_memory_advice_names_only_the_commands_own_options(capsys, monkeypatch):
+    """modes has no --n: its out-of-memory line must not advise it (it advised
+    'fewer tokens (--n)' for every command)."""
+    import attnflow.analysis.modes as modes_mod
+
+    def too_big(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(modes_mod, "predict_metastable", too_big)
+    code, out, err = run(capsys, "modes", "--beta", "1e6")
+    line = one_line(err)
+    assert code == 1 and line.startswith("attnflow: error: out of memory")
+    assert "--n" not in line and "--saves" not in line and "--beta" in line
+
+
+@pytest.mark.parametrize("option", ["--n", "--d"])
+@pytest.mark.parametrize("command", ["simulate", "rank"])
+def test_sizes_past_any_machine_are_refused_by_name(capsys, no_work, command, option):
+    code, out, err = run(capsys, command, option, "99999999999999999999")
+    line = one_line(err)
+    assert code == 2 and out == ""
+    assert f"'{option}'" in line and "99999999999999999999" in line and "1e+06" in line
+    assert "Maximum allowed dimension" not in line
+
+
+def test_simulate_on_the_sphere_is_not_headed_rescaled_frame(capsys):
+    code, out, err = run(capsys, "simulate", "--frame", "sphere", "--n", "4", "--t1", "1")
+    assert code == 0, err
+    (zline,) = [ln for ln in out.splitlines() if ln.startswith("final z")]
+    assert "rescaled" not in zline and "unit sphere" in zline
+    code, out, err = run(capsys, "simulate", "--frame", "original", "--n", "4", "--t1", "1")
+    assert "final z (rescaled frame; status: ok):" in out
+
+
 def test_internal_error_exits_1_with_one_line(capsys, monkeypatch):
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug")

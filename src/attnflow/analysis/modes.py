@@ -29,8 +29,12 @@ proportional to ``k^2 I_k(beta)``). The fastest mode ``k* = argmax_l lambda_l`` 
 same for SA and USA; on the circle it is the predicted number of metastable clusters
 (about ``sqrt(2 beta)`` for large beta); on ``S^{d-1}``, ``d >= 3``, it is the degree of
 the harmonic that grows first, not a cluster count. Nothing here simulates: the numbers
-are closed forms (``scipy.special.ive``, exponentially scaled, so no overflow below
-``beta ~ 1e300`` in the logs).
+are closed forms in logs (``attnflow._special.log_ive``: scipy's exponentially scaled
+``ive`` where it is exact, the uniform asymptotic expansion of ``I_nu`` for high orders
+and Hankel's for large arguments elsewhere), finite for every ``beta`` and ``d`` in the
+float range: ``mode_rates`` for ``0 < beta < 1e300``, any ``d``; ``predict_metastable``,
+which lists every mode up to ``3 sqrt(2 beta) + 10``, for ``beta <= 1e11`` (``k*`` about
+``sqrt(2 beta)``, 447,214 there).
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ from .. import _checks
 __all__ = ["ModePrediction", "predict_metastable", "mode_rates"]
 
 _KERNELS = ("softmax", "usa")
+# predict_metastable lists the modes 1 .. 3 sqrt(2 beta) + 10: 1.3 million at this beta
+MAX_BETA = 1e11
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,21 +113,34 @@ def _kernel_name(kernel: Any) -> str:
     return str(name)
 
 
-def _log_m(degrees: np.ndarray, beta: float, d: int) -> np.ndarray:
-    """``log m_l(beta)`` (Funk-Hecke factor of ``e^{beta <x, y>}`` on degree ``l``)."""
+def _log_m_scaled(degrees: np.ndarray, beta: float, d: int) -> np.ndarray:
+    """``log(m_l(beta) e^{-beta})`` (Funk-Hecke factor of ``e^{beta <x, y>}`` on degree
+    ``l``, scaled: ``beta`` itself is never added, so differences keep their digits at
+    any beta)."""
     from scipy import special
 
+    from .._special import log_ive
+
     nu = degrees + d / 2.0 - 1.0
-    with np.errstate(divide="ignore"):  # ive underflows to 0 far out: log 0 = -inf
-        log_i = np.log(special.ive(nu, beta)) + beta
+    log_i = log_ive(nu, beta)  # finite at every order and beta (no underflow, no NaN)
     return special.gammaln(d / 2.0) + (d / 2.0 - 1.0) * math.log(2.0 / beta) + log_i
+
+
+def _log_rates(beta: float, ks: np.ndarray, d: int, name: str) -> tuple[np.ndarray, float]:
+    """``(log lambda_k - shift, shift)``: the shift is ``beta`` for USA, 0 for SA."""
+    out = np.log(ks * (ks + d - 2.0)) + _log_m_scaled(ks.astype(float), beta, d)
+    out = out - math.log(beta)
+    if name == "softmax":
+        return out - _log_m_scaled(np.zeros(1), beta, d)[0], 0.0
+    return out, beta
 
 
 def mode_rates(
     beta: float, k: Any, *, d: int = 2, kernel: Any = "softmax"
 ) -> tuple[np.ndarray, np.ndarray]:
     """The growth rates ``lambda_k`` and their logs for the given modes ``k`` (integers
-    >= 1); see the module docstring for the formulas.
+    >= 1); see the module docstring for the formulas. Finite logs for every
+    ``0 < beta < 1e300`` and ``d``; USA's rates are ``inf`` past the float range.
 
     Example:
         >>> rates, _ = mode_rates(2.0, [1, 2, 3])
@@ -129,15 +148,15 @@ def mode_rates(
         2
     """
     beta = _checks.positive("beta", beta)
+    if beta >= 1e300:
+        raise ValueError(f"beta must be below 1e300 (the logs of the rates); got {beta!r}.")
     d = _checks.integer("d", d, lo=2)
     name = _kernel_name(kernel)
     ks = np.asarray(k)
     if ks.ndim != 1 or ks.size == 0 or not np.all(ks == np.round(ks)) or np.any(ks < 1):
         raise ValueError(f"k must be a non-empty 1-d list of integers >= 1; got {k!r}.")
-    ks = ks.astype(np.int64)
-    log_rates = np.log(ks * (ks + d - 2.0)) + _log_m(ks.astype(float), beta, d) - math.log(beta)
-    if name == "softmax":
-        log_rates = log_rates - _log_m(np.zeros(1), beta, d)[0]
+    shifted, shift = _log_rates(beta, ks.astype(np.int64), d, name)
+    log_rates = shifted + shift
     with np.errstate(over="ignore"):
         rates = np.exp(log_rates)
     return rates, log_rates
@@ -148,7 +167,8 @@ def predict_metastable(beta: float, *, d: int = 2, kernel: Any = "softmax") -> M
     metastable clusters of tokens started near uniform on the circle.
 
     Args:
-        beta: the inverse temperature (> 0).
+        beta: the inverse temperature (> 0, at most ``MAX_BETA = 1e11``; ``mode_rates``
+            takes any beta below 1e300 for chosen modes).
         d: the dimension of the tokens (>= 2: the sphere ``S^{d-1}``).
         kernel: ``"softmax"`` (SA) or ``"usa"``, a name or a kernel object of that name.
 
@@ -165,10 +185,20 @@ def predict_metastable(beta: float, *, d: int = 2, kernel: Any = "softmax") -> M
     beta = _checks.positive("beta", beta)
     d = _checks.integer("d", d, lo=2)
     name = _kernel_name(kernel)
+    if beta > MAX_BETA:
+        raise ValueError(
+            f"beta = {beta:g} is beyond predict_metastable's range (beta <= {MAX_BETA:g}): "
+            f"it lists every mode up to 3 sqrt(2 beta) + 10 ({int(3 * math.sqrt(2 * beta)):,} "
+            f"here); the fastest is near sqrt(2 beta) = {math.sqrt(2 * beta):.4g}. Use "
+            f"mode_rates(beta, k) for chosen modes k at any beta below 1e300."
+        )
     top = int(3 * math.sqrt(2 * beta)) + 10
     ks = np.arange(1, top + 1)
-    rates, log_rates = mode_rates(beta, ks, d=d, kernel=name)
-    best = int(np.argmax(log_rates))
+    shifted, shift = _log_rates(beta, ks, d, name)
+    best = int(np.argmax(shifted))  # before USA's + beta, which would round the maximum away
+    log_rates = shifted + shift
+    with np.errstate(over="ignore"):
+        rates = np.exp(log_rates)
     return ModePrediction(
         beta=beta,
         d=d,

@@ -51,13 +51,37 @@ __all__ = [
 ]
 
 
+def _unit(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(x / |x|, zero)`` along the last axis, with each token divided by its largest
+    entry before squaring: the norms neither overflow (entries past 1e154) nor
+    underflow (below 1e-154), so the directions are exact at any scale. ``zero`` marks
+    tokens that are exactly zero (left NaN in the result); NaN tokens stay NaN."""
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        big = np.max(np.abs(x), axis=-1, keepdims=True)
+        y = x / big
+        return y / np.sqrt(np.sum(y * y, axis=-1, keepdims=True)), big[..., 0] == 0
+
+
+def _real_tokens(name: str, x: Any) -> np.ndarray:
+    arr = np.asarray(x)
+    if np.iscomplexobj(arr):
+        raise ValueError(
+            f"{name} must be real tokens; got a complex array (its imaginary parts would be "
+            "dropped). Pass the real and imaginary parts as coordinates of real tokens."
+        )
+    if arr.dtype == object or not (
+        np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.bool_)
+    ):
+        raise ValueError(f"{name} must be a real numeric array; got dtype {arr.dtype}.")
+    return np.asarray(arr, np.float64)
+
+
 def _tokens(traj: Any) -> np.ndarray:
     """Normalised tokens ``(..., m, n, d)`` in float64 of a Trajectory or an array."""
     _checks.refuse_mean_field(
         traj, "this observable", "Its peaks: density_clusters; energy: interaction_energy."
     )
-    x = getattr(traj, "x", traj)
-    x = np.asarray(x, np.float64)
+    x = _real_tokens("traj", getattr(traj, "x", traj))
     if x.ndim not in (3, 4):
         raise ValueError(
             f"traj must be a Trajectory or tokens of shape (m, n, d) or (b, m, n, d); got "
@@ -65,8 +89,7 @@ def _tokens(traj: Any) -> np.ndarray:
         )
     if x.shape[-2] < 2:
         raise ValueError(f"traj has n = {x.shape[-2]} token(s); pairs need n >= 2.")
-    r = np.linalg.norm(x, axis=-1, keepdims=True)
-    zero = r[..., 0] == 0  # NaN (a save never reached) is not zero
+    u, zero = _unit(x)  # NaN (a save never reached) is not zero
     if zero.any():
         where = np.argwhere(zero)[0]
         at = ", ".join(
@@ -77,8 +100,7 @@ def _tokens(traj: Any) -> np.ndarray:
             f"traj has a zero token ({at}): it has no direction, so no inner product on "
             "the sphere; the sphere observables need non-zero tokens."
         )
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return x / r
+    return u
 
 
 def gram(traj: Any) -> Float[np.ndarray, "*b m n n"]:
@@ -201,11 +223,16 @@ def interaction_energy(
     from ..dynamics.meanfield import DensityTrajectory
 
     if isinstance(traj, DensityTrajectory):  # (1/(2 beta)) sum_k I_k(beta) |c_k|^2, exact
-        from scipy.special import ive
+        from scipy.special import logsumexp
+
+        from .._special import log_ive
 
         c2 = np.abs(traj.coefficients()) ** 2
         c2[..., 1:] *= 2.0
-        log_sum = np.log((c2 * ive(np.arange(c2.shape[-1]), b)).sum(-1))
+        with np.errstate(divide="ignore"):  # a zero coefficient: log 0 = -inf, weight 0
+            log_sum = np.asarray(
+                logsumexp(np.log(c2) + log_ive(np.arange(c2.shape[-1]), b), axis=-1)
+            )
         return np.exp(log_sum) if shifted else np.exp(log_sum + b) / (2.0 * b)
     G = gram(traj)
     n = G.shape[-1]
@@ -391,13 +418,17 @@ def renyi_centres(
         delta = 4.0 / math.sqrt(_checks.positive("beta", beta))
     else:
         delta = _checks.positive("delta", delta)
-    u = np.asarray(x, np.float64)
+    u = _real_tokens("x", x)
     if u.ndim != 2 or u.shape[0] < 1:
         raise ValueError(f"x must be tokens of shape (n, d); got shape {u.shape}.")
-    norms = np.linalg.norm(u, axis=1, keepdims=True)
-    if not np.all(np.isfinite(u)) or np.any(norms == 0):
+    if not np.all(np.isfinite(u)):
         raise ValueError("x must hold finite, nonzero tokens (they are normalised).")
-    u = u / norms
+    u, zero = _unit(u)  # exact directions at any scale of the tokens
+    if zero.any():
+        raise ValueError(
+            f"x has a zero token (token {int(np.argmax(zero))}): it has no direction; "
+            "x must hold finite, nonzero tokens (they are normalised)."
+        )
     centres = np.empty_like(u)
     found = [0]
     centres[0] = u[0]

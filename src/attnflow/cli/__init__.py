@@ -113,6 +113,7 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: bool = typer.Option(
         False,
         "--version",
@@ -142,6 +143,11 @@ def _root(
     subcommand prints one JSON object on stdout with --json."""
     if traceback:
         _common.STATE["traceback"] = True
+    sub, get = ctx.invoked_subcommand, getattr(ctx.command, "get_command", None)
+    command = get(ctx, sub) if sub and callable(get) else None
+    _common.STATE["options"] = frozenset(
+        o for p in getattr(command, "params", ()) for o in getattr(p, "opts", ())
+    )
     if no_cache:
         _common.STATE["cache"] = False
 
@@ -182,7 +188,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         args = ["--help"]
-    _common.STATE.update(traceback=False, cache=True, restore={}, restore_env={})
+    _common.STATE.update(
+        traceback=False, cache=True, restore={}, restore_env={}, options=frozenset()
+    )
     if "jax" in sys.modules:  # a command may set x64 without setup_jax (figures)
         import jax
 

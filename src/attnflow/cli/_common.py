@@ -64,7 +64,19 @@ class CLIFailure(Exception):
 # (False with --no-cache), and ``restore``: the JAX options a command changed, with their
 # values before, which ``main`` puts back when the command returns (and ``restore_env``:
 # the environment variables that hand the cache to worker processes).
-STATE: dict[str, Any] = {"traceback": False, "cache": True, "restore": {}, "restore_env": {}}
+STATE: dict[str, Any] = {
+    "traceback": False,
+    "cache": True,
+    "restore": {},
+    "restore_env": {},
+    "options": frozenset(),  # the running subcommand's option names (advice names only these)
+}
+# What makes a run smaller, by option: the out-of-memory advice lists the command's own.
+SIZE_OPTIONS = {
+    "--n": "fewer tokens (--n)",
+    "--saves": "fewer saved times (--saves)",
+    "--beta": "a smaller --beta",
+}
 
 # The float32 cast warning of the library (model.py, simulate.py): with --no-x64 the
 # cast is what was asked for, so the command line silences it.
@@ -509,10 +521,10 @@ def report(exc: BaseException) -> int:
         # numpy's MemoryError, XLA's RESOURCE_EXHAUSTED: a size, not a bug
         asked = re.search(r"allocating (\d+) bytes", str(exc))
         size = f" ({int(asked.group(1)) / 2**30:.1f} GiB asked)" if asked else ""
+        have = [why for opt, why in SIZE_OPTIONS.items() if opt in STATE.get("options", ())]
+        advice = f"; use {' or '.join(have)}" if have else ""
         return fail(
-            f"out of memory{size}: the run does not fit in this machine's memory; use fewer "
-            "tokens (--n) or systems, or fewer saved times.",
-            1,
+            f"out of memory{size}: the run does not fit in this machine's memory{advice}.", 1
         )
     hint = (
         ""

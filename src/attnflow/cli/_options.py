@@ -250,9 +250,17 @@ def K(
     return typer.Option(default, "--K", callback=_matrix_spec(*extra), help=help)
 
 
+# Sizes past any machine (an n x n attention matrix of 10^12 entries, tokens of 10^6
+# coordinates) are refused while parsing, by name, before numpy is asked for them.
+MAX_TOKENS = 10**6
+MAX_DIM = 10**6
+
+
 def n(default: int = 20, help: str = "number of tokens") -> Any:
-    """``--n``: a number of tokens, >= 1."""
-    return typer.Option(default, "--n", callback=checked(_checks.integer, lo=1), help=help)
+    """``--n``: a number of tokens, in ``[1, MAX_TOKENS]``."""
+    return typer.Option(
+        default, "--n", callback=checked(_checks.integer, lo=1, hi=MAX_TOKENS), help=help
+    )
 
 
 def n_list(default: str, help: str) -> Any:
@@ -261,8 +269,10 @@ def n_list(default: str, help: str) -> Any:
 
 
 def d(default: int | None = None, help: str = "dimension (default: from V, or 2)") -> Any:
-    """``--d``: the dimension, >= 1 (None: from V)."""
-    return typer.Option(default, "--d", callback=checked(_checks.integer, lo=1), help=help)
+    """``--d``: the dimension, in ``[1, MAX_DIM]`` (None: from V)."""
+    return typer.Option(
+        default, "--d", callback=checked(_checks.integer, lo=1, hi=MAX_DIM), help=help
+    )
 
 
 def d_list(default: str, help: str) -> Any:

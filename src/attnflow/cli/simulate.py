@@ -19,6 +19,9 @@ from . import _common as common
 from . import _options as opt
 
 SHORT_HELP = "Integrate the particle system; report where the tokens went."
+# What the final z is, by the frame integrated (traj.frame): z = e^{-tV} x after a solve
+# in the original or rescaled frame; the tokens themselves (z = x) on the sphere.
+_FRAME_HEADINGS = {"sphere": "sphere frame: the tokens on the unit sphere, z = x"}
 
 
 def simulate(
@@ -120,7 +123,8 @@ def simulate(
     typer.echo(f"n = {traj.n}, d = {traj.d}, frame = {traj.frame}, x64 = {x64}")
     typer.echo(f"where the tokens went: {limit['summary']}")
     with np.printoptions(precision=4, suppress=True, threshold=200):
-        typer.echo(f"final z (rescaled frame; status: {z_status}):\n{z_final}")
+        heading = _FRAME_HEADINGS.get(traj.frame, "rescaled frame")
+        typer.echo(f"final z ({heading}; status: {z_status}):\n{z_final}")
     if saved is not None:
         typer.echo(f"saved: {saved}")
     common.report_status(traj, strict)

@@ -110,7 +110,7 @@ class CircleMeanField(eqx.Module):
     scale: Float[Array, ""]  # what multiplies d_theta u_scaled: 1/beta or e^beta/beta
 
     def __init__(self, beta: float, kernel: str = "softmax", *, modes: int = 64):
-        from scipy.special import ive
+        from .._special import log_ive
 
         b = _checks.positive("beta", beta)
         self.beta = np.asarray(b, np.float64)
@@ -122,7 +122,9 @@ class CircleMeanField(eqx.Module):
                 f"as e^beta, past float64 at beta ~ 709; use kernel='softmax' or beta <= 700."
             )
         k = np.arange(self.grid_size // 2 + 1)
-        w = 2.0 * math.pi * ive(k, b)
+        # I_k(beta) e^{-beta} in logs: finite at every beta (scipy's ive is NaN past
+        # 2^30), exactly 0 only where it underflows float64
+        w = 2.0 * math.pi * np.exp(log_ive(k, b))
         w[k > 2 * self.modes] = 0.0
         self.weights = jnp.asarray(w)
         sc = 1.0 / b if self.kernel == "softmax" else math.exp(b) / b
