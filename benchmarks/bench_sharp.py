@@ -33,7 +33,9 @@ from _common import best_of, save  # noqa: E402
 
 import attnflow  # noqa: E402
 from attnflow.dynamics.frames import make_frame  # noqa: E402
-from attnflow.dynamics.simulate import ICOEFF, PCOEFF, _log_limit, _solve_adaptive  # noqa: E402
+from attnflow.dynamics.solvers import ICOEFF, PCOEFF  # noqa: E402
+from attnflow.dynamics.solvers import _adaptive_batch as _solve_adaptive  # noqa: E402
+from attnflow.dynamics.solvers import log_limit as _log_limit  # noqa: E402
 from attnflow.dynamics.terms import FlowTerm  # noqa: E402
 
 BETA = 1.0

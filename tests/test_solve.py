@@ -134,7 +134,9 @@ def test_solve_reports_an_overflow_as_a_status_not_an_exception():
 def test_solve_refuses_bad_arguments_by_name():
     m = af.Attention(Q, K, V)
     with pytest.raises(ValueError, match="frame"):
-        af.solve(m, X0, 1.0, frame="sphere")
+        af.solve(m, X0, 1.0, frame="moon")
+    with pytest.raises(ValueError, match="layernorm"):
+        af.solve(m, X0, 1.0, frame="original", layernorm="pre")
     with pytest.raises(ValueError, match="x0"):
         af.solve(m, X0[None], 1.0)
     with pytest.raises(ValueError, match="whole number of layers"):
@@ -155,5 +157,96 @@ def test_simulate_takes_the_solver_objects_and_refuses_them_beside_keywords():
     assert lay.metadata()["run"]["solver"] == {"method": "euler", "dt": 0.25, "layers": 8}
     with pytest.raises(ValueError, match=r"leave method, rtol at the default"):
         af.simulate(m, X0, 1.0, solver=af.LayerSolver(0.5), method="euler", rtol=1e-3)
-    with pytest.raises(ValueError, match="solver must be an attnflow.AdaptiveSolver"):
+    with pytest.raises(ValueError, match="solver must be an attnflow solver object"):
         af.simulate(m, X0, 1.0, solver="tsit5")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("layernorm", ["post", "pre", "peri", "ngpt", "mix", "scaled"])
+def test_solve_runs_the_sphere_as_simulate_does(layernorm):
+    """One engine: ``solve`` on the sphere with every layer-norm placement is simulate's
+    run of the same layers, save for save."""
+    m = af.Attention(Q, K, V)
+    ts = np.array([0.0, 1.0, 2.0])
+    sol = jax.jit(
+        lambda x: af.solve(
+            m, x, 2.0, ts=ts, frame="sphere", solver=af.LayerSolver(0.25), layernorm=layernorm
+        )
+    )(jnp.asarray(X0))
+    ref = af.simulate(m, X0, 2.0, ts=ts, frame="sphere", method="euler", dt=0.25,
+                      layernorm=layernorm)  # fmt: skip
+    # the states are the layer-norm placements' own streams; their tokens are N(state)
+    got = np.asarray(sol.ys) / np.linalg.norm(np.asarray(sol.ys), axis=-1, keepdims=True)
+    np.testing.assert_allclose(got, np.asarray(ref.x), rtol=1e-12, atol=1e-13)
+    assert int(sol.status) == 0 and int(sol.num_steps) == 8
+
+
+def test_solve_runs_the_sphere_ode_and_the_authors_euler():
+    m = af.Attention(Q, K, V)
+    sol = af.solve(m, jnp.asarray(X0), 1.0, frame="sphere", solver=TIGHT)
+    ref = af.simulate(m, X0, 1.0, frame="sphere", rtol=1e-11, atol=1e-12)
+    x = np.asarray(sol.ys[-1]) / np.linalg.norm(np.asarray(sol.ys[-1]), axis=-1, keepdims=True)
+    np.testing.assert_allclose(x, np.asarray(ref.x[-1]), rtol=1e-9, atol=1e-11)
+    eul = af.solve(m, jnp.asarray(X0), 1.0, solver=af.EulerODESolver(0.125))
+    ref_e = af.simulate(m, X0, 1.0, method="euler-ode", dt=0.125)
+    np.testing.assert_allclose(np.asarray(eul.ys[-1]), np.asarray(ref_e.z[-1]), rtol=1e-12)
+    # the authors' scheme by hand: z <- z + dt (P(e^{t_k V} z) z - z) V^T at t_k = k dt
+    z = np.array(X0, np.float64)
+    Vn = np.asarray(V, np.float64)
+    from scipy.linalg import expm
+
+    for k in range(8):
+        x = z @ expm(k * 0.125 * Vn).T
+        L = (x @ np.asarray(Q).T) @ (x @ np.asarray(K).T).T
+        P = np.exp(L - L.max(1, keepdims=True))
+        P /= P.sum(1, keepdims=True)
+        z = z + 0.125 * (P @ z - z) @ Vn.T
+    np.testing.assert_allclose(np.asarray(eul.ys[-1]), z, rtol=1e-11, atol=1e-12)
+
+
+def test_one_layer_loop_for_solve_and_simulate():
+    """``simulate``'s layers and ``solve``'s layers run the same loop: neither driver has
+    a loop of its own, and the fixed-step solvers' loop is ``solvers.layer_loop``."""
+    import importlib
+    import inspect
+
+    for name in ("simulate", "solve", "frames", "terms"):
+        src = inspect.getsource(importlib.import_module(f"attnflow.dynamics.{name}"))
+        loops = [ln for ln in src.splitlines() if "lax.scan(" in ln or "while_loop(" in ln]
+        assert not loops, (name, loops)
+    layers = inspect.getsource(importlib.import_module("attnflow.dynamics.solvers.layers"))
+    assert layers.count("while_loop(") == 1
+
+
+def test_statuses_tell_the_truth_about_inputs_solve_cannot_honour():
+    m = af.Attention(Q, K, V)
+    x0 = jnp.asarray(X0)
+    for bad in (float("nan"), -1.0, float("inf")):
+        with pytest.raises(ValueError, match="t1"):
+            af.solve(m, x0, bad)
+    with pytest.raises(ValueError, match="dt"):
+        af.LayerSolver(float("inf"))
+    with pytest.raises(ValueError, match="rtol"):
+        af.AdaptiveSolver(rtol=float("inf"))
+    with pytest.raises(ValueError, match="max_steps"):
+        af.AdaptiveSolver(max_steps=10.5)  # type: ignore[arg-type]
+    # concrete save times are checked at the door, by name
+    with pytest.raises(ValueError, match="ts must lie within"):
+        af.solve(m, x0, 1.0, ts=jnp.array([0.5, 2.0]))
+    with pytest.raises(ValueError, match="multiples of dt"):
+        af.solve(m, x0, 1.0, ts=jnp.array([0.3]), solver=af.LayerSolver(0.25))
+    # traced ones the solve cannot honour give a failed status, never ok
+    for solver in (TIGHT, af.LayerSolver(0.25)):
+        run = jax.jit(lambda ts, s=solver: af.solve(m, x0, 1.0, ts=ts, solver=s).status)
+        assert int(run(jnp.array([0.25, 1.0]))) == af.Status.OK.code
+        for ts in ([0.5, 2.0], [1.0, 0.5], [0.3, 1.0] if solver is not TIGHT else [-0.5, 1.0]):
+            assert int(run(jnp.asarray(ts))) == af.Status.FAILED.code, (solver, ts)
+
+
+def test_user_error_checks_keep_the_process_mode_inside_attnflow_programs():
+    """attnflow traces diffrax's own checks in its own mode (own_error_mode); the mode is
+    restored for the user's checks right after."""
+    from equinox import _errors
+
+    before = _errors.EQX_ON_ERROR
+    af.solve(af.Attention(Q, K, V), jnp.asarray(X0), 0.5, solver=TIGHT)
+    assert before == _errors.EQX_ON_ERROR

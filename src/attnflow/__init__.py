@@ -50,7 +50,10 @@ _LAZY: dict[str, str] = {
         ("AbstractModel", "AbstractAttentionSystem", "AbstractKernelAttention"),
         ".dynamics.base",
     ),
-    **dict.fromkeys(("solve", "Solution", "AdaptiveSolver", "LayerSolver"), ".dynamics.solve"),
+    **dict.fromkeys(
+        ("solve", "Solution", "AdaptiveSolver", "LayerSolver", "EulerODESolver"),
+        ".dynamics.solve",
+    ),
     "KERNELS": ".dynamics.kernels",
     **dict.fromkeys(
         ("CircleMeanField", "DensityTrajectory", "solve_density"), ".dynamics.meanfield"
@@ -136,7 +139,7 @@ if _typing.TYPE_CHECKING:  # what a type checker and an editor see; nothing is i
     from .dynamics.base import AbstractAttentionSystem, AbstractKernelAttention, AbstractModel
     from .dynamics.kernels import KERNELS
     from .dynamics.meanfield import CircleMeanField, DensityTrajectory, solve_density
-    from .dynamics.solve import AdaptiveSolver, LayerSolver, Solution, solve
+    from .dynamics.solve import AdaptiveSolver, EulerODESolver, LayerSolver, Solution, solve
     from .dynamics.stack import stack, unstack
     from .studies import GinibreEstimate, HeadsAnalysis, analyze_heads, ginibre_fraction
 
@@ -180,6 +183,7 @@ __all__ = [
     "Solution",
     "AdaptiveSolver",
     "LayerSolver",
+    "EulerODESolver",
     "stack",
     "unstack",
     "KERNELS",

@@ -23,6 +23,7 @@ __all__ = [
     "Noise",
     "Propagator",
     "FlowCache",
+    "fresh",
     "SOLVERS",
     "SimulationError",
     "Status",

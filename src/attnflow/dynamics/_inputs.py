@@ -17,16 +17,8 @@ from jaxtyping import Array
 
 from .. import _checks
 from .base import AbstractModel
-from .solve import AdaptiveSolver, LayerSolver
 
-__all__ = ["FIXED", "MAX_STEPS_LIMIT", "check_x0", "check_ts", "check_tolerances", "all_finite"]
-
-# the fixed-step methods of ``simulate`` (one step of ``dt`` per layer)
-FIXED = ("euler", "euler-ode")
-
-
-# diffrax counts steps in 32-bit integers.
-MAX_STEPS_LIMIT = 2**31 - 1
+__all__ = ["check_x0", "check_ts", "check_tolerances", "check_flags", "all_finite"]
 
 
 def check_x0(model: AbstractModel, x0) -> np.ndarray | Array:
@@ -100,34 +92,3 @@ def check_flags(**flags: Any) -> None:
     for name, value in flags.items():
         if not isinstance(value, (bool, np.bool_)):
             raise ValueError(f"{name} must be True or False; got {value!r}.")
-
-
-def solver_options(
-    solver: Any, method: str, dt: float | None, rtol: float, atol: float, max_steps: int
-) -> tuple[str, float | None, float, float, int]:
-    """``simulate``'s solver keywords from a solver object; the keywords must be left at
-    their defaults."""
-    given = [
-        name
-        for name, value, default in (
-            ("method", method, "adaptive"),
-            ("dt", dt, None),
-            ("rtol", rtol, 1e-6),
-            ("atol", atol, 1e-9),
-            ("max_steps", max_steps, 100_000),
-        )
-        if value != default
-    ]
-    if given:
-        raise ValueError(
-            f"solver={solver!r} already fixes the solve; leave {', '.join(given)} at the "
-            f"default (set them on the solver object) or drop solver."
-        )
-    if isinstance(solver, AdaptiveSolver):
-        return solver.method, None, solver.rtol, solver.atol, solver.max_steps
-    if isinstance(solver, LayerSolver):
-        return "euler", solver.dt, rtol, atol, max_steps
-    raise ValueError(
-        f"solver must be an attnflow.AdaptiveSolver or attnflow.LayerSolver (or None: "
-        f"method and its keywords); got {type(solver).__name__}."
-    )

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, Bool, Float
 
 from . import kernels as _kernels
 from .kernels._tiling import prepared as _prepared
@@ -172,6 +172,17 @@ class AbstractAttentionSystem(AbstractModel):
     ``attention_rows`` (dispersion), ``num_heads``/``head(h)``/``value_matrices``
     (one head of several), ``value_matrix`` (the regime theorems), ``plain_softmax``
     (whether the theorems' kernel is the model's), ``attention_kind`` (messages).
+
+    Declared facts, from which the analyses derive their numbers (they never inspect a
+    family's or a kernel's methods): ``kept_keys(x, rows)`` (the keys each query row
+    keeps: dispersion's per-row key count, spread and entropy; default every key, and a
+    family that masks inside its own weights overrides it), ``bilinear_logits``
+    (``logits_qk(q, k) = beta q k^T`` of the queries and keys themselves: the hardmax
+    cells' Frank-Wolfe objective needs it; default False), ``positional`` (token
+    positions enter the logits or their bias: RoPE, ALiBi; default False),
+    ``rows_sum_to_one`` (abstract), ``normalizes_tokens`` and ``plain_softmax``.
+    ``attnflow.testing.check_model`` holds every declared fact against the family's own
+    numbers.
     """
 
     beta: eqx.AbstractVar[Array]
@@ -216,6 +227,32 @@ class AbstractAttentionSystem(AbstractModel):
     def attention_kind(self) -> str:
         """What weighs the values, for messages (a kernel name, or the family's)."""
         return type(self).__name__
+
+    def kept_keys(self, x: Float[Array, "n d"], rows: Array | None = None) -> Bool[Array, "r n"]:
+        """Which keys each query row keeps at tokens ``x`` (original frame): boolean
+        ``(len(rows), n)`` for the query indices ``rows`` (default all, ``(n, n)``).
+        A key not kept weighs 0 whatever the logits; dispersion counts, spreads and
+        normalises over the kept keys of each row. Default: every key. A family that
+        masks inside its own weights overrides this (and must keep at least one key per
+        row)."""
+        n = x.shape[-2]
+        r = n if rows is None else rows.shape[0]
+        return jnp.ones((r, n), dtype=bool)
+
+    @property
+    def bilinear_logits(self) -> bool:
+        """Whether ``logits_qk(q, k)`` is ``beta q k^T`` of the queries and keys
+        ``queries_keys(x)`` themselves (no map of them, no turn by position), so that the
+        logits of tokens are the bilinear form ``beta x_i^T Q^T K x_j`` (of
+        ``prepare_tokens(x)``). Default False: a family declares it."""
+        return False
+
+    @property
+    def positional(self) -> bool:
+        """Whether token positions enter the logits or their bias (RoPE's turn,
+        ALiBi's bias): then a logit is no function of the two tokens alone. Default
+        False."""
+        return False
 
     @property
     def plain_softmax(self) -> bool:
@@ -331,11 +368,39 @@ class AbstractKernelAttention(AbstractAttentionSystem):
 
     @property
     def attention_kind(self) -> str:
-        return f"kernel {self.kernel.name!r}"
+        if self.mask is None:
+            return f"kernel {self.kernel.name!r}"
+        return f"kernel {self.kernel.name!r} under the mask {self.mask.describe()!r:.60}"
 
     @property
     def plain_softmax(self) -> bool:
         return type(self.kernel) is _kernels.Softmax and self.mask is None
+
+    def kept_keys(self, x: Float[Array, "n d"], rows: Array | None = None) -> Bool[Array, "r n"]:
+        """The mask's ``keep`` (every key without a mask), and ``j <= i`` under a kernel
+        that is causal itself (``selective``)."""
+        n = x.shape[-2]
+        rows = jnp.arange(n) if rows is None else jnp.asarray(rows)
+        cols = jnp.arange(n)
+        keep = (
+            jnp.ones((rows.shape[0], n), dtype=bool)
+            if self.mask is None
+            else self.mask.keep(rows, cols)
+        )
+        if self.kernel.causal:
+            keep = keep & (cols[None, :] <= rows[:, None])
+        return keep
+
+    @property
+    def bilinear_logits(self) -> bool:
+        """The kernel's fact (``AbstractKernel.bilinear_logits``: it weighs the logits of
+        the queries and keys themselves), and no mask that turns them by position."""
+        return self.kernel.bilinear_logits and not self.positional
+
+    @property
+    def positional(self) -> bool:
+        """The mask's fact (``AbstractMask.positional``: ALiBi, RoPE)."""
+        return self.mask is not None and bool(self.mask.positional)
 
     def prepare_tokens(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
         return self.kernel.prepare_tokens(x)

@@ -60,7 +60,7 @@ cast.
 
 from __future__ import annotations
 
-import functools
+import math
 from typing import Any
 
 import equinox as eqx
@@ -254,8 +254,8 @@ class FlowCache(eqx.Module):
                 got.update(method=parts[0]["method"], complex_evecs=parts[0]["complex_evecs"])
             else:
                 got = _decompose(Vn, method, dtype)
-            self.method = got["method"]
-            self.complex_evecs = got["complex_evecs"]
+            self.method = str(got["method"])
+            self.complex_evecs = bool(got["complex_evecs"])
             self.evals = _bits(got["evals"], dtype)
             self.evecs = _bits(got["evecs"], dtype)
             self.evecs_inv = _bits(got["evecs_inv"], dtype)
@@ -319,10 +319,10 @@ def _phi(t: Array, lam: Array) -> Array:
     ei = jnp.exp(t * li)
     small = jnp.abs(z) < 0.1
     zs = jnp.where(small, z, 0.0)
-    series = 1.0 + zs * (
-        1 / 2
-        + zs * (1 / 6 + zs * (1 / 24 + zs * (1 / 120 + zs * (1 / 720 + zs * (1 / 5040 + zs / 40320)))))
-    )
+    # phi_1(z) = (e^z - 1) / z = sum_k z^k / (k + 1)!, to z^7 (|z| < 0.1: below 1e-16)
+    series = jnp.zeros_like(zs)
+    for k in range(8, -1, -1):
+        series = series * zs + 1.0 / math.factorial(k + 1)
     diff = jnp.where(small, 1.0, li - lj)
     return jnp.where(small, t * ej * series, (ei - ej) / diff)
 

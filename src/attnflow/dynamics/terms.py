@@ -103,12 +103,12 @@ class AbstractTime(eqx.Module):
         scaled = prop.modal_scale(w, re[None, :, None, :], im[None, :, None, :])
         return prop.from_modal(scaled)
 
-    def convert(self, prop, coords: str, ts: Array, to_x: Array | None, y, to_original: bool):
+    def convert(self, prop, modal: bool, ts: Array, to_x: Array | None, y, to_original: bool):
         """The states ``y`` ``(b, m, n, d)`` saved at ``ts`` in the other frame: the
-        rescaled states (``coords`` ``"standard"`` or ``"modal"``) as tokens when
+        rescaled states (in modal coordinates when ``modal``) as tokens when
         ``to_original``, else the tokens as rescaled states ``z``. ``to_x`` is the flow
         the layer loop carried (``None`` in continuous time and in modal coordinates)."""
-        if coords == "modal":  # rescaled frame, state w = T^{-1} z
+        if modal:  # rescaled frame, state w = T^{-1} z
             return self._modal_to_tokens(prop, ts, y, +1) if to_original else prop.from_modal(y)
         if to_original:
             return jnp.einsum("bmnd,med->bmne", y, self.maps(prop, ts, to_x))
@@ -121,18 +121,18 @@ class AbstractTime(eqx.Module):
         return jnp.swapaxes(sol, -1, -2)
 
     def convert64(
-        self, prop, coords: str, ts, to_x, y: np.ndarray, to_original: bool
+        self, prop, modal: bool, ts, to_x, y: np.ndarray, to_original: bool
     ) -> np.ndarray:
         """``convert`` in float64 and overflow-safe: a zero coordinate times an
         overflowing factor is 0 (not NaN), magnitudes beyond float64 are +-inf. Used only
         for the saves where the fast conversion left the float range."""
         sign = 1 if to_original else -1
         y = np.asarray(y, np.float64)
-        if coords == "modal" and not to_original:
+        if modal and not to_original:
             return safe_matmul(y, np.asarray(prop.T, np.float64))
-        if coords == "modal" or prop.has_modal:
+        if modal or prop.has_modal:
             T = np.asarray(prop.T, np.float64)
-            w = y if coords == "modal" else safe_matmul(y, np.asarray(prop.T_inv, np.float64))
+            w = y if modal else safe_matmul(y, np.asarray(prop.T_inv, np.float64))
             logr, theta = self.log_multipliers(prop, np.asarray(ts), sign)  # (m, d)
             partner = np.asarray(prop.partner)
             sgn = np.asarray(prop.sign, np.float64)
@@ -345,6 +345,6 @@ def layer_term(frame: AbstractFrame, dt: float, dtype: Any, *, ode: bool = False
     if ode:
         return EulerTerm(frame=frame, dt=dt_a)
     prop = frame.model.propagator
-    modal = Layers(dt).modal_factor(prop, dtype) if frame.coords == "modal" else None
-    carries = frame.tracks_flow and frame.coords == "standard" and prop is not None
+    modal = Layers(dt).modal_factor(prop, dtype) if frame.modal else None
+    carries = frame.tracks_flow and not frame.modal and prop is not None
     return LayerTerm(frame=frame, dt=dt_a, modal_factor=modal, carries_flow=carries)

@@ -15,7 +15,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .. import _checks
-from .frames import normalize_rows, singular_layer_step
+from .frames import AbstractFrame, normalize_rows, singular_layer_step
 from .status import BY_CODE, STATUS_CODES, SimulationError, Status, advice
 from .terms import AbstractTime, Continuous, Layers
 
@@ -105,6 +105,7 @@ class Trajectory:
     discretisation: AbstractTime = Continuous()  # or Layers(dt): the discrete transformer
     saved_metadata: dict | None = None  # what Trajectory.load read from the file
     wall_seconds: float | None = None  # simulate's wall time, compile included
+    frame_object: Any = None  # the frame object that ran (rebuilt on demand after load)
 
     # ------------------------------------------------------------- construction
     @classmethod
@@ -127,6 +128,7 @@ class Trajectory:
         t1,
         x0=None,
         discretisation=None,
+        frame_object=None,
     ):
         disc = Continuous() if discretisation is None else discretisation
         codes = np.asarray(codes).reshape(-1)
@@ -156,6 +158,7 @@ class Trajectory:
                 _to_x=to,
                 x0=x0,
                 discretisation=disc,
+                frame_object=frame_object,
             )
         # One system: keep what was reached, then the state where it stopped.
         r = reached[0]
@@ -192,7 +195,30 @@ class Trajectory:
             _to_x=None if to is None else jnp.asarray(to, dtype),
             x0=x0,
             discretisation=disc,
+            frame_object=frame_object,
         )
+
+    # ------------------------------------------------------------------- frame
+    @cached_property
+    def frame_of(self) -> AbstractFrame:
+        """The frame object that ran (``attnflow.dynamics.frames``): the one ``simulate``
+        used, or, for a trajectory read from a file or one system of a stacked batch,
+        the same frame built again from the model and the run's settings. The
+        trajectory reads its facts (what the state is) and converts through it."""
+        if self.frame_object is not None:
+            return self.frame_object
+        from .frames import frame_maker
+
+        solver = self.solver
+        make = frame_maker(
+            self.frame,
+            solver.get("layernorm", "post"),
+            t1=self.t1,
+            dt=solver.get("dt"),
+            residual=bool(solver.get("residual", True)),
+            coords=self.coords if self.frame == "rescaled" else None,
+        )
+        return eqx.filter_vmap(make)(self.model) if self.stacked else make(self.model)
 
     # ------------------------------------------------------------------- status
     @property
@@ -231,13 +257,13 @@ class Trajectory:
     def _convert(self, y, to_original: bool):
         """The frame that was not integrated, from the states ``y`` ``(b, m, n, d)``."""
         return self.discretisation.convert(
-            self.model.propagator, self.coords, self.ts, self._to_x, y, to_original
+            self.model.propagator, self.frame_of.modal, self.ts, self._to_x, y, to_original
         )
 
     def _convert64(self, y: np.ndarray, to_original: bool) -> np.ndarray:
         """``_convert`` in float64 and overflow-safe (``AbstractTime.convert64``)."""
         return self.discretisation.convert64(
-            self.model.propagator, self.coords, self.ts, self._to_x, y, to_original
+            self.model.propagator, self.frame_of.modal, self.ts, self._to_x, y, to_original
         )
 
     def _checked(self, name: str, A: Array, to_original: bool) -> Array:
@@ -285,7 +311,7 @@ class Trajectory:
         and the skip connection: not after ``residual=False``)."""
         if self.solver.get("residual", True) is False:
             return False
-        if self.frame in ("rescaled", "sphere"):
+        if not self.frame_of.state_is_tokens:
             return True
         return self.model.propagator is not None and self._singular_layer_map is None
 
@@ -362,6 +388,8 @@ class Trajectory:
             _y=jnp.asarray(host["_y"][i : i + 1][:, keep]),
             _to_x=to_x,
             x0=None if host["x0"] is None else jnp.asarray(host["x0"][i]),
+            # one model of a stack: its frame is built again from it when asked for
+            frame_object=None if self.stacked else self.frame_object,
         )
         for name in ("_z", "_x") if self.has_z else ("_x",):
             one.__dict__[name] = jnp.asarray(host[name][i : i + 1][:, keep])
@@ -371,9 +399,10 @@ class Trajectory:
 
     @cached_property
     def _z(self) -> Array:
-        if self.frame == "rescaled" and self.coords == "standard":
+        fr = self.frame_of
+        if fr.state_is_rescaled:
             return self._y
-        if self.frame == "sphere":  # layer normalisation in place of e^{-tV}: z = x
+        if fr.on_sphere:  # layer normalisation in place of e^{-tV}: z = x
             return self._x
         if not self.has_z:
             if self.solver.get("residual", True) is False:
@@ -389,9 +418,10 @@ class Trajectory:
 
     @cached_property
     def _x(self) -> Array:
-        if self.frame == "original":
+        fr = self.frame_of
+        if fr.state_is_tokens:
             return self._y
-        if self.frame == "sphere":
+        if fr.on_sphere:
             return normalize_rows(self._y)
         return self._checked("x", self._convert_any(self._y, True), True)
 
@@ -464,14 +494,14 @@ class Trajectory:
             )
         if system is not None:
             system = _checks.index("system", system, len(self.statuses), what="systems")
-        if self.stacked and self.coords == "modal":
+        if self.stacked and self.frame_of.modal:
             if system is None:
                 raise ValueError(
                     "the weights were stacked (one modal basis per system): project one "
                     "system at a time, traj.project(P, system=i)."
                 )
             return self.system(system).project(P)
-        if self.coords != "modal":
+        if not self.frame_of.modal:
             y = self.z if system is None else self.z[system]
         else:
             y = self.state if system is None else self._y[system]

@@ -29,6 +29,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.core as jax_core
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
@@ -191,7 +192,7 @@ class MultiHeadAttention(AbstractModel):
         use so that it never drifts from it."""
         if self.W_given is not None:
             return self.W_given
-        if isinstance(self.V, jax.core.Tracer):
+        if isinstance(self.V, jax_core.Tracer):
             return jnp.sum(self.V, axis=-3)
         return jnp.asarray(np.asarray(self.V, np.float64).sum(-3), self.V.dtype)
 

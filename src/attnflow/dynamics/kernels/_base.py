@@ -15,6 +15,14 @@ analyses what they may assume:
 ``normalizes_tokens``  the kernel rescales the tokens before the query and key maps
                        (``prepare_tokens`` is not the identity), so the modal rescaled
                        frame, whose coordinates are not the tokens', cannot serve it
+``bilinear_logits``    the kernel weighs the logits ``beta <q_i, k_j>`` of the queries and
+                       keys themselves (``prepare`` is the identity); False for a kernel
+                       that maps them first (``qknorm``, ``linear``, ``differential``)
+``causal``             the kernel itself drops the keys after the query (``j > i``),
+                       whatever the mask (``selective``): the keys a row keeps are then
+                       those of the mask and ``j <= i``
+
+The analyses read these facts; they never inspect a kernel's methods.
 
 Methods: ``weights(L)`` (row-wise on logits ``(..., m)``), ``prepare(q, k)`` (per-token
 preparation of queries and keys, default none), ``prepare_tokens(x)`` (default none),
@@ -73,6 +81,8 @@ class AbstractKernel(eqx.Module):
     takes_mask: ClassVar[bool] = True
     takes_positions: ClassVar[bool] = True
     normalizes_tokens: ClassVar[bool] = False
+    bilinear_logits: ClassVar[bool] = True
+    causal: ClassVar[bool] = False
     # why ``takes_mask`` (``takes_positions``) is False, for the error message
     no_mask_reason: ClassVar[str] = ""
     no_positions_reason: ClassVar[str] = ""

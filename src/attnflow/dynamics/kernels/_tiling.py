@@ -44,9 +44,8 @@ def auto_block(n: int) -> int:
 
 def moves_logits(mask: AbstractMask) -> bool:
     """Whether the mask does more than drop logits: it adds a bias (ALiBi) or turns the
-    queries and keys by position (RoPE), i.e. its class overrides ``bias`` or ``turn``."""
-    cls = type(mask)
-    return cls.bias is not AbstractMask.bias or cls.turn is not AbstractMask.turn
+    queries and keys by position (RoPE), as its class declares (``positional``)."""
+    return bool(mask.positional)
 
 
 def check_kernel_mask(kernel: AbstractKernel, mask: AbstractMask | None) -> None:
@@ -57,7 +56,7 @@ def check_kernel_mask(kernel: AbstractKernel, mask: AbstractMask | None) -> None
         raise ValueError(f"kernel {kernel.name!r} takes no mask{why}; use mask=None.")
     if mask is not None and not kernel.takes_positions and moves_logits(mask):
         why = f" ({kernel.no_positions_reason})" if kernel.no_positions_reason else ""
-        name = getattr(mask, "name", type(mask).__name__)
+        name = mask.name
         raise ValueError(
             f"kernel {kernel.name!r} takes no mask that biases or turns the logits (got "
             f"mask={name!r}){why}; use a mask that only drops keys (None, 'causal', "

@@ -28,6 +28,7 @@ class Differential(AbstractKernel):
 
     lam: Array
     name: ClassVar[str] = "differential"
+    bilinear_logits: ClassVar[bool] = False  # prepare maps the queries and keys
     summary: ClassVar[str] = "softmax(beta q1 k1) - lam softmax(beta q2 k2), rows sum to 1 - lam"
     row_stochastic: ClassVar[bool] = False
     takes_mask: ClassVar[bool] = False

@@ -53,6 +53,7 @@ class Linear(AbstractKernel):
     """``beta phi(q) . phi(k)``, unnormalised."""
 
     name: ClassVar[str] = "linear"
+    bilinear_logits: ClassVar[bool] = False  # prepare maps the queries and keys
     summary: ClassVar[str] = (
         "beta phi(q) . phi(k), phi = elu + 1, unnormalised (original frame only)"
     )
@@ -71,6 +72,7 @@ class LinearNorm(AbstractKernel):
     """``phi(q) . phi(k)`` normalised by its row sum."""
 
     name: ClassVar[str] = "linearnorm"
+    bilinear_logits: ClassVar[bool] = False  # prepare maps the queries and keys
     summary: ClassVar[str] = "phi(q) . phi(k) / sum_k phi(q) . phi(k_k), phi = elu + 1"
     takes_positions: ClassVar[bool] = False
     no_positions_reason: ClassVar[str] = _NO_POSITIONS

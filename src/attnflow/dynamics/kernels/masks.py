@@ -9,7 +9,13 @@ queries and keys are turned by position.
                       ``beta``: ``L_ij = beta <q_i, k_j> + bias_ij`` (ALiBi);
 ``turn(q, k)``        queries ``(n, p)`` and keys ``(m, p)`` as the logits see them, by
                       position (RoPE; default unchanged);
-``describe()``        the saved form, read back by ``check_mask``.
+``describe()``        the saved form, read back by ``check_mask``;
+``positional``        a declared fact (class attribute): whether the mask moves the logits
+                      by position (a bias or a turn: ALiBi, RoPE) rather than only
+                      dropping them. A mask that overrides ``bias`` or ``turn`` declares
+                      ``positional = True``; the kernels that take no positions and the
+                      analyses read the fact, never the methods
+                      (``attnflow.testing.check_mask`` holds the two together).
 
 Every mask here keeps the diagonal, so no row is empty, except ``Graph(adjacency)``, a
 mask of any directed graph on a fixed number of tokens, which need not but must keep at
@@ -54,6 +60,7 @@ class AbstractMask(eqx.Module):
     """What a mask subclasses: ``keep(rows, cols)`` and ``describe()``."""
 
     name: ClassVar[str]
+    positional: ClassVar[bool] = False
 
     @abc.abstractmethod
     def keep(self, rows: Array, cols: Array) -> Bool[Array, "r m"]:
@@ -176,6 +183,7 @@ class ALiBi(AbstractMask):
 
     slopes: Array
     name: ClassVar[str] = "alibi"
+    positional: ClassVar[bool] = True
 
     def __init__(self, slopes: Any):
         self.slopes = _slopes(slopes)
@@ -213,6 +221,7 @@ class RoPE(AbstractMask):
     base: float = eqx.field(static=True)
     mask: AbstractMask | None
     name: ClassVar[str] = "rope"
+    positional: ClassVar[bool] = True
 
     def __init__(self, base: float = 10000.0, mask: Any = None):
         try:

@@ -64,6 +64,7 @@ class QKNorm(AbstractKernel):
     wq: Array | None
     wk: Array | None
     name: ClassVar[str] = "qknorm"
+    bilinear_logits: ClassVar[bool] = False  # prepare maps the queries and keys
     summary: ClassVar[str] = (
         "softmax of beta <wq q^, wk k^>, q^ and k^ RMS-normalised per token, gains wq, wk"
     )
@@ -86,6 +87,7 @@ class QKNormSink(AbstractKernel):
     wk: Array | None
     b: Array
     name: ClassVar[str] = "qknorm_sink"
+    bilinear_logits: ClassVar[bool] = False  # prepare maps the queries and keys
     summary: ClassVar[str] = "qknorm with a learned sink logit b: e^L / (e^b + sum e^L)"
     row_stochastic: ClassVar[bool] = False
 

@@ -41,6 +41,7 @@ class Selective(AbstractKernel):
     name: ClassVar[str] = "selective"
     summary: ClassVar[str] = "softmax(L - F), F_ij = sum_{k<i} relu(L_kj) (causal; dense only)"
     rowwise: ClassVar[bool] = False
+    causal: ClassVar[bool] = True  # row i keeps the keys j <= i whatever the mask
 
     def weights(self, L: Array) -> Array:
         return selective_attention(L)
