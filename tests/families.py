@@ -6,7 +6,12 @@ the package, by the recipe of ``docs/architecture.md``: the list the conformance
 projection of ``exp(beta q k^T)`` (alternate row and column normalisation in log space,
 ending with the rows, so rows sum to one), a doubly stochastic attention of the kind
 studied by Sander et al. (Sinkformers, 2022). Its rows are not computed one by one
-(``rowwise`` is False) and it names no kernel.
+(``rowwise`` is False) and it names no kernel; it declares its logits bilinear.
+
+``BandAttention`` is a second external family that masks inside its own weights: softmax
+of ``beta q k^T`` over the keys ``|i - j| <= w``, declared through ``kept_keys`` (its
+logits stay unmasked), so that the analyses count, spread and normalise over the kept
+keys of each row.
 """
 
 from __future__ import annotations
@@ -55,6 +60,10 @@ class SinkhornAttention(AbstractAttentionSystem):
     def rows_sum_to_one(self) -> bool:
         return True
 
+    @property
+    def bilinear_logits(self) -> bool:
+        return True
+
     def query_key_maps(self):
         return self.Q, self.K
 
@@ -88,6 +97,75 @@ class SinkhornAttention(AbstractAttentionSystem):
         return cls(
             arrays["Q"], arrays["K"], arrays["V"], beta=arrays["beta"], iters=description["iters"]
         )
+
+
+class BandAttention(AbstractAttentionSystem):
+    """One head of softmax over the keys ``|i - j| <= w``, masked inside ``weights``."""
+
+    Q: Array
+    K: Array
+    V: Array
+    beta: Array
+    propagator: af.Propagator
+    w: int = eqx.field(static=True)
+    family = "BandAttention"
+
+    def __init__(self, Q, K, V, *, beta=1.0, w: int = 1):
+        self.Q, self.K, self.V = (jnp.asarray(a) for a in (Q, K, V))
+        self.beta = jnp.asarray(beta, self.V.dtype)
+        self.w = int(w)
+        self.propagator = af.Propagator(self.V)
+
+    @property
+    def d(self) -> int:
+        return self.V.shape[-1]
+
+    @property
+    def dtype(self):
+        return self.V.dtype
+
+    @property
+    def rows_sum_to_one(self) -> bool:
+        return True
+
+    @property
+    def bilinear_logits(self) -> bool:
+        return True
+
+    def kept_keys(self, x, rows=None):
+        n = x.shape[-2]
+        rows = jnp.arange(n) if rows is None else jnp.asarray(rows)
+        return jnp.abs(rows[:, None] - jnp.arange(n)[None, :]) <= self.w
+
+    def query_key_maps(self):
+        return self.Q, self.K
+
+    def logits_qk(self, q, k):
+        return self.beta * q @ k.T
+
+    def weights(self, q, k):
+        i = jnp.arange(q.shape[0])
+        band = jnp.abs(i[:, None] - jnp.arange(k.shape[0])[None, :]) <= self.w
+        return jax.nn.softmax(jnp.where(band, self.logits_qk(q, k), -jnp.inf), axis=-1)
+
+    def log_bound(self, q, k):
+        qn = jnp.max(jnp.linalg.norm(q, axis=-1))
+        kn = jnp.max(jnp.linalg.norm(k, axis=-1))
+        out = jnp.log(self.beta) + jnp.log(qn) + jnp.log(kn)
+        return jnp.where(jnp.isnan(out), jnp.inf, out)
+
+    def value_map(self, u):
+        return u @ self.V.T
+
+    def describe(self) -> dict:
+        return {"family": "BandAttention", "beta": float(self.beta), "w": self.w}
+
+    def arrays(self) -> dict:
+        return {"Q": self.Q, "K": self.K, "V": self.V, "beta": self.beta}
+
+    @classmethod
+    def from_saved(cls, description, arrays):
+        return cls(arrays["Q"], arrays["K"], arrays["V"], beta=arrays["beta"], w=description["w"])
 
 
 def sinkhorn_numpy(L: np.ndarray, iters: int) -> np.ndarray:
@@ -198,6 +276,7 @@ CASES: list[Case] = [_kernel_case(name) for name in K.KERNELS] + [
         lambda: af.FeedForward(W1, np.zeros(3), W2, np.zeros(2)),
     ),
     Case("SinkhornAttention", lambda: SinkhornAttention(Q2, K2, V2, beta=1.0, iters=5)),
+    Case("BandAttention", lambda: BandAttention(Q2, K2, V2, beta=1.5, w=1)),
 ]
 
 

@@ -308,3 +308,27 @@ def euler_kernel(name, x0, Q, K, V, dt, layers, beta=1.0, **kw):
     for _ in range(layers):
         x = x + dt * kernel_weights(name, x, Q, K, beta, **kw) @ x @ np.asarray(V).T
     return x
+
+
+# ---------------------------------------------------------------- derived numbers
+def dispersion_rows(P, L, keep):
+    """Per row, over the keys ``keep`` (boolean (r, n)) it keeps, written out row by row:
+    ``max``, ``kept`` (n_i), ``delta`` (spread of the kept logits), ``bound_tight``
+    ``1 / (1 + (n_i - 1) e^{-delta})``, ``entropy`` (nats, of the row normalised to one)
+    and ``entropy_normalized`` (``entropy / log n_i``, 0 for one key)."""
+    P, L, keep = (np.asarray(a) for a in (P, L, keep))
+    out = {k: [] for k in ("max", "kept", "delta", "bound_tight", "entropy", "entropy_normalized")}
+    for i in range(P.shape[0]):
+        js = [j for j in range(P.shape[1]) if keep[i, j]]
+        row = P[i] / P[i].sum()
+        ent = -sum(a * np.log(a) for a in row if a > 0)
+        lo = min(float(L[i, j]) for j in js)
+        hi = max(float(L[i, j]) for j in js)
+        ni = len(js)
+        out["max"].append(P[i].max())
+        out["kept"].append(ni)
+        out["delta"].append(hi - lo)
+        out["bound_tight"].append(1.0 / (1.0 + (ni - 1) * np.exp(-(hi - lo))))
+        out["entropy"].append(ent)
+        out["entropy_normalized"].append(ent / np.log(ni) if ni > 1 else 0.0)
+    return {k: np.asarray(v, np.float64) for k, v in out.items()}

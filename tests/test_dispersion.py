@@ -451,9 +451,11 @@ def test_non_finite_input_is_refused_not_reported_as_numbers():
         m = af.Attention(np.eye(2), np.eye(2), np.eye(2), kernel=kernel)
         with pytest.raises(ValueError, match="x has non-finite entries"):
             af.dispersion(m, x=x)
-    # a masked key (logit -inf, weight 0) is a legitimate row: infinite spread
+    # a masked key (logit -inf, weight 0) is a legitimate row: it is not counted, the
+    # spread and the cap are those of the two kept keys (1 / (1 + 1 e^0) = 0.5)
     rep = af.dispersion(np.array([[0.5, 0.5, 0.0]]), logits=np.array([[1.0, 1.0, -np.inf]]), sink=1)
-    assert rep.delta[0] == np.inf and rep.bound_tight[0] == 1.0 and rep.max[0] == 0.5
+    assert rep.delta[0] == 0.0 and rep.bound_tight[0] == 0.5 and rep.max[0] == 0.5
+    assert rep.kept[0] == 2 and rep.bound_holds[0]
 
 
 def test_trajectory_saves_of_a_failed_system_give_nan_rows():

@@ -11,6 +11,7 @@ itself) leaves it where it is. Nothing is simulated here.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,7 @@ def consensus_distance(traj: Any) -> Float[np.ndarray, "*b m"]:
         >>> consensus_distance(x).round(4).tolist()  # two saves of two tokens
         [1.4142, 0.0]
     """
-    x = np.asarray(getattr(traj, "x", traj), np.float64)
+    x = np.asarray(_tokens_of(traj), np.float64)
     if x.ndim not in (3, 4) or x.shape[-2] < 1:
         raise ValueError(
             f"traj must be a Trajectory or tokens of shape (m, n, d) or (b, m, n, d); got "
@@ -44,3 +45,10 @@ def consensus_distance(traj: Any) -> Float[np.ndarray, "*b m"]:
         )
     centred = x - x.mean(axis=-2, keepdims=True)
     return np.sqrt(np.sum(centred * centred, axis=(-2, -1)))
+
+
+def _tokens_of(traj: Any) -> Any:
+    """The tokens ``x`` of a ``Trajectory``, or ``traj`` itself (an array); a
+    trajectory exists only once the dynamics are imported, so an array needs no JAX."""
+    mod = sys.modules.get("attnflow.dynamics.trajectory")
+    return traj.x if mod is not None and isinstance(traj, mod.Trajectory) else traj

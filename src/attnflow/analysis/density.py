@@ -25,6 +25,7 @@ empirical measure.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -43,7 +44,8 @@ def _is_density(obj: Any) -> bool:
 
 def _angles(obj: Any, save: int | None) -> np.ndarray:
     """Angles in ``[0, 2 pi)``: ``(m, n)`` (all saves) or ``(n,)`` (one save)."""
-    x = getattr(obj, "x", None)
+    mod = sys.modules.get("attnflow.dynamics.trajectory")
+    x = obj.x if mod is not None and isinstance(obj, mod.Trajectory) else None
     if x is not None:
         x = np.asarray(x, np.float64)
         if x.ndim != 3 or x.shape[-1] != 2:

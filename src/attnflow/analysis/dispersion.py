@@ -10,23 +10,26 @@ So with bounded logits every coefficient tends to 0 as ``n`` grows: a head that 
 sharp at training length flattens at long context. Normalising queries and keys
 (``kernel="qknorm"``) bounds ``delta`` by ``2 beta p`` whatever the tokens.
 
-``dispersion`` measures, per query row: the largest coefficient, the logit spread and
-both bounds, the entropy (nats, and divided by ``log n``), and the sink mass (attention
-on the first ``sink`` tokens). It reads an attention matrix (with its logits), a
+``dispersion`` measures, per query row ``i`` over the ``n_i`` keys it keeps: the
+largest coefficient, the spread of the kept logits and both bounds with ``n = n_i``, the
+entropy (nats, and divided by ``log n_i``; 0 for a row of one key), and the sink mass
+(attention on the first ``sink`` tokens). The kept keys are a model's declared
+``kept_keys`` (its mask's ``keep``; a family that masks inside its own weights declares
+its own), or, for a matrix with its logits, the keys whose logit is finite (``-inf``: a
+masked key); a matrix without logits keeps every key. On a causal softmax head row 0
+keeps one key: its bound is 1. It reads an attention matrix (with its logits), a
 trajectory at a saved time, or a model and tokens (then only the requested query rows
 are computed, in tiles: never the ``(n, n)`` matrix). ``dispersion_scan`` tabulates the
 largest coefficient and the bounds against ``n`` for several kernels (``attnflow
 dispersion`` on the command line, figure 1 of ``attnflow.experiments.fig_dispersion``).
 
 A bound is not a rate: the bound says how large a coefficient may be, not how fast
-real attention flattens; and it is a statement about a full softmax over ``n`` keys, so
-local (windowed) attention is outside it.
+real attention flattens; it is a statement about a softmax over the keys a row keeps.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -98,18 +101,21 @@ class DispersionReport:
     Attributes:
         max: the largest coefficient of each row, ``max_j P_ij``.
         argmax: the token it falls on (-1 for a row of NaN).
-        delta: the logit spread ``max_j L_ij - min_j L_ij`` (NaN without logits).
-        bound_tight: ``1 / (1 + (n - 1) e^{-delta})``, the largest possible softmax
-            coefficient for that spread.
-        bound_loose: ``e^{delta} / n``.
+        delta: the logit spread ``max_j L_ij - min_j L_ij`` over the kept keys of the
+            row (NaN without logits).
+        bound_tight: ``1 / (1 + (n_i - 1) e^{-delta})``, the largest possible softmax
+            coefficient for that spread over the ``n_i`` kept keys.
+        bound_loose: ``e^{delta} / n_i``.
         entropy: ``-sum_j a_ij log a_ij`` in nats, of the row normalised to sum 1
             (``a = P`` for row-stochastic kernels; for ``sigmoid``, ``P / row_sum``).
-        entropy_normalized: ``entropy / log n`` (1 for a uniform row).
+        entropy_normalized: ``entropy / log n_i`` (1 for a uniform row over its kept
+            keys; 0 for a row that keeps one key).
         sink_mass: ``sum_{j < sink} P_ij``, the attention on the first ``sink`` tokens
             (Bertsch et al. average it over queries: ``mean_sink_mass``).
         row_sum: ``sum_j P_ij`` (1 for every kernel but ``sigmoid``).
         share_max: ``max / row_sum``: the fraction of the row's attention on its top token.
         n: number of keys; sink: the number of sink tokens; kernel: the kernel, when known.
+        kept: ``n_i``, the number of keys each row keeps (``n`` without a mask).
     """
 
     max: np.ndarray
@@ -125,6 +131,7 @@ class DispersionReport:
     n: int
     sink: int
     kernel: str | None = None
+    kept: np.ndarray | None = None
 
     @property
     def mean_sink_mass(self) -> np.ndarray:
@@ -156,9 +163,9 @@ class DispersionReport:
 
 
 # ---------------------------------------------------------------------- row stats
-def _row_stats(P, L, sink: int, keep=None):
-    """Per-row statistics of weights ``P`` ``(..., n)`` and logits ``L`` (or None); with
-    a mask's ``keep``, the logit spread is that of the kept logits."""
+def _row_stats(P, L, sink: int, keep):
+    """Per-row statistics of weights ``P`` ``(..., n)`` and logits ``L`` (or None) over
+    the keys ``keep`` (boolean, the shape of ``P``) each row keeps."""
     rs = jnp.sum(P, axis=-1)
     mx = jnp.max(P, axis=-1)
     a = P / rs[..., None]
@@ -170,24 +177,23 @@ def _row_stats(P, L, sink: int, keep=None):
         sink_mass=jnp.sum(P[..., :sink], axis=-1),
         row_sum=rs,
         share_max=mx / rs,
+        kept=jnp.sum(keep, axis=-1),
     )
     if L is not None:
-        hi, lo = L, L
-        if keep is not None:
-            hi, lo = jnp.where(keep, L, -jnp.inf), jnp.where(keep, L, jnp.inf)
+        hi, lo = jnp.where(keep, L, -jnp.inf), jnp.where(keep, L, jnp.inf)
         out["delta"] = jnp.max(hi, axis=-1) - jnp.min(lo, axis=-1)
     return out
 
 
 @eqx.filter_jit
-def _qk_stats(model, q, k, rows, sink: int, block: int):
+def _qk_stats(model, x, q, k, rows, sink: int, block: int):
     """Statistics of query rows ``rows`` (indices) against all keys, through the model's
-    ``attention_rows``: in tiles of ``block`` rows when the model is row-wise, else at
-    once (row ``i`` may read every other row)."""
+    ``attention_rows`` and its declared ``kept_keys``: in tiles of ``block`` rows when
+    the model is row-wise, else at once (row ``i`` may read every other row)."""
 
     def tile(ri):
-        P, L, keep = model.attention_rows(q, k, ri)
-        return _row_stats(P, L, sink, keep)
+        P, L, _ = model.attention_rows(q, k, ri)
+        return _row_stats(P, L, sink, model.kept_keys(x, ri))
 
     r = rows.shape[0]
     if not model.rowwise or block <= 0 or block >= r:
@@ -215,15 +221,18 @@ def _report(st: dict, n: int, sink: int, kernel) -> DispersionReport:
         delta = np.full(mx.shape, np.nan)
     delta = np.asarray(delta, np.float64)
     ent = st["entropy"]
+    kept = np.asarray(st["kept"], np.int64)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ent_n = ent / math.log(n) if n > 1 else np.full(ent.shape, np.nan)
+        # a row of one key: entropy 0 of at most 0, reported 0 (all its weight on one key)
+        ent_n = np.where(kept > 1, ent / np.log(np.maximum(kept, 2)), 0.0)
+    ent_n = np.where(np.isnan(ent), np.nan, ent_n)
     return DispersionReport(
         max=mx,
         # a row with a NaN (the unreached saves of a failed system) has no top token
         argmax=np.where(np.isnan(mx), -1, st["argmax"]),
         delta=delta,
-        bound_tight=bound_tight(delta, n),
-        bound_loose=bound_loose(delta, n),
+        bound_tight=bound_tight(delta, kept),
+        bound_loose=bound_loose(delta, kept),
         entropy=ent,
         entropy_normalized=ent_n,
         sink_mass=st["sink_mass"],
@@ -232,6 +241,7 @@ def _report(st: dict, n: int, sink: int, kernel) -> DispersionReport:
         n=int(n),
         sink=int(sink),
         kernel=kernel,
+        kept=kept,
     )
 
 
@@ -297,7 +307,7 @@ def _model_report(full, head, x, rows, sink, block, *, finite: bool = True) -> D
 
     def one_of(m, xi):
         q, k = m.queries_keys(xi)
-        return _qk_stats(m, q, k, idx, sink, block)
+        return _qk_stats(m, xi, q, k, idx, sink, block)
 
     if stacked is not None:
         st = eqx.filter_vmap(lambda m, xi: one_of(m.head(head), xi))(full, x)
@@ -395,11 +405,16 @@ def dispersion(
     n = Pa.shape[-1]
     sink = _check_sink(sink, n)
     Pf = Pa.astype(np.float64) if not np.issubdtype(Pa.dtype, np.floating) else Pa
-    st = _row_stats_np(Pf, La, sink)
+    keep = np.ones(Pa.shape, bool) if La is None else np.isfinite(La)
+    if La is not None and not np.all(keep.any(axis=-1)):
+        raise ValueError(
+            "logits has a row whose every entry is -inf: a row must keep at least one key."
+        )
+    st = _row_stats_np(Pf, La, sink, keep)
     return _report(st, n, sink, None)
 
 
-def _row_stats_np(P, L, sink):
+def _row_stats_np(P, L, sink, keep):
     rs = P.sum(-1)
     mx = P.max(-1)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -413,9 +428,12 @@ def _row_stats_np(P, L, sink):
         sink_mass=P[..., :sink].sum(-1),
         row_sum=rs,
         share_max=share,
+        kept=keep.sum(-1),
     )
     if L is not None:
-        out["delta"] = L.max(-1).astype(np.float64) - L.min(-1).astype(np.float64)
+        L = L.astype(np.float64)
+        hi, lo = np.where(keep, L, -np.inf), np.where(keep, L, np.inf)
+        out["delta"] = hi.max(-1) - lo.min(-1)
     return out
 
 

@@ -45,12 +45,16 @@ Contract. ``hardmax_cells(model, x)`` reads the logits of one head of ``model`` 
 kernel weighs: masks applied, a mask's bias included, keys a mask drops never win), and
 returns, per token, its winners (ties reported), leader, decision margin, Frank-Wolfe gap
 and objective, float64 numpy. It computes no attention of its own and simulates nothing.
-With a mask the feasible set of token ``i`` is the hull of the keys it keeps. For a
-non-symmetric ``A`` the hardmax step is still Frank-Wolfe's update with the linear oracle
-``-A^T x_i``, and ``g_i`` its gap, but that oracle is the gradient of ``f`` only for
-symmetric ``A``. Models that normalise their tokens (``prenorm``) are refused, and so
-are kernels that map queries and keys before the product (``qknorm``, ``linear``,
-``differential``): their logits are no bilinear form of the tokens. Which tokens to
+With a mask the feasible set of token ``i`` is the hull of the keys it keeps (the
+model's declared ``kept_keys``). For a non-symmetric ``A`` the hardmax step is still
+Frank-Wolfe's update with the linear oracle ``-A^T x_i``, and ``g_i`` its gap, but that
+oracle is the gradient of ``f`` only for symmetric ``A``. The cells need the logits to be
+the bilinear form ``beta x_i^T A x_j`` of the tokens, and are computed only for a model
+that declares it: ``bilinear_logits`` True, ``positional`` False, ``normalizes_tokens``
+False. Every other model is refused with a ``ValueError`` naming the model and the fact
+(``qknorm``, ``linear``, ``differential`` map the queries and keys; RoPE turns them and
+ALiBi biases them by position; ``prenorm`` normalises the tokens; a family that declares
+nothing is not assumed bilinear). Which tokens to
 pass: the Frank-Wolfe iterates are the rescaled tokens ``traj.z`` for ``V = I`` (the gaps
 of the original-frame tokens ``x = e^t z`` are ``e^{2t}`` times larger).
 
@@ -144,22 +148,22 @@ def _head_logits(model: Any, x: Any) -> Any:
 
     def one(xi):
         q, k = model.queries_keys(xi)
-        _, L, keep = model.attention_rows(q, k, jnp.arange(xi.shape[0]))
-        return L if keep is None else jnp.where(keep, L, -jnp.inf)
+        rows = jnp.arange(xi.shape[0])
+        _, L, _ = model.attention_rows(q, k, rows)
+        return jnp.where(model.kept_keys(xi, rows), L, -jnp.inf)
 
     return jax.vmap(one)(x)
 
 
 def _head(model: Any, head: int | None) -> Any:
-    from ..dynamics.base import AbstractAttentionSystem
-    from ..dynamics.kernels import AbstractKernel
+    from ..dynamics.base import AbstractAttentionSystem, AbstractModel
 
     _checks.refuse_mean_field(model, "hardmax_cells", "Pass a model of tokens.")
-    if not hasattr(model, "head"):
+    if not isinstance(model, AbstractModel):
         raise ValueError(
             f"model must be an attnflow model with attention heads; got {type(model).__name__}."
         )
-    if getattr(model, "stack_size", None) is not None:
+    if model.stack_size is not None:
         raise ValueError(
             f"model is a stack of {model.stack_size} models (attnflow.stack): pass one "
             f"of them (attnflow.unstack)."
@@ -167,15 +171,22 @@ def _head(model: Any, head: int | None) -> Any:
     one = model.head(head)
     if not isinstance(one, AbstractAttentionSystem):
         raise ValueError(f"model.head({head!r}) is no attention system; got {type(one).__name__}.")
-    kernel = getattr(one, "kernel", None)
-    reshapes = (
-        isinstance(kernel, AbstractKernel) and type(kernel).prepare is not AbstractKernel.prepare
-    )
-    if one.normalizes_tokens or reshapes:
+    name = f"{type(one).__name__} ({one.attention_kind})"
+    refusal = None
+    if one.normalizes_tokens:
+        refusal = "normalizes_tokens is True: it normalises its tokens before the logits"
+    elif one.positional:
+        refusal = "positional is True: token positions enter its logits (a turn or a bias)"
+    elif not one.bilinear_logits:
+        refusal = (
+            "bilinear_logits is not True: it does not declare its logits beta <q_i, k_j> "
+            "of its queries and keys"
+        )
+    if refusal is not None:
         raise ValueError(
-            f"model normalises or maps its tokens, queries or keys before the logits "
-            f"({one.attention_kind}): its logits are no bilinear form x_i^T A x_j, and the "
-            f"hardmax step no Frank-Wolfe step of a quadratic."
+            f"hardmax_cells refuses model {name}: {refusal}, so its logits are no bilinear "
+            f"form x_i^T A x_j and the hardmax step no Frank-Wolfe step of a quadratic. "
+            f"Use a kernel that weighs beta <q_i, k_j> under a mask that only drops keys."
         )
     return one
 

@@ -553,7 +553,7 @@ def track_rank(
         return np.asarray([f[key] for f in fs], dt)
 
     # the growth rate of the rescaling (V's largest real part), the scale of the fit
-    prop = getattr(traj.model, "propagator", None)
+    prop = traj.model.propagator  # declared by every model (None: no rescaled frame)
     if prop is None:
         lam: Any = float("nan")
     else:

@@ -490,19 +490,29 @@ def predict_regime(
 def _not_softmax(head: Any, V: np.ndarray, rtol: float) -> Regime:
     """One head whose weights are not plain unmasked softmax: unclassified, naming what
     the head computes instead."""
-    st = spectral_structure(V, rtol=rtol)
-    masked = getattr(head, "mask", None) is not None
-    what = head.attention_kind + (" under a mask" if masked else "")
+    return not_softmax_regime(head, spectral_structure(V, rtol=rtol), rtol)
+
+
+def not_softmax_regime(head: Any, st: Any, rtol: float) -> Regime:
+    """The regime of one head whose weights are not plain unmasked, position-free softmax
+    (``plain_softmax`` False), given the spectral structure ``st`` of its V: unclassified,
+    the reason naming what the head computes (its ``attention_kind``, and ``positional``
+    when positions enter its logits). The heads study gives the same answer from its
+    reduced triple."""
+    what = head.attention_kind
+    if head.positional:
+        what += ", with token positions in its logits"
     return Regime(
         label=Label.UNCLASSIFIED,
         theorem=None,
         eigenvalues=st.eigenvalues,
         reason=(
             f"{what}: no theorem of [E] covers this attention (the four regimes are "
-            f"proved for unmasked softmax attention). Spectrum of V: "
-            f"{spectrum_text(st.eigenvalues)} (spectral structure {st.kind!r})."
+            f"proved for unmasked, position-free softmax attention; the theorem assumes "
+            f"it). Spectrum of V: {spectrum_text(st.eigenvalues)} (spectral structure "
+            f"{st.kind!r})."
         ),
-        hypotheses=(Hypothesis("unmasked softmax attention", False),),
+        hypotheses=(Hypothesis("unmasked, position-free softmax attention", False),),
         structure=st,
         rtol=rtol,
     )

@@ -76,9 +76,12 @@ class TrainedHead(HeadWeights):
         gq, gk = float(np.abs(self.q_norm).max()), float(np.abs(self.k_norm).max())
         return float(self.beta) * math.sqrt(wq * wk) * gq * gk
 
-    def attention(self, **kwargs: Any) -> Attention:
-        """The head as ``attnflow.Attention(Q, K, V, beta=beta, rectangular=True,
-        mask=..., kernel=...)``; ``mask`` and ``kernel`` given here replace the layout's.
+    def attention_parts(self, **kwargs: Any) -> dict[str, Any]:
+        """The keyword arguments ``attention()`` passes to ``attnflow.Attention`` beside
+        the triple: ``kwargs`` completed with the layout's ``mask`` (``None``,
+        ``Causal()``, ``RoPE(rope_theta, Causal())``) and, for a per-head QK norm, its
+        ``kernel``; ``mask`` and ``kernel`` given here replace the layout's. The heads
+        study builds each head's attention on its reduced triple from these.
 
         Raises:
             ValueError: with ``rope_scaling`` (the package's RoPE has the plain
@@ -88,7 +91,6 @@ class TrainedHead(HeadWeights):
         """
         from ..dynamics.kernels.masks import Causal, RoPE
         from ..dynamics.kernels.qknorm import QKNorm
-        from ..dynamics.model import Attention
 
         if "mask" not in kwargs:
             base = Causal() if self.causal else None
@@ -111,7 +113,20 @@ class TrainedHead(HeadWeights):
                     f"attnflow.kernels.QKNorm(head.q_norm, head.k_norm) per head)."
                 )
             kwargs["kernel"] = QKNorm(wq=self.q_norm, wk=self.k_norm)
-        return Attention(self.Q, self.K, self.V, beta=self.beta, rectangular=True, **kwargs)
+        return kwargs
+
+    def attention(self, **kwargs: Any) -> Attention:
+        """The head as ``attnflow.Attention(Q, K, V, beta=beta, rectangular=True,
+        mask=..., kernel=...)``; ``mask`` and ``kernel`` given here replace the layout's
+        (``attention_parts``).
+
+        Raises:
+            ValueError: as ``attention_parts``.
+        """
+        from ..dynamics.model import Attention
+
+        parts = self.attention_parts(**kwargs)
+        return Attention(self.Q, self.K, self.V, beta=self.beta, rectangular=True, **parts)
 
     def describe(self) -> str:
         """One line: layout, causality, groups, positions, QK norm."""

@@ -110,7 +110,10 @@ class HeadReport:
         qk_phi1: ``<Q phi_1, K phi_1>`` for the unit eigenvector phi_1 when lambda1 is real
             and simple (else None); its sign is what the theorem needs.
         qk_pd: whether sym(Q^T K) is positive definite (never, when d_h < d).
-        label, theorem, reason: ``predict_regime(Q_h, K_h, V_h)``.
+        label, theorem, reason: ``predict_regime`` of the head as its layout runs it
+            (``TrainedHead.attention()``: its mask, positions and kernel): a theorem's
+            label only for unmasked, position-free softmax; a causal, rotary or
+            QK-normed head is "unclassified", the reason saying so.
         beta: the head's inverse temperature (recorded; it changes no label).
         rank_V: numerical rank of V_h; n_positive: eigenvalues with positive real part.
         logit_bound: for a head with learned QK-norm gains (Llama-style layouts: Qwen3,
@@ -146,9 +149,52 @@ class HeadReport:
         return dataclasses.asdict(self)
 
 
+def _head_regime(hw: HeadWeights, Q: Any, K: Any, V: Any, rtol: float) -> Regime:
+    """The regime of the head as its layout runs it (``predict_regime(hw.attention())``),
+    from the (reduced) triple ``Q, K, V``: the theorems' label only for plain unmasked,
+    position-free softmax; a head whose layout adds a mask, positions or another kernel
+    is unclassified, its reason naming what it computes; a head whose attention the
+    package cannot build (``attention_parts`` refuses: RoPE scaling, a layer-wide QK
+    norm) is unclassified with that refusal as the reason."""
+    from ..analysis.regimes import not_softmax_regime
+
+    reg = predict_regime(Q, K, V, rtol=rtol)
+    if not isinstance(hw, TrainedHead):
+        return reg  # a BERT-style head: unmasked, position-free softmax
+    try:
+        parts = hw.attention_parts()
+    except ValueError as exc:
+        return dataclasses.replace(
+            reg,
+            label=Label.UNCLASSIFIED,
+            theorem=None,
+            reason=(
+                f"{exc} No theorem of [E] covers this head as the layout runs it (the "
+                f"theorems assume unmasked, position-free softmax attention)."
+            ),
+        )
+    if parts.get("mask") is None and parts.get("kernel") is None:
+        return reg
+    import jax
+
+    from ..dynamics.model import Attention
+
+    dt = np.float64 if jax.config.read("jax_enable_x64") else np.float32
+    one = Attention(
+        *(np.asarray(a, dt) for a in (Q, K, V)),
+        beta=float(hw.beta),
+        rectangular=True,
+        propagator="expm",
+        **parts,
+    )
+    if one.plain_softmax:
+        return reg
+    return not_softmax_regime(one, reg.structure, rtol)
+
+
 def _report(hw: HeadWeights, rtol: float, reduce: bool = True) -> tuple[HeadReport, Regime]:
     Q, K, V, _ = reduced_triple(hw) if reduce else (hw.Q, hw.K, hw.V, hw.d)
-    reg = predict_regime(Q, K, V, rtol=rtol)
+    reg = _head_regime(hw, Q, K, V, rtol)
     st = reg.structure
     lead = st.leading  # the four hypotheses on lambda_1, as predict_regime decided them
     w = reg.eigenvalues
@@ -204,8 +250,9 @@ class HeadsAnalysis:
         heads: one ``HeadReport`` per (layer, head), in order.
         counts: ``{label: number of heads}`` over ``attnflow.analysis.regimes.LABELS``.
         hypotheses: heads meeting each hypothesis: ``spectral`` (lambda1 real, positive,
-            simple, dominant), ``spectral_and_qk`` (= the hyperplane theorem),
-            ``spectral_not_qk``, ``qk_pd`` (sym(Q^T K) positive definite),
+            simple, dominant), ``spectral_and_qk`` (the hyperplane theorem's hypotheses;
+            its label only where the head is plain softmax), ``spectral_not_qk``,
+            ``qk_pd`` (sym(Q^T K) positive definite),
             ``lambda1_complex``, ``lambda1_negative``, ``lambda1_real_positive``.
         checkpoint, num_layers, num_heads, d_model, d_head, beta, rtol: the setting.
         reduced: whether each head was decided on its ``reduced_triple`` (same answer).
@@ -342,10 +389,8 @@ def analyze_heads(
     counts = {lab: sum(r.label == lab for r in reports) for lab in LABELS}
     hyp = {
         "spectral": sum(r.spectral for r in reports),
-        "spectral_and_qk": sum(
-            r.spectral and (r.qk_phi1 or 0) > 0 and r.label == Label.HYPERPLANES for r in reports
-        ),
-        "spectral_not_qk": sum(r.spectral and r.label != Label.HYPERPLANES for r in reports),
+        "spectral_and_qk": sum(r.spectral and (r.qk_phi1 or 0) > 0 for r in reports),
+        "spectral_not_qk": sum(r.spectral and not (r.qk_phi1 or 0) > 0 for r in reports),
         "qk_pd": sum(r.qk_pd for r in reports),
         "lambda1_complex": sum(not r.real for r in reports),
         "lambda1_negative": sum(r.real and r.lambda1.real < 0 for r in reports),
@@ -501,7 +546,7 @@ def head_dynamics(
         t1 = choose_t1(lam_abs, horizon=horizon, t1_max=t1_max)
     t1 = float(t1)
     if label is None:
-        label = predict_regime(head.Q, head.K, head.V).label
+        label = _head_regime(head, *reduced_triple(head)[:3], rtol=1e-8).label
     model = head.attention()
     fr = frame
     if fr == "auto":
