@@ -9,10 +9,13 @@ every attention head as a ``HeadWeights`` in the particle-system convention belo
 give the model's own input embeddings of a text. What the theorems say about the heads
 is ``attnflow.studies.heads``.
 
-Damaged files: the built-in reader refuses a file that is not safetensors, or whose
-header does not describe the bytes after it exactly (``files.safetensors_layout``), with
-one ``ValueError`` naming it, before reading any tensor. The format carries no checksum:
-a flipped data byte reads as another value.
+Damaged files: both readers refuse a file that is not safetensors, or whose header does
+not describe the bytes after it exactly (``files.safetensors_layout``), with one
+``ValueError`` naming it, before reading any tensor (the ``safetensors`` package sees
+only files whose header passed; anything it still raises is reported naming the file).
+The format carries no checksum: a flipped data byte reads as another value. The
+``config.json`` and every tensor pass through ``attnflow.io.checkpoint_config`` (types,
+ranges, shapes; the file named).
 
 Convention (that of the ALBERT check in Geshkovski, Letrouit, Polyanskiy, Rigollet 2023,
 with tokens as column vectors and torch ``Linear`` weights, ``y = W x``): for layer ``l``
@@ -53,6 +56,12 @@ import numpy as np
 import numpy.typing as npt
 from jaxtyping import Float, Int
 
+from .checkpoint_config import (
+    CheckpointConfig,
+    checked_tensor,
+    expect_shape,
+    read_checkpoint_config,
+)
 from .files import safetensors_layout
 
 if TYPE_CHECKING:
@@ -174,7 +183,7 @@ def _read_header(path: Path) -> tuple[dict, int, int]:
             )
         try:
             header = json.loads(f.read(n).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise ValueError(
                 f"checkpoint {str(path)!r}: unreadable safetensors header ({exc})."
             ) from None
@@ -217,6 +226,12 @@ def read_safetensors(
             isinstance(header[k], dict) and header[k].get("dtype") == "BF16" for k in wanted
         )  # numpy has no bfloat16: the package cannot return it
         reader = "safetensors" if importlib.util.find_spec("safetensors") and not bf16 else "numpy"
+    try:  # every entry checked against the file before any tensor is read, by any reader
+        entries = safetensors_layout(header, _ST_DTYPES, size - base)
+    except ValueError as exc:
+        raise ValueError(
+            f"checkpoint {str(path)!r}: {exc}; the file is damaged or not a safetensors file."
+        ) from None
     if reader == "safetensors":
         try:
             from safetensors import safe_open  # pyright: ignore[reportMissingImports]  (extra "heads")
@@ -225,14 +240,15 @@ def read_safetensors(
                 "reader='safetensors' needs the safetensors package: "
                 "pip install safetensors (or reader='numpy')."
             ) from None
-        with safe_open(str(path), framework="numpy") as f:
-            return {k: f.get_tensor(k) for k in wanted}
-    try:  # every entry checked against the file before any tensor is read
-        entries = safetensors_layout(header, _ST_DTYPES, size - base)
-    except ValueError as exc:
-        raise ValueError(
-            f"checkpoint {str(path)!r}: {exc}; the file is damaged or not a safetensors file."
-        ) from None
+        try:
+            with safe_open(str(path), framework="numpy") as f:
+                return {k: f.get_tensor(k) for k in wanted}
+        except Exception as exc:  # SafetensorError and the like: the file, named
+            raise ValueError(
+                f"checkpoint {str(path)!r}: the safetensors package cannot read it "
+                f"({type(exc).__name__}: {exc}); the file is damaged (reader='numpy' "
+                f"reads the same format with numpy alone)."
+            ) from None
     mm = np.memmap(path, dtype=np.uint8, mode="r")
     out = {}
     for k in wanted:
@@ -293,15 +309,11 @@ def write_safetensors(
     return path
 
 
-def read_config(path: str | Path) -> dict:
-    """The ``config.json`` beside a checkpoint file, or ``{}`` when there is none."""
-    cfg = Path(path).parent / "config.json"
-    if not cfg.is_file():
-        return {}
-    try:
-        return json.loads(cfg.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{cfg}: unreadable config.json ({exc}).") from None
+def read_config(path: str | Path) -> CheckpointConfig:
+    """The ``config.json`` beside a checkpoint file (``{}`` when there is none), checked
+    to be a JSON object, with checked accessors for its keys
+    (``attnflow.io.checkpoint_config``)."""
+    return read_checkpoint_config(path)
 
 
 # ============================================================ BERT tensor layout
@@ -376,9 +388,11 @@ class HeadWeights:
         return Attention(self.Q, self.K, self.V, beta=self.beta, rectangular=True, **kwargs)
 
 
-def _num_heads(num_heads, cfg: dict, d: int, path: Path) -> int:
+def _num_heads(num_heads, cfg: CheckpointConfig, d: int, path: Path) -> int:
+    src = "num_heads"
     if num_heads is None:
-        num_heads = cfg.get("num_attention_heads")
+        src = f"{cfg.path}: num_attention_heads"
+        num_heads = cfg.integer("num_attention_heads")
         if num_heads is None:
             raise ValueError(
                 f"num_heads is needed: {str(path)!r} has no config.json with "
@@ -388,7 +402,7 @@ def _num_heads(num_heads, cfg: dict, d: int, path: Path) -> int:
     if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
         raise ValueError(f"num_heads must be a positive integer; got {num_heads!r}.")
     if d % num_heads:
-        raise ValueError(f"num_heads = {num_heads} does not divide the model width d = {d}.")
+        raise ValueError(f"{src} = {num_heads} does not divide the model width d = {d}.")
     return int(num_heads)
 
 
@@ -429,7 +443,7 @@ def load_bert_heads(
     n_heads = None
     for layer, parts in layout.items():
         W = {
-            k: np.asarray(v, np.float64)
+            k: checked_tensor(path, k, v)
             for k, v in read_safetensors(
                 path, [parts[p] for p in ("W_Q", "W_K", "W_V", "W_O")], reader=reader
             ).items()
@@ -437,14 +451,10 @@ def load_bert_heads(
         WQ, WK, WV, WO = (W[parts[p]] for p in ("W_Q", "W_K", "W_V", "W_O"))
         d = WQ.shape[-1] if WQ.ndim == 2 else -1
         for p, A in zip(("W_Q", "W_K", "W_V", "W_O"), (WQ, WK, WV, WO)):
-            if A.shape != (d, d):
-                raise ValueError(
-                    f"checkpoint tensor {parts[p]!r} has shape {A.shape}; every "
-                    f"attention weight must be (d, d) with d = {d} (models whose "
-                    f"heads do not tile the width are not supported)."
-                )
-            if not np.all(np.isfinite(A)):
-                raise ValueError(f"checkpoint tensor {parts[p]!r} has non-finite entries.")
+            expect_shape(
+                path, parts[p], A, (d, d), f"every attention weight is (d, d) with d = {d}; "
+                "models whose heads do not tile the width are not supported",
+            )  # fmt: skip
         if n_heads is None:
             n_heads = _num_heads(num_heads, cfg, d, path)
         dh = d // n_heads
@@ -495,10 +505,34 @@ def load_embedding_weights(checkpoint: str | Path, *, reader: str = "auto") -> d
             )
     arrays = read_safetensors(path, [v for v in full.values() if v in header], reader=reader)
     out: dict[str, Any] = {
-        k: (np.asarray(arrays[v], np.float64) if v in arrays else None) for k, v in full.items()
+        k: (checked_tensor(path, v, arrays[v]) if v in arrays else None) for k, v in full.items()
     }
-    out["ln_eps"] = float(read_config(path).get("layer_norm_eps", 1e-12))
+    embedding_shapes(path, out, full)
+    out["ln_eps"] = read_config(path).number("layer_norm_eps", 1e-12, lo=0.0, lo_open=True)
     return out
+
+
+def embedding_shapes(path: Path, emb: dict[str, Any], names: dict[str, str]) -> None:
+    """Refuse input-embedding tensors that do not fit each other: ``word`` ``(vocab,
+    E)``, ``position`` and ``token_type`` ``(*, E)``, the LayerNorm's weight and bias
+    ``(E,)`` (keys ``ln_weight``/``ln_w`` and ``ln_bias``/``ln_b``)."""
+    word = emb["word"]
+    if word.ndim != 2 or word.shape[0] < 1:
+        raise ValueError(
+            f"checkpoint {str(path)!r}: tensor {names['word']!r} has shape {word.shape}; "
+            f"expected (vocab, width)."
+        )
+    E = word.shape[1]
+    for k in ("position", "token_type"):
+        a = emb.get(k)
+        if a is not None and (a.ndim != 2 or a.shape[1] != E or a.shape[0] < 1):
+            raise ValueError(
+                f"checkpoint {str(path)!r}: tensor {names[k]!r} has shape {a.shape}; "
+                f"expected (count, {E}) like the word embeddings."
+            )
+    for k in ("ln_weight", "ln_bias", "ln_w", "ln_b"):
+        if emb.get(k) is not None:
+            expect_shape(path, names[k], emb[k], (E,), "one LayerNorm gain per feature")
 
 
 def bert_embeddings(

@@ -33,9 +33,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from .checkpoints import _read_header, read_safetensors
+from .checkpoint_config import checked_tensor, expect_shape
+from .checkpoints import _read_header, embedding_shapes, read_safetensors
 from .layouts import detect_layout
 
 __all__ = ["EncoderWeights", "SentencePooling", "load_encoder_weights", "read_pooling"]
@@ -124,6 +123,8 @@ def read_pooling(folder: str | Path) -> SentencePooling | None:
         cfg = json.loads(pc.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"{pc}: unreadable pooling config ({exc}).") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{pc}: the pooling config must be a JSON object of pooling_mode_* keys.")
     on = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v is True]
     if len(on) != 1 or on[0] not in _POOL_KEYS:
         raise ValueError(
@@ -131,6 +132,55 @@ def read_pooling(folder: str | Path) -> SentencePooling | None:
             f"{sorted(_POOL_KEYS)}."
         )
     return SentencePooling(_POOL_KEYS[on[0]], "Normalize" in kinds, types)
+
+
+def _check_shapes(path: Path, arr: dict[str, Any], names: dict[str, str], layers) -> None:
+    """Every tensor of the forward pass against the shapes the others imply: the width
+    ``H`` from the query weight, the feed-forward width ``I`` from ``ff1``, the embedding
+    width ``E`` from the word embeddings (BERT: ``E = H``; ALBERT: the projection ``(H,
+    E)``). A LayerNorm gain of shape ``(1,)`` would broadcast: it is refused."""
+    emb = {k.split(".", 1)[1]: v for k, v in arr.items() if k.startswith("emb.")}
+    embedding_shapes(
+        path, emb, {k.split(".", 1)[1]: v for k, v in names.items() if k.startswith("emb.")}
+    )
+    E = emb["word"].shape[1]
+    for idx in layers:
+        a = {k.split(".", 1)[1]: v for k, v in arr.items() if k.startswith(f"{idx}.")}
+        n = {k.split(".", 1)[1]: v for k, v in names.items() if k.startswith(f"{idx}.")}
+        q = a["q_w"]
+        if q.ndim != 2 or q.shape[0] != q.shape[1] or q.shape[0] < 1:
+            raise ValueError(
+                f"checkpoint {str(path)!r}: tensor {n['q_w']!r} has shape {q.shape}; "
+                f"expected (H, H)."
+            )
+        H = q.shape[0]
+        ff = a["ff1_w"]
+        if ff.ndim != 2 or ff.shape[1] != H or ff.shape[0] < 1:
+            raise ValueError(
+                f"checkpoint {str(path)!r}: tensor {n['ff1_w']!r} has shape {ff.shape}; "
+                f"expected (I, {H})."
+            )
+        I = ff.shape[0]
+        want = {
+            **{f"{p}_w": (H, H) for p in ("k", "v", "o")},
+            **{f"{p}_b": (H,) for p in ("q", "k", "v", "o", "ff2")},
+            **{f"{p}_{wb}": (H,) for p in ("ln1", "ln2") for wb in "wb"},
+            "ff1_b": (I,),
+            "ff2_w": (H, I),
+        }
+        for k, shape in want.items():
+            expect_shape(path, n[k], a[k], shape, f"hidden size H = {H}, feed-forward I = {I}")
+    if "proj_w" in arr:
+        H = arr["0.q_w"].shape[0] if "0.q_w" in arr else arr["proj_w"].shape[0]
+        expect_shape(path, names["proj_w"], arr["proj_w"], (H, E), "hidden x embedding")
+        expect_shape(path, names["proj_b"], arr["proj_b"], (H,), "hidden")
+    elif layers and arr[f"{next(iter(layers))}.q_w"].shape[0] != E:
+        first = next(iter(layers))
+        raise ValueError(
+            f"checkpoint {str(path)!r}: the word embeddings are {E} wide and "
+            f"{names[f'{first}.q_w']!r} {arr[f'{first}.q_w'].shape[0]}: a BERT layout "
+            f"has one width."
+        )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -201,20 +251,26 @@ def load_encoder_weights(
             f"checkpoint {str(path)!r} is in the {lay.name!r} layout; the forward pass "
             f"covers the post-LayerNorm encoders (BERT, ALBERT). load_heads reads its heads."
         )
+    # every key the forward pass reads, checked here (the file named), before any tensor
     for key in ("num_attention_heads",) + (("num_hidden_layers",) if lay.name == "albert" else ()):
-        if not isinstance(cfg.get(key), int):
-            raise ValueError(
-                f"checkpoint {str(path)!r} needs a config.json with {key} beside it for the "
-                f"forward pass."
-            )
-    if cfg.get("position_embedding_type", "absolute") != "absolute":
+        cfg.require(key, f"for the forward pass of {str(path)!r}")
+    n_heads = cfg.integer("num_attention_heads")
+    n_layers = cfg.integer("num_hidden_layers")
+    n_groups = cfg.integer("num_hidden_groups", 1)
+    if lay.name == "albert" and n_layers is not None and n_groups > n_layers:
         raise ValueError(
-            f"checkpoint {str(path)!r} has position_embedding_type = "
-            f"{cfg['position_embedding_type']!r}; only 'absolute' is implemented."
+            f"{cfg.path}: num_hidden_groups = {n_groups} exceeds num_hidden_layers = "
+            f"{n_layers}; fix config.json."
         )
-    act = str(cfg.get("hidden_act", "gelu"))
-    if act not in ACTIVATIONS:
-        raise ValueError(f"config hidden_act = {act!r} is not one of {sorted(ACTIVATIONS)}.")
+    position = cfg.text("position_embedding_type", "absolute")
+    if position != "absolute":
+        raise ValueError(
+            f"checkpoint {str(path)!r} has position_embedding_type = {position!r}; only "
+            f"'absolute' is implemented."
+        )
+    act = cfg.text("hidden_act", "gelu", choices=tuple(ACTIVATIONS))
+    eps = cfg.number("layer_norm_eps", 1e-12, lo=0.0, lo_open=True)
+    pad = cfg.integer("pad_token_id", 0, lo=0)
     emb_names = {
         "word": "embeddings.word_embeddings.weight",
         "position": "embeddings.position_embeddings.weight",
@@ -245,13 +301,8 @@ def load_encoder_weights(
             f"e.g. {missing[:4]}."
         )
     raw = read_safetensors(path, [v for v in want.values() if v in header], reader=reader)
-    arr: dict[str, Any] = {}
-    for k, v in want.items():
-        if v in raw:
-            a = np.asarray(raw[v], np.float64)
-            if not np.all(np.isfinite(a)):
-                raise ValueError(f"checkpoint tensor {v!r} has non-finite entries.")
-            arr[k] = a
+    arr: dict[str, Any] = {k: checked_tensor(path, v, raw[v]) for k, v in want.items() if v in raw}
+    _check_shapes(path, arr, want, lay.layers)
     per = {
         idx: {k.split(".", 1)[1]: arr[k] for k in arr if k.startswith(f"{idx}.")}
         for idx in lay.layers
@@ -259,7 +310,7 @@ def load_encoder_weights(
     if lay.name == "bert":
         seq = [per[idx] for idx in sorted(per)]
     else:  # layer l runs group int(l / (L / G)), all of its inner layers in order
-        L, G = int(cfg["num_hidden_layers"]), int(cfg.get("num_hidden_groups") or 1)
+        L, G = int(n_layers or 0), n_groups
         by_key = {lay.keys[idx]: per[idx] for idx in per}
         inner = sorted({i for _, i in by_key})
         seq = []
@@ -270,9 +321,17 @@ def load_encoder_weights(
                     raise ValueError(f"checkpoint {str(path)!r} has no ALBERT layer group {g}.{i}.")
                 seq.append(by_key[(g, i)])
     d = seq[0]["q_w"].shape[0]
-    n_heads = int(cfg["num_attention_heads"])
+    assert n_heads is not None  # required above
     if d % n_heads:
-        raise ValueError(f"num_attention_heads = {n_heads} does not divide the hidden size {d}.")
+        raise ValueError(
+            f"{cfg.path}: num_attention_heads = {n_heads} does not divide the hidden size {d}."
+        )
+    vocab = arr["emb.word"].shape[0]
+    if pad >= vocab:
+        raise ValueError(
+            f"{cfg.path}: pad_token_id = {pad} is not a token id of the vocabulary "
+            f"(0 .. {vocab - 1}); fix config.json."
+        )
     emb = {k: arr.get(f"emb.{k}") for k in emb_names}
     return EncoderWeights(
         layout=lay.name,
@@ -280,9 +339,9 @@ def load_encoder_weights(
         projection=(arr["proj_w"], arr["proj_b"]) if lay.name == "albert" else None,
         layers=tuple(seq),
         num_heads=n_heads,
-        eps=float(cfg.get("layer_norm_eps", 1e-12)),
+        eps=eps,
         activation=ACTIVATIONS[act],
         pooling=read_pooling(path.parent) if pooling else None,
-        pad_token_id=int(cfg.get("pad_token_id") or 0),
+        pad_token_id=pad,
         source=str(path),
     )

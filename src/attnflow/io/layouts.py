@@ -55,6 +55,7 @@ from typing import Any
 
 import numpy as np
 
+from .checkpoint_config import CheckpointConfig, checked_tensor, expect_shape
 from .checkpoints import (
     HeadWeights,
     _read_header,
@@ -151,7 +152,8 @@ class CheckpointLayout:
         layers: ``{index: {part: tensor name}}``, the attention tensors of each layer
             (ALBERT: of each weight set, in the order of ``keys``).
         keys: ``{index: (layer,)}``, or ``(group, inner)`` for ALBERT.
-        config: the ``config.json`` beside the file (``{}`` when there is none).
+        config: the ``config.json`` beside the file (``{}`` when there is none), a
+            ``CheckpointConfig`` whose accessors check each key read.
         path: the ``.safetensors`` file.
     """
 
@@ -159,19 +161,19 @@ class CheckpointLayout:
     prefix: str
     layers: dict
     keys: dict
-    config: dict
+    config: CheckpointConfig
     path: Path
 
     @property
     def model_type(self) -> str:
-        return str(self.config.get("model_type") or "")
+        return str(self.config.text("model_type", ""))
 
 
-def _config_layout(cfg: dict) -> str | None:
-    mt = str(cfg.get("model_type") or "").lower()
+def _config_layout(cfg: CheckpointConfig) -> str | None:
+    mt = str(cfg.text("model_type", "")).lower()
     if mt in _MODEL_TYPES:
         return _MODEL_TYPES[mt]
-    for arch in cfg.get("architectures") or ():
+    for arch in cfg.texts("architectures"):
         for word, lay in _ARCHITECTURES.items():
             if isinstance(arch, str) and re.match(word + r"(?![a-z])", arch):
                 return lay
@@ -204,7 +206,7 @@ def detect_layout(checkpoint: str | Path) -> CheckpointLayout:
     header, _, _ = _read_header(path)
     names = [k for k in header if k != "__metadata__"]
     cfg = read_config(path)
-    mt = str(cfg.get("model_type") or "")
+    mt = str(cfg.text("model_type", ""))
     for word, why in _REFUSED.items():
         if mt.lower().startswith(word):
             raise ValueError(
@@ -228,7 +230,7 @@ def detect_layout(checkpoint: str | Path) -> CheckpointLayout:
         required = _PATTERNS[lay][1]
         if any(required <= set(parts) for parts in layers.values()):  # one complete layer
             found[lay] = (prefixes, layers)
-    arch = list(cfg.get("architectures") or [])
+    arch = cfg.texts("architectures")
     said = f"model_type={mt or None!r}, architectures={arch or None}"
     if len(found) != 1:
         shown = ", ".join(names[:12]) + (f", ... ({len(names)} tensors)" if len(names) > 12 else "")
@@ -270,26 +272,14 @@ def detect_layout(checkpoint: str | Path) -> CheckpointLayout:
 
 
 def _f64(path: Path, names: Sequence[str], reader: str) -> dict[str, np.ndarray]:
-    out = {}
-    for k, v in read_safetensors(path, list(names), reader=reader).items():
-        a = np.asarray(v, np.float64)
-        if not np.all(np.isfinite(a)):
-            raise ValueError(f"checkpoint tensor {k!r} has non-finite entries.")
-        out[k] = a
-    return out
+    raw = read_safetensors(path, list(names), reader=reader)
+    return {k: checked_tensor(path, k, v) for k, v in raw.items()}
 
 
-def _shape(name: str, a: np.ndarray, want: tuple[int, ...], why: str) -> None:
-    if a.shape != want:
-        raise ValueError(
-            f"checkpoint tensor {name!r} has shape {a.shape}; expected {want} ({why})."
-        )
-
-
-def _heads_count(num_heads: Any, cfg: dict, keys: Sequence[str], path: Path) -> int:
+def _heads_count(num_heads: Any, cfg: CheckpointConfig, keys: Sequence[str], path: Path) -> int:
     n = num_heads
     if n is None:
-        n = next((cfg[k] for k in keys if cfg.get(k) is not None), None)
+        n = next((cfg.integer(k) for k in keys if cfg.get(k) is not None), None)
         if n is None:
             raise ValueError(
                 f"num_heads is needed: {str(path)!r} has no config.json with "
@@ -334,9 +324,9 @@ def _split(
 
 def _albert(lay: CheckpointLayout, num_heads, reader: str) -> list[TrainedHead]:
     cfg, heads = lay.config, []
-    n_layers = cfg.get("num_hidden_layers")
-    groups = int(cfg.get("num_hidden_groups") or 1)
-    inner = int(cfg.get("inner_group_num") or 1)
+    n_layers = cfg.integer("num_hidden_layers")
+    groups = cfg.integer("num_hidden_groups", 1)
+    inner = cfg.integer("inner_group_num", 1)
     for idx, parts in lay.layers.items():
         g, i = lay.keys[idx]
         shared: tuple[int, ...] = ()
@@ -347,10 +337,13 @@ def _albert(lay: CheckpointLayout, num_heads, reader: str) -> list[TrainedHead]:
         WQ, WK, WV, WO = (W[parts[p]] for p in ("query", "key", "value", "dense"))
         d = WQ.shape[-1]
         for p, A in zip(("query", "key", "value", "dense"), (WQ, WK, WV, WO)):
-            _shape(parts[p], A, (d, d), "ALBERT attention weights are (hidden, hidden)")
+            expect_shape(lay.path, parts[p], A, (d, d), "ALBERT's attention weights are (H, H)")
         n = _heads_count(num_heads, cfg, ["num_attention_heads"], lay.path)
         if d % n:
-            raise ValueError(f"num_heads = {n} does not divide the hidden size {d}.")
+            raise ValueError(
+                f"checkpoint {str(lay.path)!r}: num_heads = {n} does not divide the hidden "
+                f"size {d}."
+            )
         dh = d // n
         base = dict(
             source=str(lay.path), layout="albert", model_type=lay.model_type,
@@ -362,18 +355,20 @@ def _albert(lay: CheckpointLayout, num_heads, reader: str) -> list[TrainedHead]:
 
 def _gpt2(lay: CheckpointLayout, num_heads, reader: str) -> list[TrainedHead]:
     cfg, heads = lay.config, []
-    scale = bool(cfg.get("scale_attn_weights", True))
-    by_layer = bool(cfg.get("scale_attn_by_inverse_layer_idx", False))
+    scale = cfg.boolean("scale_attn_weights", True)
+    by_layer = cfg.boolean("scale_attn_by_inverse_layer_idx", False)
     for layer, parts in lay.layers.items():
         W = _f64(lay.path, [parts["c_attn"], parts["c_proj"]], reader)
         A, P = W[parts["c_attn"]], W[parts["c_proj"]]
         d = A.shape[0]
-        _shape(parts["c_attn"], A, (d, 3 * d), "Conv1D (in, out) with q|k|v fused")
-        _shape(parts["c_proj"], P, (d, d), "Conv1D (in, out)")
+        expect_shape(lay.path, parts["c_attn"], A, (d, 3 * d), "Conv1D (in, out), q|k|v fused")
+        expect_shape(lay.path, parts["c_proj"], P, (d, d), "Conv1D (in, out)")
         WQ, WK, WV, WO = A[:, :d].T, A[:, d : 2 * d].T, A[:, 2 * d :].T, P.T
         n = _heads_count(num_heads, cfg, ["n_head", "num_attention_heads"], lay.path)
         if d % n:
-            raise ValueError(f"num_heads = {n} does not divide n_embd = {d}.")
+            raise ValueError(
+                f"checkpoint {str(lay.path)!r}: num_heads = {n} does not divide n_embd = {d}."
+            )
         dh = d // n
         beta = (1 / math.sqrt(dh) if scale else 1.0) / ((layer + 1) if by_layer else 1)
         base = dict(source=str(lay.path), layout="gpt2", model_type=lay.model_type, causal=True)
@@ -381,20 +376,19 @@ def _gpt2(lay: CheckpointLayout, num_heads, reader: str) -> list[TrainedHead]:
     return heads
 
 
-def _rope(cfg: dict) -> tuple[float, dict | None]:
+def _rope(cfg: CheckpointConfig) -> tuple[float, dict | None]:
     """``(theta, scaling)``: ``rope_theta`` (or ``rope_parameters.rope_theta``, default
-    10000 as transformers'), and the scaling when it changes the frequencies."""
-    raw = cfg.get("rope_parameters")
-    params: dict = raw if isinstance(raw, dict) else {}
-    theta = cfg.get("rope_theta") or params.get("rope_theta") or 10000.0
-    scaling = cfg.get("rope_scaling") or {k: v for k, v in params.items() if k != "rope_theta"}
-    if not isinstance(scaling, dict) or scaling.get("rope_type", scaling.get("type")) in (
-        None,
-        "default",
-    ):
+    10000 as transformers' when neither is given; a given one must be a number > 0),
+    and the scaling when it changes the frequencies."""
+    params = CheckpointConfig(cfg.mapping("rope_parameters") or {}, cfg.path)
+    theta = cfg.number("rope_theta", lo=0.0, lo_open=True)
+    if theta is None:
+        theta = params.number("rope_theta", 10000.0, lo=0.0, lo_open=True)
+    scaling = cfg.mapping("rope_scaling") or {k: v for k, v in params.items() if k != "rope_theta"}
+    if scaling.get("rope_type", scaling.get("type")) in (None, "default"):
         scaling = None
-    factor = cfg.get("partial_rotary_factor")
-    if factor not in (None, 1, 1.0):
+    factor = cfg.number("partial_rotary_factor", 1.0, lo=0.0, lo_open=True, hi=1.0)
+    if factor != 1.0:
         scaling = {**(scaling or {}), "partial_rotary_factor": factor}
     return float(theta), scaling
 
@@ -402,7 +396,7 @@ def _rope(cfg: dict) -> tuple[float, dict | None]:
 def _llama(lay: CheckpointLayout, num_heads, reader: str) -> list[TrainedHead]:
     cfg, heads = lay.config, []
     theta, scaling = _rope(cfg)
-    eps = cfg.get("rms_norm_eps")
+    eps = cfg.number("rms_norm_eps", lo=0.0)
     for layer, parts in lay.layers.items():
         names = [
             parts[p]
@@ -413,26 +407,33 @@ def _llama(lay: CheckpointLayout, num_heads, reader: str) -> list[TrainedHead]:
         WQ, WK, WV, WO = (W[parts[p]] for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
         d = WQ.shape[-1]
         n = _heads_count(num_heads, cfg, ["num_attention_heads"], lay.path)
-        if WQ.ndim != 2 or WQ.shape[0] % n:
+        if WQ.ndim != 2 or WQ.shape[0] % n or WQ.shape[0] == 0:
             raise ValueError(
-                f"checkpoint tensor {parts['q_proj']!r} has shape {WQ.shape}: num_heads = {n} "
-                f"does not divide its rows (num_heads x head_dim)."
+                f"checkpoint {str(lay.path)!r}: tensor {parts['q_proj']!r} has shape "
+                f"{WQ.shape}: num_heads = {n} does not divide its rows (num_heads x head_dim)."
             )
         dh = WQ.shape[0] // n
-        if cfg.get("head_dim") not in (None, dh):
+        head_dim = cfg.integer("head_dim")
+        if head_dim not in (None, dh):
             raise ValueError(
-                f"config.json says head_dim = {cfg['head_dim']} but {parts['q_proj']!r} "
-                f"has {WQ.shape[0]} rows for {n} heads (head_dim {dh})."
+                f"{cfg.path}: head_dim = {head_dim} but {parts['q_proj']!r} has "
+                f"{WQ.shape[0]} rows for {n} heads (head_dim {dh})."
             )
         if dh % 2:
-            raise ValueError(f"head_dim = {dh} is odd: rotary embeddings need an even one.")
-        n_kv = int(cfg.get("num_key_value_heads") or n)
+            raise ValueError(
+                f"checkpoint {str(lay.path)!r}: head_dim = {dh} is odd: rotary embeddings "
+                f"need an even one."
+            )
+        n_kv = cfg.integer("num_key_value_heads", n)
         if n % n_kv:
-            raise ValueError(f"num_key_value_heads = {n_kv} does not divide num_heads = {n}.")
-        _shape(parts["q_proj"], WQ, (n * dh, d), "num_heads x head_dim, hidden")
-        _shape(parts["k_proj"], WK, (n_kv * dh, d), "num_key_value_heads x head_dim, hidden")
-        _shape(parts["v_proj"], WV, (n_kv * dh, d), "num_key_value_heads x head_dim, hidden")
-        _shape(parts["o_proj"], WO, (d, n * dh), "hidden, num_heads x head_dim")
+            raise ValueError(
+                f"{cfg.path}: num_key_value_heads = {n_kv} does not divide num_heads = {n}."
+            )
+        P = lay.path
+        expect_shape(P, parts["q_proj"], WQ, (n * dh, d), "num_heads x head_dim, hidden")
+        expect_shape(P, parts["k_proj"], WK, (n_kv * dh, d), "num_kv_heads x head_dim, hidden")
+        expect_shape(P, parts["v_proj"], WV, (n_kv * dh, d), "num_kv_heads x head_dim, hidden")
+        expect_shape(P, parts["o_proj"], WO, (d, n * dh), "hidden, num_heads x head_dim")
         gq, gk, scope, width = (
             W.get(parts.get("q_norm", "")),
             W.get(parts.get("k_norm", "")),
@@ -440,14 +441,18 @@ def _llama(lay: CheckpointLayout, num_heads, reader: str) -> list[TrainedHead]:
             None,
         )
         if (gq is None) != (gk is None):
-            raise ValueError(f"layer {layer} has one of q_norm and k_norm but not the other.")
+            raise ValueError(
+                f"checkpoint {str(lay.path)!r}: layer {layer} has one of q_norm and k_norm "
+                f"but not the other."
+            )
         if gq is not None and gk is not None:
             if gq.shape == gk.shape == (dh,):
                 scope, width = "head", (dh, dh)
                 gq, gk = np.tile(gq, n), np.tile(gk, n_kv)
             else:
-                _shape(parts["q_norm"], gq, (n * dh,), "(head_dim,) per head or all heads'")
-                _shape(parts["k_norm"], gk, (n_kv * dh,), "(head_dim,) per head or all heads'")
+                why = "(head_dim,) per head or all heads'"
+                expect_shape(P, parts["q_norm"], gq, (n * dh,), why)
+                expect_shape(P, parts["k_norm"], gk, (n_kv * dh,), why)
                 scope, width = "layer", (n * dh, n_kv * dh)
         pi = np.arange(dh).reshape(2, dh // 2).T.reshape(-1)  # rotate_half -> planes (2c, 2c+1)
         group = n // n_kv
@@ -463,7 +468,7 @@ def _llama(lay: CheckpointLayout, num_heads, reader: str) -> list[TrainedHead]:
             base = dict(
                 source=str(lay.path), layout="llama", model_type=lay.model_type, causal=True,
                 num_kv_heads=n_kv, rope_theta=theta, rope_scaling=scaling,
-                norm_eps=None if eps is None else float(eps), **extra,
+                norm_eps=eps, **extra,
             )  # fmt: skip
             heads.append(_split(layer, h, WQ, WK, WV, WO, dh, g, 1 / math.sqrt(dh), base, pi))
     return heads
