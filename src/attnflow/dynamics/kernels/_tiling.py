@@ -56,7 +56,7 @@ def check_kernel_mask(kernel: AbstractKernel, mask: AbstractMask | None) -> None
         raise ValueError(f"kernel {kernel.name!r} takes no mask{why}; use mask=None.")
     if mask is not None and not kernel.takes_positions and moves_logits(mask):
         why = f" ({kernel.no_positions_reason})" if kernel.no_positions_reason else ""
-        name = mask.name
+        name = mask.name or type(mask).__name__
         raise ValueError(
             f"kernel {kernel.name!r} takes no mask that biases or turns the logits (got "
             f"mask={name!r}){why}; use a mask that only drops keys (None, 'causal', "

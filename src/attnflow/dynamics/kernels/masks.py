@@ -17,6 +17,14 @@ queries and keys are turned by position.
                       analyses read the fact, never the methods
                       (``attnflow.testing.check_mask`` holds the two together).
 
+Masks are registered like kernels and families: a final mask class declares ``name``
+(the first entry of its saved form ``describe()``) and is registered in ``MASK_CLASSES``
+when its class is defined; ``check_mask`` rebuilds a saved form ``[name, *args]``
+through the registered class's ``from_saved`` (default ``cls(*args)``), so a run with a
+mask of one's own saves and loads once the module that defines the mask is imported
+(as for a family of one's own). A name is registered once: a second class under the
+name of another raises ``ValueError`` (a module imported again replaces its own).
+
 Every mask here keeps the diagonal, so no row is empty, except ``Graph(adjacency)``, a
 mask of any directed graph on a fixed number of tokens, which need not but must keep at
 least one key in every row. Positions are token indices ``0 .. n-1``. ``check_mask``
@@ -41,6 +49,7 @@ from jaxtyping import Array, Bool, Float
 
 __all__ = [
     "AbstractMask",
+    "MASK_CLASSES",
     "Causal",
     "Window",
     "ALiBi",
@@ -56,11 +65,41 @@ __all__ = [
 ]
 
 
-class AbstractMask(eqx.Module):
-    """What a mask subclasses: ``keep(rows, cols)`` and ``describe()``."""
+# name -> final mask class, filled as the classes are defined (``name`` class attribute)
+MASK_CLASSES: dict[str, type[AbstractMask]] = {}
 
-    name: ClassVar[str]
+
+class AbstractMask(eqx.Module):
+    """What a mask subclasses: ``keep(rows, cols)`` and ``describe()``; a final mask sets
+    the class attribute ``name`` (its saved name), which registers it for
+    ``check_mask`` and ``Trajectory.load``, and, when its constructor does not take
+    ``describe()[1:]`` as its arguments, overrides ``from_saved``."""
+
+    name: ClassVar[str] = ""
     positional: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("name")
+        if not isinstance(name, str) or not name:
+            return
+        old = MASK_CLASSES.get(name)
+        same = old is not None and (old.__module__, old.__qualname__) == (
+            cls.__module__,
+            cls.__qualname__,
+        )
+        if old is not None and not same:
+            raise ValueError(
+                f"mask name {name!r} is taken by {old.__module__}.{old.__qualname__}: give "
+                f"{cls.__qualname__} another class attribute name = '...'."
+            )
+        MASK_CLASSES[name] = cls
+
+    @classmethod
+    def from_saved(cls, form: list) -> AbstractMask:
+        """The mask of its saved form ``describe()`` (after a JSON round trip: lists for
+        tuples and arrays); default ``cls(*form[1:])``."""
+        return cls(*form[1:])
 
     @abc.abstractmethod
     def keep(self, rows: Array, cols: Array) -> Bool[Array, "r m"]:
@@ -467,30 +506,37 @@ def check_mask(mask: Any) -> AbstractMask | None:
     ``None`` (every token sees every token), ``"causal"`` or ``Causal()``,
     ``("window", w)`` or ``Window(w)`` (an integer ``w >= 0``), the saved forms
     ``["alibi", slopes]``, ``["rope", base, mask]``, ``["sinkwindow", sinks, w]``,
-    ``["graph", adjacency]``, or any ``AbstractMask``.
-    ``ValueError`` naming ``mask`` otherwise."""
+    ``["graph", adjacency]``, the saved form ``[name, ...]`` of any registered mask
+    (``MASK_CLASSES``: a mask of one's own once its module is imported), or any
+    ``AbstractMask``. ``ValueError`` naming ``mask`` otherwise."""
     if mask is None or isinstance(mask, AbstractMask):
         return mask
+    form = None
     if isinstance(mask, str):
-        if mask == "causal":
-            return Causal()
+        form = [mask]
     elif isinstance(mask, (tuple, list)) and len(mask) >= 1 and isinstance(mask[0], str):
-        if tuple(mask) == ("causal",):
-            return Causal()
-        if mask[0] == "window" and len(mask) == 2:
-            return Window(mask[1])
-        if mask[0] == "alibi" and len(mask) == 2:
-            return ALiBi(mask[1])
-        if mask[0] == "rope" and len(mask) == 3:
-            return RoPE(mask[1], mask[2])
-        if mask[0] == "sinkwindow" and len(mask) == 3:
-            return SinkWindow(mask[1], mask[2])
-        if mask[0] == "graph" and len(mask) == 2:
-            return Graph(mask[1])
+        form = list(mask)
+    if form is not None and form[0] in MASK_CLASSES:
+        cls = MASK_CLASSES[form[0]]
+        try:
+            out = cls.from_saved(form)
+        except TypeError as exc:
+            raise ValueError(
+                f"mask {mask!r:.120}: the saved form of {cls.__qualname__} does not rebuild "
+                f"it ({exc}); pass the mask object itself or its describe()."
+            ) from None
+        if not isinstance(out, AbstractMask):
+            raise ValueError(
+                f"mask {mask!r:.120}: {cls.__qualname__}.from_saved returned "
+                f"{type(out).__name__}, not a mask."
+            )
+        return out
     raise ValueError(
         f"mask must be None, 'causal' or ('window', w) with an integer w >= 0, an "
-        f"attnflow.masks object (Causal, Window, ALiBi, RoPE, SinkWindow, Graph) or its "
-        f"saved form; got {mask!r}."
+        f"attnflow.masks object (Causal, Window, ALiBi, RoPE, SinkWindow, Graph) or the "
+        f"saved form [name, ...] of a registered mask (known: {sorted(MASK_CLASSES)}; a "
+        f"mask of one's own is registered by its class attribute name = '...' once its "
+        f"module is imported: import it before Trajectory.load); got {mask!r:.200}."
     )
 
 
