@@ -250,3 +250,18 @@ def test_user_error_checks_keep_the_process_mode_inside_attnflow_programs():
     before = _errors.EQX_ON_ERROR
     af.solve(af.Attention(Q, K, V), jnp.asarray(X0), 0.5, solver=TIGHT)
     assert before == _errors.EQX_ON_ERROR
+
+
+def test_noise_refuses_every_option_it_would_drop():
+    m = af.Attention(Q, K, V)
+    noise = af.dynamics.Noise(0.1, seed=0)
+    for option in (
+        {"rtol": 1e-3},
+        {"atol": 1e-3},
+        {"max_steps": 10},
+        {"progress": True},
+        {"shard": "tokens"},
+    ):
+        with pytest.raises(ValueError, match=next(iter(option))):
+            af.simulate(m, X0, 1.0, frame="sphere", method="euler", dt=0.25, noise=noise,
+                        **option)  # fmt: skip

@@ -174,8 +174,11 @@ def simulate(
     _checks.choice("frame", frame, FRAMES)
     model = fresh(model)  # the propagator's cache built from the model's own V
     if noise is not None:
+        # every option the noisy solve does not honour is refused by name
         extra: dict[str, Any] = dict(layernorm=layernorm not in (None, "post"), chunk=chunk)
         extra.update(solver=solver, devices=devices, cost=cost is not None, residual=not residual)
+        extra.update(rtol=rtol != 1e-6, atol=atol != 1e-9, max_steps=max_steps != 100_000)
+        extra.update(progress=progress is not False, shard=shard != "batch")
         return simulate_with_noise(
             model, x0, t1, noise=noise, frame=frame, method=method, dt=dt, ts=ts, others=extra
         )  # a progress bar is not drawn for these
