@@ -487,3 +487,23 @@ def test_rows_must_be_whole_indices(rows):
     np.testing.assert_array_equal(
         af.dispersion(m, x=x, rows=[1.0, 2.0]).max, af.dispersion(m, x=x, rows=[1, 2]).max
     )
+
+
+@pytest.mark.parametrize("block", [-3, -1, 2.5, "8", True])
+def test_block_must_be_a_whole_number_of_rows(block):
+    m = af.Attention(np.eye(2), np.eye(2), np.eye(2))
+    x = np.random.default_rng(0).normal(size=(6, 2))
+    with pytest.raises(ValueError, match="block must be an integer >= 0"):
+        af.dispersion(m, x=x, block=block)
+    with pytest.raises(ValueError, match="block must be an integer >= 0"):
+        af.dispersion(af.simulate(m, x, 0.5), block=block)
+
+
+def test_block_zero_and_tiles_give_the_same_report():
+    m = af.Attention(np.eye(2), np.eye(2), np.eye(2))
+    x = np.random.default_rng(0).normal(size=(7, 2))
+    whole, tiled = af.dispersion(m, x=x, block=0), af.dispersion(m, x=x, block=3)
+    np.testing.assert_allclose(whole.max, tiled.max, rtol=1e-14)
+    P = np.full((3, 3), 1 / 3)
+    with pytest.raises(ValueError, match="block apply to a model or trajectory"):
+        af.dispersion(P, block=2)

@@ -313,3 +313,48 @@ def test_a_file_checks_its_hash_and_its_consistency(tmp_path):
     np.savez(tmp_path / "f.npz", **{**old, "metadata": np.asarray(json.dumps(record))})
     with pytest.raises(ValueError, match=r"f\.npz' is a malformed trajectory file: KeyError"):
         af.Trajectory.load(tmp_path / "f.npz")
+
+
+# --------------------------------------------- declared sizes, before allocation
+def _small_run_file(tmp_path) -> tuple[Path, dict]:
+    model = af.Attention(np.eye(2), np.eye(2), np.eye(2))
+    x0 = np.random.default_rng(0).normal(size=(4, 2))
+    traj = af.simulate(model, x0, 1.0, ts=np.linspace(0, 1, 11))
+    path = traj.save(tmp_path / "run.npz")
+    with np.load(path) as f:
+        return path, {k: f[k] for k in f.files}
+
+
+def test_an_array_larger_than_its_run_is_refused_before_it_is_read(tmp_path):
+    """A 240 kB file declaring a 240 MB state (zeros compress 1000:1) was refused only
+    after about 290 MB had been allocated; its .npy headers are checked against the
+    metadata's run first, so the refusal costs kilobytes."""
+    import tracemalloc
+
+    path, arrays = _small_run_file(tmp_path)
+    arrays["state"] = np.zeros((1, 11, 4, 681_818))  # 240 MB declared
+    bad = tmp_path / "bad.npz"
+    np.savez_compressed(bad, **arrays)
+    assert bad.stat().st_size < 300_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=r"array 'state' declares shape \(1, 11, 4, 681818\)"):
+            af.Trajectory.load(bad)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 5 * 2**20, peak
+    af.Trajectory.load(path)  # the original loads
+
+
+@pytest.mark.parametrize(
+    "key, shape",
+    [("x", (11, 4, 3)), ("z", (12, 4, 2)), ("reached", (11, 2)), ("t_stop", (2,)), ("x0", (5, 2))],
+)
+def test_every_array_is_bounded_by_the_run_it_records(tmp_path, key, shape):
+    path, arrays = _small_run_file(tmp_path)
+    arrays[key] = np.zeros(shape, arrays[key].dtype)
+    bad = tmp_path / "bad.npz"
+    np.savez_compressed(bad, **arrays)
+    with pytest.raises(ValueError, match=rf"array '{key}' declares shape"):
+        af.Trajectory.load(bad)

@@ -350,8 +350,8 @@ def dispersion(
         rows: query rows to compute (model and trajectory input): a slice or indices;
             default all. With large ``n`` a few hundred rows against all keys are cheap
             where the ``(n, n)`` matrix is not.
-        block: query rows per tile (model and trajectory input); default about
-            ``4M / n``.
+        block: query rows per tile (model and trajectory input), an integer ``>= 0``
+            (0: all rows in one tile); default about ``4M / n``.
         head: for a model or trajectory of several heads (a ``MultiHeadAttention`` or a
             ``Block`` of one), the head whose attention is measured (required when there
             are several).
@@ -374,6 +374,8 @@ def dispersion(
     from ..dynamics.trajectory import Trajectory
 
     _checks.refuse_mean_field(P, "dispersion", "Its Fourier modes: analysis.fourier_modes.")
+    if block is not None:  # a whole number of rows per tile (0: all rows in one tile)
+        block = _checks.integer("block", block, lo=0)
     if isinstance(P, Trajectory):
         if logits is not None or x is not None:
             raise ValueError("with a trajectory, pass k (the saved index), not logits or x.")
@@ -388,8 +390,8 @@ def dispersion(
         return _model_report(P, head, x, rows, sink, block)
     if head is not None:
         raise ValueError("head applies to a model or a trajectory, not to a matrix P.")
-    if x is not None or rows is not None:
-        raise ValueError("x and rows apply to a model or trajectory, not to a matrix P.")
+    if x is not None or rows is not None or block is not None:
+        raise ValueError("x, rows and block apply to a model or trajectory, not to a matrix P.")
     Pa = _checks.real_array("P", P, shape_hint="(rows, n)")
     if Pa.ndim < 1:
         raise ValueError(f"P must be a real (rows, n) attention matrix; got shape {Pa.shape}.")

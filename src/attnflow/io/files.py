@@ -248,7 +248,7 @@ def read_npy_stream(fh: IO[bytes], size: int, *, exact: bool = True) -> np.ndarr
         return _npy(fh, size, exact)
 
 
-def _npy(fh: IO[bytes], size: int, exact: bool) -> np.ndarray:
+def _npy(fh: IO[bytes], size: int, exact: bool, *, header_only: bool = False) -> Any:
     fmt = np.lib.format
     start = fh.tell()
     if size < fmt.MAGIC_LEN:
@@ -280,6 +280,8 @@ def _npy(fh: IO[bytes], size: int, exact: bool) -> np.ndarray:
             f"its .npy header declares {nbytes} bytes of data (shape {shape}, dtype "
             f"{dtype.str}) but {left} follow it{short}"
         )
+    if header_only:
+        return shape, dtype
     buf = bytearray()
     while len(buf) < nbytes:
         chunk = fh.read(min(_CHUNK, nbytes - len(buf)))
@@ -316,13 +318,25 @@ def read_npy(path: str | os.PathLike, *, kind: str = "", fix: str = "") -> np.nd
         return _npy(fh, size, True)
 
 
-def read_npz(path: str | os.PathLike, *, kind: str = "", fix: str = "") -> dict[str, np.ndarray]:
+def read_npz(
+    path: str | os.PathLike,
+    *,
+    kind: str = "",
+    fix: str = "",
+    only: Any = None,
+    headers: bool = False,
+) -> dict[str, Any]:
     """The arrays of an ``.npz`` archive, each checked (see the module docstring).
 
     Args:
         path: the archive.
         kind: what the file should be, for the message (``"a trajectory file"``).
         fix: what to do about a bad file, for the message (``"re-save the run"``).
+        only: the names of the arrays to read (default all; every member's declared
+            sizes are checked either way).
+        headers: return each array's ``(shape, dtype)`` from its ``.npy`` header instead
+            of the array, reading no data (so a reader can check what a file declares
+            against what it should hold before allocating it).
 
     Returns:
         ``{name: array}`` in the archive's order, as ``np.load`` returns them.
@@ -331,15 +345,16 @@ def read_npz(path: str | os.PathLike, *, kind: str = "", fix: str = "") -> dict[
         BadFile: naming the file and what is wrong (which array, where it is one).
     """
     p = Path(path)
+    wanted = None if only is None else set(only)
     with _said_as(lambda why: BadFile(p, why, kind=kind, fix=fix)):
-        return _npz(p)
+        return _npz(p, wanted, headers)
 
 
-def _npz(p: Path) -> dict[str, np.ndarray]:
+def _npz(p: Path, wanted: set[str] | None = None, headers: bool = False) -> dict[str, Any]:
     size = p.stat().st_size
     if size == 0:
         raise _Malformed("the file is empty")
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, Any] = {}
     with zipfile.ZipFile(p) as zf:
         infos = zf.infolist()
         recorded = _recorded_entries(p, size)
@@ -357,9 +372,11 @@ def _npz(p: Path) -> dict[str, np.ndarray]:
             if keys.count(key) > 1:
                 raise _Malformed(f"it holds two arrays named {key!r}")
             _check_sizes(info, size, key)
+            if wanted is not None and key not in wanted:
+                continue
             with _said_as(lambda why, key=key: _Malformed(f"its array {key!r}: {why}")):
                 with zf.open(info) as fh:
-                    out[key] = _npy(fh, info.file_size, True)
+                    out[key] = _npy(fh, info.file_size, True, header_only=headers)
     return out
 
 

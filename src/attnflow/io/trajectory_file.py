@@ -273,7 +273,14 @@ def _read(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
     """The JSON metadata and the arrays of a file, checked to be a trajectory file."""
     if not path.is_file():
         raise ValueError(f"path {str(path)!r} is not a file written by Trajectory.save (an .npz).")
-    data = read_npz(path, kind="a trajectory file", fix="re-save the run from its source")
+    kind, fix = "a trajectory file", "re-save the run from its source"
+    # What the file declares (the .npy headers, no data) and its metadata first: an
+    # array larger than the run it records is refused before it is allocated.
+    declared = read_npz(path, kind=kind, fix=fix, headers=True)
+    if "metadata" in declared:
+        head = read_npz(path, kind=kind, fix=fix, only=("metadata",))["metadata"]
+        _check_declared_sizes(head, declared, path)
+    data = read_npz(path, kind=kind, fix=fix)
     if "metadata" not in data or "state" not in data:
         raise ValueError(
             f"{str(path)!r} was not written by Trajectory.save of attnflow "
@@ -294,6 +301,48 @@ def _read(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
         raise ValueError(f"{str(path)!r} has metadata that is not a JSON object.")
     meta["__text__"] = text  # for the hash, checked once the layout is known
     return meta, data
+
+
+def _check_declared_sizes(record: np.ndarray, declared: dict, path: Path) -> None:
+    """Refuse a file whose arrays declare more entries than the run of its metadata holds
+    (``n`` tokens in ``d`` dimensions, ``batch`` systems, the saves its ``ts`` declares):
+    checked on the ``.npy`` headers before any array is read. Files whose metadata is not
+    a version-2 record are left to the checks after reading."""
+    try:
+        run = json.loads(str(record.item()))["run"]
+        n, d, batch = run["n"], run["d"], run["batch"]
+    except Exception:  # not this layout: the full read says what is wrong
+        return
+    whole = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1  # noqa: E731
+    if not (whole(n) and whole(d) and (batch is None or whole(batch))):
+        return
+    ts = declared.get("ts")
+    if ts is None or len(ts[0]) != 1:
+        return
+    m, b = ts[0][0], batch or 1
+    bound = {
+        "ts": m,
+        "state": b * m * n * d,
+        "x": b * m * n * d,
+        "z": b * m * n * d,
+        "reached": b * m,
+        "t_stop": b,
+        "x0": b * n * d,
+        "to_x": b * m * d * d,
+    }
+    for key, most in bound.items():
+        if key not in declared:
+            continue
+        shape, dtype = declared[key]
+        count = math.prod(shape)
+        if count > most:
+            raise ValueError(
+                f"{str(path)!r} is not a trajectory file that can be loaded: its array "
+                f"{key!r} declares shape {tuple(shape)} ({count * dtype.itemsize:,} bytes) "
+                f"but its metadata records a run of {b} system(s), {m} saves, n = {n} "
+                f"tokens in d = {d} (at most {most:,} entries); the file is damaged or "
+                f"altered: re-save the run from its source."
+            )
 
 
 def _check_hash(meta: dict, data: dict, path: Path) -> None:
