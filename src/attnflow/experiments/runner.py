@@ -248,6 +248,20 @@ def _exclusive_scripts(exp_dir: Path, names: list[str]) -> set[str]:
     return {n for n in names if getattr(_load(exp_dir, n), "EXCLUSIVE", False) is True}
 
 
+def _unavailable_scripts(exp_dir: Path, names: list[str]) -> dict[str, str]:
+    """The scripts that declare ``REQUIRES`` (optional modules) of which one is not
+    installed, with why: skipped before the start, never counted in the progress."""
+    from ._figure import missing
+
+    out = {}
+    for name in names:
+        requires = getattr(_load(exp_dir, name), "REQUIRES", ())
+        why = missing(tuple(requires)) if requires else None
+        if why:
+            out[name] = why
+    return out
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -509,6 +523,10 @@ def _redraw_figures(out_dir, *, only, quick, experiments, progress) -> dict:
 def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) -> dict:
     exp_dir = find_experiments(experiments)
     names, skipped = _select(exp_dir, only, quick)
+    # a script that needs an optional module that is not installed is known before the
+    # start: it is skipped, and neither run nor counted in the progress
+    skipped.update(_unavailable_scripts(exp_dir, names))
+    names = [n for n in names if n not in skipped]
     jobs = default_jobs() if jobs is None else int(jobs)
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1; got {jobs}.")
@@ -547,6 +565,7 @@ def _run_locked(out, exp_dir, names, skipped, quick, progress, jobs, reuse) -> d
         total_figures=len(names),
         disable=not progress,
         exclusive=exclusive,
+        skipped=skipped,
     )
 
     index_path = out / ("index_quick.json" if quick else "index.json")
@@ -582,7 +601,7 @@ def _run_locked(out, exp_dir, names, skipped, quick, progress, jobs, reuse) -> d
         else:
             failed[name] = err.splitlines()[0]
             print(err, file=sys.stderr)
-        bar.finished(name, skipped=bool(err is None and res.get("skipped")))
+        bar.finished(name, skipped=bool(err is None and res.get("skipped")), failed=err is not None)
         write_text(index_path, json.dumps(index_now(), indent=2, default=str))
 
     try:
