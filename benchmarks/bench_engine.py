@@ -125,9 +125,7 @@ def main() -> None:
     sizes = dict(systems=32, n=32, d=16, layers=20) if args.quick else {}
     res = {
         "machine": machine(),
-        "sphere_step": sphere_step(
-            **({"systems": 256, "n": 32, "d": 128, "layers": 100} | sizes)
-        ),
+        "sphere_step": sphere_step(**({"systems": 256, "n": 32, "d": 128, "layers": 100} | sizes)),
         "cli": cli_start(2 if args.quick else 5),
     }
     print(json.dumps(res, indent=1))

@@ -35,6 +35,7 @@ from .. import _checks
 from . import _devices, _inputs
 from ._inputs import check_ts, check_x0
 from .base import AbstractModel
+from .fields import choose_field
 from .frames import FRAMES, LAYERNORMS, AbstractFrame, frame_maker
 from .propagator import fresh
 from .solvers import (
@@ -75,6 +76,7 @@ def simulate(
     layernorm: str | None = None,
     solver: AbstractSolver | None = None,
     noise: Any = None,
+    field: str = "auto",
 ) -> Trajectory:
     """Integrate the self-attention particle system from ``x0`` to time ``t1``.
 
@@ -145,6 +147,11 @@ def simulate(
             a solver and any of those keywords is a ``ValueError``.
         noise: ``dynamics.Noise(sigma, seed)``, random value matrices (``frame="sphere"``;
             ``method="euler"`` the layers, ``"euler-maruyama"`` their SDE: ``stochastic``).
+        field: how the sphere frame in the plane evaluates the field: ``"auto"`` (the
+            exact O(n K) Fourier field of ``attnflow.dynamics.fields.circle`` where it
+            applies and its error bound is below 1e-9, else the model's own dense or
+            tiled field), ``"circle"`` (asked for: a ``ValueError`` says why it does not
+            apply) or ``"dense"``. The choice is recorded in ``traj.solver["field"]``.
 
     A stacked model (``attnflow.stack(models)``, or ``Attention`` with weights of shape
     ``(b, d, d)``) pairs system ``i`` of ``x0`` ``(b, n, d)`` with model ``i`` (an
@@ -233,6 +240,22 @@ def simulate(
         fr = frame_of(sharded_model)
     # the devices that the batch is sharded over (the tokens' devices are in the model)
     solve_devs = devs if shard == "batch" else None
+    field_info: dict = {}
+    if frame == "sphere":
+        _checks.choice("field", field, ("auto", "circle", "dense"))
+        if stacked or shard == "tokens" or ln == "scaled":
+            if field == "circle":
+                raise ValueError(
+                    "field='circle' serves one unstacked model on unit tokens: not stacked "
+                    "weights, shard='tokens' or layernorm='scaled'."
+                )
+            field_info = {"field": "dense"}
+        else:
+            fast, field_info = choose_field(model, int(x0.shape[-2]), prefer=field)
+            if fast is not model:
+                fr = frame_of(fast)
+    elif field != "auto":
+        _checks.choice("field", field, ("auto", "dense"))
     if not isinstance(x0, jax_core.Tracer):
         fr.check_tokens(x0)
     batched = x0.ndim == 3
@@ -278,6 +301,7 @@ def simulate(
         solver_info.update(fr.settings())
     if not residual:
         solver_info["residual"] = False
+    solver_info.update(field_info)
     if devs is not None:
         solver_info["devices"] = _devices.device_ids(devs)
         solver_info["shard"] = shard

@@ -71,6 +71,7 @@ def solve(
     solver: AbstractSolver | None = None,
     layernorm: str | None = None,
     residual: bool = True,
+    field: str = "auto",
 ) -> Solution:
     """Integrate one system of tokens ``x0`` from 0 to ``t1``: jittable, vmappable and
     differentiable.
@@ -91,6 +92,9 @@ def solve(
             ``"scaled"`` (``simulate``'s placements).
         residual: ``False`` drops the skip connection of the layers (``LayerSolver``,
             original or sphere frame).
+        field: on the sphere in the plane, ``"auto"`` (the exact O(n K) circle field
+            where it applies and is accurate, ``attnflow.dynamics.fields.circle``),
+            ``"circle"`` or ``"dense"``; as ``simulate``'s.
 
     Returns:
         A ``Solution``; its ``status`` is a code of ``attnflow.Status`` (no exception is
