@@ -274,7 +274,7 @@ class FigureScript:
 
     def __call__(self, out_dir: str | os.PathLike[str], quick: bool = False) -> dict[str, Any]:
         """Compute, save the data, draw, write the figures, GIFs and sidecar."""
-        from attnflow._meta import attnflow_version
+        from attnflow._meta import attnflow_version, build_version
 
         out = Path(out_dir)
         t0 = time.perf_counter()
@@ -294,6 +294,7 @@ class FigureScript:
             meta = {
                 "name": self.name,
                 "attnflow": attnflow_version(),
+                "attnflow_build": build_version(),
                 "quick": bool(quick),
                 "compute_seconds": time.perf_counter() - t0,
                 "movies": [[case, how] for _, case, how in data.movies],

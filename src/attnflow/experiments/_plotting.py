@@ -215,13 +215,41 @@ def write_json(
 
     ``compact``: every innermost list of numbers on one line (matrix rows, vectors).
     Returns the path. Non-finite floats must already be strings (``jsonable``): a bare
-    NaN or Infinity is not JSON, and is refused here."""
+    NaN or Infinity is not JSON, and is refused here.
+
+    A file already there that holds the same record but for the build that made it
+    (``"attnflow_build"`` keys, at any depth: ``_meta.build_version``, which names the
+    commit) is left as it is: it says which build first made these numbers, and a rerun
+    of another commit that changes nothing rewrites nothing."""
     text = json.dumps(data, indent=1, allow_nan=False)
     if compact:
         text = _compact_numbers(text)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return write_text(out / f"{stem}.json", text + "\n")
+    path = out / f"{stem}.json"
+    if _same_but_build(path, json.loads(text)):
+        return path
+    return write_text(path, text + "\n")
+
+
+BUILD_KEY = "attnflow_build"
+
+
+def _without_build(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _without_build(v) for k, v in obj.items() if k != BUILD_KEY}
+    if isinstance(obj, list):
+        return [_without_build(v) for v in obj]
+    return obj
+
+
+def _same_but_build(path: Path, data: Any) -> bool:
+    """Whether the JSON file ``path`` holds ``data`` but for its ``BUILD_KEY`` entries."""
+    try:
+        before = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return _without_build(before) == _without_build(data)
 
 
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:

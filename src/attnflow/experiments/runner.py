@@ -169,6 +169,8 @@ def input_key(exp_dir: Path, name: str, quick: bool, package: str, versions: dic
     ``quick`` and the versions (see the module docstring)."""
     h = hashlib.sha256(package.encode())
     h.update((Path(exp_dir) / f"{name}.py").read_bytes())
+    # the commit (attnflow_build) is not an input: the package digest holds the code
+    versions = {k: v for k, v in versions.items() if k != "attnflow_build"}
     h.update(json.dumps({"quick": bool(quick), "versions": versions}, sort_keys=True).encode())
     return h.hexdigest()
 
