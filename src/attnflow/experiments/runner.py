@@ -52,26 +52,19 @@ import importlib
 import importlib.util
 import io
 import json
-import os
-import socket
 import sys
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from .. import _cache, _parallel
+from ._lock import LOCK, FolderBusy, folder_lock
 
-__all__ = ["find_experiments", "list_figures", "run_figures", "default_jobs", "FolderBusy"]
-
-LOCK = ".attnflow-figures.lock"
-
-
-class FolderBusy(RuntimeError):
-    """Another ``attnflow figures`` run is writing into the same output folder."""
+__all__ = ["find_experiments", "list_figures", "run_figures", "default_jobs", "FolderBusy", "LOCK"]
 
 
 def _installed() -> Path:
@@ -262,57 +255,6 @@ def _unavailable_scripts(exp_dir: Path, names: list[str]) -> dict[str, str]:
         if why:
             out[name] = why
     return out
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError, OverflowError):
-        return True
-    return True
-
-
-@contextlib.contextmanager
-def _folder_lock(out: Path) -> Iterator[None]:
-    """Hold ``out/LOCK`` for the block: refuse (``FolderBusy``) while a live run holds
-    it; take over a lock whose process no longer runs (on this host)."""
-    from ..io.files import write_text
-
-    lock = out / LOCK
-    me = f"{os.getpid()} {socket.gethostname()}\n"
-    for _ in range(3):
-        try:
-            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            try:
-                pid_s, _, host = lock.read_text().strip().partition(" ")
-                pid = int(pid_s)
-            except (OSError, ValueError):
-                pid, host = -1, ""  # unreadable: written by a run killed mid-write
-            if pid > 0 and (host != socket.gethostname() or _pid_alive(pid)):
-                where = "" if host == socket.gethostname() else f" on {host}"
-                raise FolderBusy(
-                    f"another `attnflow figures` run (pid {pid}{where}) is writing into "
-                    f"{str(out)!r}; wait for it to finish or use another --out (if no such "
-                    f"run is alive, delete {str(lock)!r})."
-                ) from None
-            write_text(lock, me)  # stale: take it over (atomically), then check it is ours
-            if lock.read_text() == me:
-                break
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(me)
-        break
-    else:
-        raise FolderBusy(f"could not take the lock {str(lock)!r}; another run is starting.")
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            if lock.read_text() == me:
-                lock.unlink()
 
 
 def _run_pool(
@@ -534,7 +476,7 @@ def _run_figures(out_dir, *, only, quick, experiments, progress, jobs, reuse) ->
         raise ValueError(f"jobs must be >= 1; got {jobs}.")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with _folder_lock(out):
+    with folder_lock(out):
         return _run_locked(out, exp_dir, names, skipped, quick, progress, jobs, reuse)
 
 
