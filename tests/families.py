@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -29,6 +29,7 @@ from jaxtyping import Array
 import attnflow as af
 from attnflow import kernels as K
 from attnflow.dynamics.base import AbstractAttentionSystem
+from attnflow.masks import AbstractMask
 
 
 class SinkhornAttention(AbstractAttentionSystem):
@@ -87,7 +88,7 @@ class SinkhornAttention(AbstractAttentionSystem):
         return u @ self.V.T
 
     def describe(self) -> dict:
-        return {"family": "SinkhornAttention", "beta": float(self.beta), "iters": self.iters}
+        return {"family": self.family, "beta": float(self.beta), "iters": self.iters}
 
     def arrays(self) -> dict:
         return {"Q": self.Q, "K": self.K, "V": self.V, "beta": self.beta}
@@ -158,7 +159,7 @@ class BandAttention(AbstractAttentionSystem):
         return u @ self.V.T
 
     def describe(self) -> dict:
-        return {"family": "BandAttention", "beta": float(self.beta), "w": self.w}
+        return {"family": self.family, "beta": float(self.beta), "w": self.w}
 
     def arrays(self) -> dict:
         return {"Q": self.Q, "K": self.K, "V": self.V, "beta": self.beta}
@@ -166,6 +167,24 @@ class BandAttention(AbstractAttentionSystem):
     @classmethod
     def from_saved(cls, description, arrays):
         return cls(arrays["Q"], arrays["K"], arrays["V"], beta=arrays["beta"], w=description["w"])
+
+
+class Stride(AbstractMask):
+    """A user's mask: token ``i`` keeps itself and the tokens ``j < i`` with ``i - j`` a
+    multiple of ``s`` (a strided causal mask, Child et al. 2019)."""
+
+    s: int = eqx.field(static=True)
+    name: ClassVar[str] = "test-stride"
+
+    def __init__(self, s: int):
+        self.s = int(s)
+
+    def keep(self, rows, cols):
+        diff = rows[:, None] - cols[None, :]
+        return (diff >= 0) & (diff % self.s == 0)
+
+    def describe(self) -> list:
+        return ["test-stride", self.s]
 
 
 def sinkhorn_numpy(L: np.ndarray, iters: int) -> np.ndarray:
@@ -278,6 +297,25 @@ CASES: list[Case] = [_kernel_case(name) for name in K.KERNELS] + [
     Case("SinkhornAttention", lambda: SinkhornAttention(Q2, K2, V2, beta=1.0, iters=5)),
     Case("BandAttention", lambda: BandAttention(Q2, K2, V2, beta=1.5, w=1)),
 ]
+
+
+# what the kit's check_kernel and check_mask run over (each through a head of its own),
+# and the families check_model runs over
+KERNEL_OBJECTS: list = [K.get(name) for name in K.KERNELS] + [
+    K.SSMax(s=1.5),
+    K.QKNorm(wq=[1.5, 0.5, 1.0, 0.8], wk=[0.8, 1.2, 1.0, 0.6]),
+    K.Sink(b=1.5),
+]
+MASKS: list = [
+    K.Causal(),
+    K.Window(1),
+    af.masks.ALiBi(0.4),
+    af.masks.RoPE(10.0, af.masks.Causal()),
+    af.masks.SinkWindow(1, 2),
+    af.masks.Graph(GRAPH6),
+    Stride(2),
+]
+FAMILY_CASES: list[Case] = [c for c in CASES if not c.name.startswith(("kernel-", "mask-"))]
 
 
 def reference(model: Any) -> Any:

@@ -7,32 +7,14 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
-import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from families import Stride
 
 import attnflow as af
 from attnflow.dynamics.kernels.masks import MASK_CLASSES
 from attnflow.masks import AbstractMask, check_mask
-
-
-class Stride(AbstractMask):
-    """Token ``i`` keeps itself and the tokens ``j < i`` with ``i - j`` a multiple of
-    ``s`` (a strided causal mask, Child et al.)."""
-
-    s: int = eqx.field(static=True)
-    name: ClassVar[str] = "test-stride"
-
-    def __init__(self, s: int):
-        self.s = int(s)
-
-    def keep(self, rows, cols):
-        diff = rows[:, None] - cols[None, :]
-        return (diff >= 0) & (diff % self.s == 0)
-
-    def describe(self) -> list:
-        return ["test-stride", self.s]
 
 
 def _stride_keep(n, s):

@@ -180,6 +180,8 @@ def _row_stats(P, L, sink: int, keep):
         kept=jnp.sum(keep, axis=-1),
     )
     if L is not None:
+        if L.shape[-1] != keep.shape[-1]:  # logits of two maps side by side: every one
+            keep = jnp.ones(L.shape, dtype=bool)
         hi, lo = jnp.where(keep, L, -jnp.inf), jnp.where(keep, L, jnp.inf)
         out["delta"] = jnp.max(hi, axis=-1) - jnp.min(lo, axis=-1)
     return out
