@@ -38,7 +38,7 @@ import numpy as np
 from jaxtyping import Float
 
 from .. import _checks
-from ..analysis.regimes import LABELS, Label, Regime, predict_regime
+from ..analysis.regimes import LABELS, Regime
 from ..dynamics.trajectory import Status
 from ..io.checkpoints import (
     MINILM_INSTALL,
@@ -56,6 +56,7 @@ from ..io.checkpoints import (
     write_safetensors,
 )
 from ..io.layouts import TrainedHead, load_heads
+from ._head_layout import head_regime as _head_regime
 from ._head_reduction import reduced_triple
 
 __all__ = [
@@ -147,49 +148,6 @@ class HeadReport:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def _head_regime(hw: HeadWeights, Q: Any, K: Any, V: Any, rtol: float) -> Regime:
-    """The regime of the head as its layout runs it (``predict_regime(hw.attention())``),
-    from the (reduced) triple ``Q, K, V``: the theorems' label only for plain unmasked,
-    position-free softmax; a head whose layout adds a mask, positions or another kernel
-    is unclassified, its reason naming what it computes; a head whose attention the
-    package cannot build (``attention_parts`` refuses: RoPE scaling, a layer-wide QK
-    norm) is unclassified with that refusal as the reason."""
-    from ..analysis.regimes import not_softmax_regime
-
-    reg = predict_regime(Q, K, V, rtol=rtol)
-    if not isinstance(hw, TrainedHead):
-        return reg  # a BERT-style head: unmasked, position-free softmax
-    try:
-        parts = hw.attention_parts()
-    except ValueError as exc:
-        return dataclasses.replace(
-            reg,
-            label=Label.UNCLASSIFIED,
-            theorem=None,
-            reason=(
-                f"{exc} No theorem of [E] covers this head as the layout runs it (the "
-                f"theorems assume unmasked, position-free softmax attention)."
-            ),
-        )
-    if parts.get("mask") is None and parts.get("kernel") is None:
-        return reg
-    import jax
-
-    from ..dynamics.model import Attention
-
-    dt = np.float64 if jax.config.read("jax_enable_x64") else np.float32
-    one = Attention(
-        *(np.asarray(a, dt) for a in (Q, K, V)),
-        beta=float(hw.beta),
-        rectangular=True,
-        propagator="expm",
-        **parts,
-    )
-    if one.plain_softmax:
-        return reg
-    return not_softmax_regime(one, reg.structure, rtol)
 
 
 def _report(hw: HeadWeights, rtol: float, reduce: bool = True) -> tuple[HeadReport, Regime]:

@@ -31,6 +31,7 @@ Gradients and numbers are compared in float64: turn it on first,
 
 from __future__ import annotations
 
-from ._kit import check_kernel, check_mask, check_model
+from ._extensions import check_kernel, check_mask
+from ._kit import check_model
 
 __all__ = ["check_model", "check_kernel", "check_mask"]
