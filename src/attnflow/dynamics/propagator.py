@@ -414,7 +414,9 @@ class Propagator(eqx.Module):
 
     def _modal(self, name: str) -> Any:
         a = _unbits(getattr(self.flow, name))
-        return None if a is None else _modal_leaf(self.V, a)
+        if a is None or _is_concrete(self.V):  # a concrete V is not differentiated
+            return a
+        return _modal_leaf(self.V, a)
 
     @property
     def T(self) -> Array | None:
