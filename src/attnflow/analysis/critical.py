@@ -29,7 +29,8 @@ query ``q`` and ``n`` keys ``k_j``, all i.i.d. uniform on ``S^{d-1}``, softmax w
 every term decreases in ``beta`` and ``M`` increases strictly from ``1/n`` (``beta = 0``)
 to 1. The criterion: the critical ``beta_c(level)`` is where the expected largest weight
 ``E M(beta)`` reaches ``level`` (default 1/2, the self-weight at the simplex critical
-point). Chen, Lin, Polyanskiy and Rigollet (2026) state ``beta_c ~ n^{2/(d-1)}``: the
+point). The law ``beta_c ~ n^{2/(d-1)}`` is stated in arXiv 2605.08505 (not in Chen,
+Lin, Polyanskiy and Rigollet's simplex paper): the
 nearest key is at angle ``~ n^{-1/(d-1)}``, and ``beta (1 - cos) ~ 1`` there.
 
 How it is measured. By rotation invariance ``q = e_1``; ``s = 1 - <q, k>`` is then
