@@ -5,8 +5,8 @@ residual) on ``n`` simplex tokens with pairwise inner products ``rho``, at inver
 temperature ``beta = gamma log n``: as ``n`` grows the outputs' cosine tends to 1 below
 ``gamma_c = 1 / (1 - rho)`` (the tokens collapse), to ``4 rho / (1 + 3 rho)`` at it (the
 self-weight tends to 1/2) and to ``rho`` above it. For keys uniform on ``S^{d-1}`` the
-critical ``beta`` grows like ``n^{2/(d-1)}`` instead (arXiv 2605.08505), so no fixed scale of ``log n``
-(``ssmax``) stays critical.
+critical ``beta`` grows like ``n^{2/(d-1)}`` instead (arXiv 2605.08505), so no fixed
+scale of ``log n`` (``ssmax``) stays critical.
 
 Four panels:
 
