@@ -84,12 +84,16 @@ _LAZY: dict[str, str] = {
             "wendel_probability",
             "ModePrediction",
             "predict_metastable",
+            "NoiseThreshold",
+            "predict_noise_threshold",
         ),
         ".analysis",
     ),
+    **dict.fromkeys(("gaussian_closure", "GaussianClosure"), ".dynamics.gaussian"),
     **dict.fromkeys(
         ("GinibreEstimate", "HeadsAnalysis", "analyze_heads", "ginibre_fraction"), ".studies"
     ),
+    **dict.fromkeys(("ForwardPass", "forward_pass"), ".studies.forward"),
     "enable_compilation_cache": "._cache",
 }
 # Public modules: the face modules attnflow/kernels.py, masks.py, matrices.py, sweep.py.
@@ -102,6 +106,7 @@ if _typing.TYPE_CHECKING:  # what a type checker and an editor see; nothing is i
         DispersionReport,
         Label,
         ModePrediction,
+        NoiseThreshold,
         Observation,
         RankTrack,
         Regime,
@@ -116,6 +121,7 @@ if _typing.TYPE_CHECKING:  # what a type checker and an editor see; nothing is i
         leading_eigenvalue,
         observe_limit,
         predict_metastable,
+        predict_noise_threshold,
         predict_regime,
         rank_of,
         spectral_structure,
@@ -137,11 +143,13 @@ if _typing.TYPE_CHECKING:  # what a type checker and an editor see; nothing is i
         simulate,
     )
     from .dynamics.base import AbstractAttentionSystem, AbstractKernelAttention, AbstractModel
+    from .dynamics.gaussian import GaussianClosure, gaussian_closure
     from .dynamics.kernels import KERNELS
     from .dynamics.meanfield import CircleMeanField, DensityTrajectory, solve_density
     from .dynamics.solve import AdaptiveSolver, EulerODESolver, LayerSolver, Solution, solve
     from .dynamics.stack import stack, unstack
     from .studies import GinibreEstimate, HeadsAnalysis, analyze_heads, ginibre_fraction
+    from .studies.forward import ForwardPass, forward_pass
 
 
 def __getattr__(name: str) -> _typing.Any:
@@ -190,6 +198,10 @@ __all__ = [
     "AbstractModel",
     "ModePrediction",
     "predict_metastable",
+    "NoiseThreshold",
+    "predict_noise_threshold",
+    "gaussian_closure",
+    "GaussianClosure",
     "CircleMeanField",
     "DensityTrajectory",
     "solve_density",
@@ -223,5 +235,7 @@ __all__ = [
     "ginibre_fraction",
     "HeadsAnalysis",
     "analyze_heads",
+    "ForwardPass",
+    "forward_pass",
     "enable_compilation_cache",
 ]
