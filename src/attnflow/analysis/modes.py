@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -104,7 +105,11 @@ class ModePrediction:
 
 
 def _kernel_name(kernel: Any) -> str:
-    name = kernel if isinstance(kernel, str) else getattr(kernel, "name", None)
+    # a kernel object exists only once the kernels are imported: a name needs no JAX
+    base = sys.modules.get("attnflow.dynamics.kernels._base")
+    name = kernel
+    if base is not None and isinstance(kernel, base.AbstractKernel):
+        name = kernel.name
     if name not in _KERNELS:
         raise ValueError(
             f"kernel must be 'softmax' (SA) or 'usa' (unnormalised self-attention), the "

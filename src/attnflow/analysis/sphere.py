@@ -27,6 +27,7 @@ accuracy as gamma nears 1) with scipy's DOP853 at ``rtol = 1e-12``.
 from __future__ import annotations
 
 import math
+import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -76,12 +77,25 @@ def _real_tokens(name: str, x: Any) -> np.ndarray:
     return np.asarray(arr, np.float64)
 
 
+def _tokens_of(traj: Any) -> Any:
+    """The tokens ``x`` of a ``Trajectory``, or ``traj`` itself (an array); a trajectory
+    exists only once the dynamics are imported, so an array needs no JAX."""
+    mod = sys.modules.get("attnflow.dynamics.trajectory")
+    return traj.x if mod is not None and isinstance(traj, mod.Trajectory) else traj
+
+
+def _is_density(traj: Any) -> bool:
+    """Whether ``traj`` is a density on the circle (``attnflow.DensityTrajectory``)."""
+    mod = sys.modules.get("attnflow.dynamics.meanfield")
+    return mod is not None and isinstance(traj, mod.DensityTrajectory)
+
+
 def _tokens(traj: Any) -> np.ndarray:
     """Normalised tokens ``(..., m, n, d)`` in float64 of a Trajectory or an array."""
     _checks.refuse_mean_field(
         traj, "this observable", "Its peaks: density_clusters; energy: interaction_energy."
     )
-    x = _real_tokens("traj", getattr(traj, "x", traj))
+    x = _real_tokens("traj", _tokens_of(traj))
     if x.ndim not in (3, 4):
         raise ValueError(
             f"traj must be a Trajectory or tokens of shape (m, n, d) or (b, m, n, d); got "
@@ -153,7 +167,7 @@ def count_clusters(traj: Any, threshold: float = 0.999) -> Int[np.ndarray, "*b m
     Returns:
         ``(m,)`` or ``(b, m)`` integers; -1 at saves a failed system never reached.
     """
-    if getattr(type(traj), "mean_field", False):
+    if _is_density(traj):
         if threshold != 0.999:
             raise ValueError(
                 "threshold is an inner product of tokens; a density's peaks are counted "
