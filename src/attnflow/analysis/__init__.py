@@ -20,6 +20,7 @@ _WHERE = {
     **dict.fromkeys(("DispersionReport", "dispersion", "dispersion_scan"), ".dispersion"),
     **dict.fromkeys(("Observation", "observe_limit"), ".observe"),
     **dict.fromkeys(("ModePrediction", "mode_rates", "predict_metastable"), ".modes"),
+    **dict.fromkeys(("NoiseThreshold", "predict_noise_threshold"), ".noise_threshold"),
     **dict.fromkeys(
         ("CriticalLayer", "critical_gamma", "critical_layer", "simplex_tokens"), ".critical"
     ),
@@ -113,6 +114,7 @@ if _typing.TYPE_CHECKING:
         collapse_exponent,
         rho_sde,
     )
+    from .noise_threshold import NoiseThreshold, predict_noise_threshold
     from .normalization import EquiangularNorm, asymptotic_rate, equiangular_layernorm
     from .observe import Observation, observe_limit
     from .position import (
@@ -184,6 +186,8 @@ __all__ = [
     "ModePrediction",
     "mode_rates",
     "predict_metastable",
+    "NoiseThreshold",
+    "predict_noise_threshold",
     "CriticalLayer",
     "critical_gamma",
     "critical_layer",
