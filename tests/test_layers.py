@@ -20,7 +20,7 @@ from pathlib import Path
 import attnflow
 
 PKG = Path(attnflow.__file__).resolve().parent
-ORDER = ["dynamics", "analysis", "io", "studies", "plotting", "experiments", "cli"]
+ORDER = ["dynamics", "analysis", "io", "testing", "studies", "plotting", "experiments", "cli"]
 # (module, the module of a higher layer it may import inside a function): its methods
 # are that module's face
 FACES = {

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jaxtyping import Array
 
 from .base import AbstractAttentionSystem, AbstractModel
 
@@ -189,6 +190,17 @@ class TokenSharded(AbstractAttentionSystem):
     @property
     def attention_kind(self) -> str:
         return self.inner.attention_kind
+
+    def kept_keys(self, x: Array, rows: Array | None = None) -> Array:
+        return self.inner.kept_keys(x, rows)
+
+    @property
+    def bilinear_logits(self) -> bool:
+        return self.inner.bilinear_logits
+
+    @property
+    def positional(self) -> bool:
+        return self.inner.positional
 
     def prepare_tokens(self, x):
         return self.inner.prepare_tokens(x)
