@@ -5,6 +5,7 @@ a root-finder for the thresholds, the formulas written out, the families' Sinkho
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from families import sinkhorn_numpy
@@ -191,3 +192,16 @@ def test_needle_shares_against_their_closed_forms(n):
                 assert top("entmax", alpha=alpha) == pytest.approx(1.0, abs=1e-12)
             else:
                 assert top("entmax", alpha=alpha) < 1
+
+
+def test_sinkhorn_with_an_empty_column_is_defined_and_gains_are_checked():
+    """A user's mask that leaves a column empty: that column weighs 0, the others are
+    normalised, no NaN (it was all NaN); QK-norm gains of every array kind are checked
+    for finiteness by name."""
+    L = jnp.array([[0.0, -jnp.inf, 1.0], [0.5, -jnp.inf, 0.0], [0.2, -jnp.inf, 0.3]])
+    P = np.asarray(K.get("sinkhorn", iters=20).weights(L))
+    assert np.all(np.isfinite(P)) and np.all(P[:, 1] == 0.0)
+    np.testing.assert_allclose(P.sum(1), 1.0, rtol=1e-6)
+    for bad in (jnp.array([1.0, jnp.inf]), np.array([1.0, np.nan]), [1.0, float("inf")]):
+        with pytest.raises(ValueError, match="finite gains"):
+            K.get("qknorm", wq=bad)

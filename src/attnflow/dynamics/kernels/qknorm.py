@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import jax.core as jax_core
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
@@ -25,17 +26,28 @@ __all__ = ["QKNorm", "QKNormSink", "qknorm_logit_bound"]
 
 
 def _gain(kernel: str, name: str, value: Any) -> Array | None:
+    """A gain checked by name: a 1-d array of finite numbers (concrete arrays of every
+    kind checked on the host; a traced one, inside ``jit`` or ``grad``, passes as is)."""
     if value is None:
         return None
-    if not hasattr(value, "shape") or getattr(value, "ndim", None) != 1:
-        arr = np.asarray(value, dtype=np.float64)
-        if arr.ndim != 1 or arr.size == 0 or not np.all(np.isfinite(arr)):
+    if isinstance(value, jax_core.Tracer):
+        if value.ndim != 1:
             raise ValueError(
-                f"kernel_params[{name!r}] of {kernel!r} must be a 1-d array of finite gains, "
-                f"one per channel of the head (p,); got {value!r}."
+                f"kernel_params[{name!r}] of {kernel!r} must be a 1-d array of gains; got "
+                f"shape {value.shape}."
             )
-        return jnp.asarray(arr)
-    return value if isinstance(value, jnp.ndarray) else jnp.asarray(value)
+        return value
+    try:
+        arr = np.asarray(value)
+    except Exception:  # ragged lists and the like
+        arr = np.asarray([np.nan])
+    bad = arr.dtype == object or np.iscomplexobj(arr) or arr.ndim != 1 or arr.size == 0
+    if bad or not np.all(np.isfinite(arr.astype(np.float64))):
+        raise ValueError(
+            f"kernel_params[{name!r}] of {kernel!r} must be a 1-d array of finite gains, "
+            f"one per channel of the head (p,); got {value!r}."
+        )
+    return value if isinstance(value, jnp.ndarray) else jnp.asarray(arr.astype(np.float64))
 
 
 def _scaled(u: Array, w: Array | None) -> Array:

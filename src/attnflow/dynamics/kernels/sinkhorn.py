@@ -7,7 +7,9 @@ exactly and the columns to one in the limit of many iterations (for a square ``L
 
 Every column depends on every query row, so the kernel is not row-wise: it is computed
 densely (``block=0``). Masked logits (``-inf``) stay at weight 0; every mask here keeps
-the diagonal, so no row or column is empty.
+the diagonal, so no row or column is empty; a user's mask (a graph) that leaves a column
+or a row empty leaves it at weight 0 (the other columns still normalised): such a row
+then sums to 0, not 1.
 """
 
 from __future__ import annotations
@@ -29,8 +31,12 @@ def sinkhorn(L: Array, iters: int = 3) -> Array:
     (columns, then rows); the weights ``e^L``."""
 
     def one(_, L):
-        L = L - jax.nn.logsumexp(L, axis=-2, keepdims=True)
-        return L - jax.nn.logsumexp(L, axis=-1, keepdims=True)
+        # a column (or row) that a mask leaves empty keeps weight 0: its logsumexp is
+        # -inf, and -inf - (-inf) would be NaN
+        c = jax.nn.logsumexp(L, axis=-2, keepdims=True)
+        L = L - jax.numpy.where(jax.numpy.isfinite(c), c, 0.0)
+        r = jax.nn.logsumexp(L, axis=-1, keepdims=True)
+        return L - jax.numpy.where(jax.numpy.isfinite(r), r, 0.0)
 
     # a loop, not unrolled: the compile time no longer grows with iters (a static trip
     # count, so reverse-mode derivatives go through it)
