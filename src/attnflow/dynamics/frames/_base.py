@@ -148,13 +148,11 @@ class Unskipped(AbstractTokens):
 
 def normalize_rows(u: Array) -> Array:
     """``u_i / |u_i|`` for every row (the projection ``N`` to the unit sphere); zero rows
-    stay 0. The squares are summed of the row scaled by its largest ``|entry|``, so the
-    norm neither underflows nor overflows; a NaN or infinite row gives NaN. The result
-    has norm 1 to rounding (a few ulps). Two divisions per row and none per entry: the
-    entries are multiplied by ``1 / max |u_i|``, then by ``1 / |u_i / max |u_i||``."""
+    stay 0. Each row is first divided by its largest ``|entry|``, so the norm neither
+    underflows nor overflows; a NaN or infinite row gives NaN. The result has norm 1 to
+    rounding (a few ulps)."""
     a = jnp.max(jnp.abs(u), axis=-1, keepdims=True)
     zero = a == 0
-    inv_a = 1.0 / jnp.where(zero, 1.0, a)  # finite: XLA flushes subnormal rows to zero
-    v = u * inv_a
-    inv_r = 1.0 / jnp.sqrt(jnp.sum(v * v, axis=-1, keepdims=True))
-    return jnp.where(zero, 0.0, v * inv_r).astype(u.dtype)
+    v = u / jnp.where(zero, 1.0, a)
+    r = jnp.sqrt(jnp.sum(v * v, axis=-1, keepdims=True))
+    return jnp.where(zero, 0.0, v / jnp.where(zero, 1.0, r)).astype(u.dtype)
