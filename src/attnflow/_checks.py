@@ -56,6 +56,11 @@ def number(
         raise ValueError(f"{name} must be a real number {interval}; got {_show(value)}.")
     try:
         v = float(value)
+    except OverflowError:  # an integer beyond the float range
+        raise ValueError(
+            f"{name} must be a finite number {interval}; got an integer beyond the float "
+            f"range ({len(str(abs(int(value))))} digits)."
+        ) from None
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a number {interval}; got {_show(value)}.") from None
     if not math.isfinite(v):

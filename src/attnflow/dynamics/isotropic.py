@@ -64,7 +64,16 @@ class IsotropicAttention(AbstractKernelAttention):
     ):
         if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
             raise ValueError(f"d must be an integer >= 1; got {d!r}.")
-        eye = np.eye(int(d), dtype=dtype if dtype is not None else float)
+        try:
+            dt = np.dtype(dtype if dtype is not None else float)
+        except TypeError:
+            dt = None
+        if dt is None or dt.kind != "f":
+            raise ValueError(
+                f"dtype must be a floating-point dtype such as np.float32 or np.float64 "
+                f"(or None); got {dtype!r}."
+            )
+        eye = np.eye(int(d), dtype=dt)
         # every check of Attention (beta, kernel, mask, block, the dtype rules) applies
         ref = Attention(
             eye,

@@ -364,8 +364,14 @@ def solve_density(
         ts_np = np.array([0.0, t1])
     else:
         ts_np = np.asarray(ts, np.float64).reshape(-1)
-        if ts_np.size == 0 or np.any(np.diff(ts_np) < 0) or ts_np[0] < 0 or ts_np[-1] > t1:
-            raise ValueError(f"ts must be increasing times in [0, t1 = {t1}].")
+        if (
+            ts_np.size == 0
+            or not np.all(np.isfinite(ts_np))
+            or np.any(np.diff(ts_np) < 0)
+            or ts_np[0] < 0
+            or ts_np[-1] > t1
+        ):
+            raise ValueError(f"ts must be increasing finite times in [0, t1 = {t1}].")
     solver = AdaptiveSolver(rtol=1e-9, atol=1e-12) if solver is None else solver
     if not isinstance(solver, AdaptiveSolver):
         raise ValueError(

@@ -10,6 +10,7 @@ of shape ``(b, d, d)`` builds the heads one by one and stacks them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,13 +67,11 @@ def stack(models: Sequence[AbstractModel]) -> AbstractModel:
         dyn, static = eqx.partition(m, eqx.is_array)
         leaves, tree = jax.tree_util.tree_flatten(dyn)
         if tree != tree0 or not eqx.tree_equal(static, static0):
+            where = _first_difference(first, m)
             raise ValueError(
-                f"models[{i}] differs from models[0] in more than its weights' values "
-                f"(kernel, mask, block or propagator method: "
-                f"{getattr(m, 'propagator', None) and m.propagator.method!r} vs "
-                f"{getattr(first, 'propagator', None) and first.propagator.method!r}); "
-                f"build every model with the same settings (propagator='expm', exact for "
-                f"every V, for value matrices of different kinds)."
+                f"models[{i}] differs from models[0] in more than its weights' values: "
+                f"its {where} differs; build every model with the same settings (for value "
+                f"matrices of different kinds, propagator='expm', exact for every V)."
             )
         for a, b in zip(leaves, leaves0):
             if a.shape != b.shape or a.dtype != b.dtype:
@@ -86,6 +85,25 @@ def stack(models: Sequence[AbstractModel]) -> AbstractModel:
     if out.stack_size != len(models):
         raise ValueError(f"{type(first).__name__} does not support stacked weights.")
     return out
+
+
+def _first_difference(a: Any, b: Any) -> str:
+    """The first field of two models of one family whose structure or settings differ
+    (the kernel, the mask, the propagator's method, ...), named for a message."""
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        dx, sx = eqx.partition(x, eqx.is_array)
+        dy, sy = eqx.partition(y, eqx.is_array)
+        same_tree = jax.tree_util.tree_structure(dx) == jax.tree_util.tree_structure(dy)
+        if not (same_tree and eqx.tree_equal(sx, sy)):
+            show = {"flow": "propagator method", "kernel": "kernel", "mask": "mask"}
+            name = show.get(f.name, f.name)
+            if f.name == "flow":
+                return f"{name} ({x.method!r} against {y.method!r})"
+            if f.name == "kernel":
+                return f"{name} ({x.name!r} against {y.name!r})"
+            return name
+    return "settings"
 
 
 def unstack(model: AbstractModel, i: Any) -> AbstractModel:

@@ -484,6 +484,12 @@ class Block(AbstractModel):
                 f"an attnflow.Attention, MultiHeadAttention or a family of one's own); got "
                 f"{type(attention).__name__}."
             )
+        if attention.stack_size is not None:
+            raise ValueError(
+                f"attention is stacked ({attention.stack_size} models along a leading axis); "
+                f"a Block holds one attention model: build one Block per model, or run the "
+                f"stacked attention alone."
+            )
         if feedforward is not None:
             if not isinstance(feedforward, FeedForward):
                 raise ValueError(

@@ -145,9 +145,9 @@ class Entmax(AbstractKernel):
     summary: ClassVar[str] = "alpha-entmax: [(alpha - 1) L - tau]_+^(1/(alpha - 1)), exact zeros"
 
     def __init__(self, alpha: Any = 1.5, iters: Any = 64):
-        try:
-            a = float(alpha)
-        except (TypeError, ValueError):
+        try:  # a number, not a string that spells one ("2" is refused)
+            a = math.nan if isinstance(alpha, (str, bytes, bool)) else float(alpha)
+        except (TypeError, ValueError, OverflowError):
             a = math.nan
         if not math.isfinite(a) or a <= 1:
             raise ValueError(

@@ -125,7 +125,13 @@ class _FixedStep(AbstractSolver):
                 f"chunk and cost order the adaptive solves of a batch; method={self.name!r} "
                 f"takes the same layers for every system (leave them None)."
             )
-        n_layers = int(round(t1 / self.dt))
+        layers = t1 / self.dt
+        if not layers < 2**31:  # the loop counts layers in 32-bit integers
+            raise ValueError(
+                f"t1 / dt = {layers:.3g} layers is more than the loop can count (2^31); "
+                f"choose a larger dt (or a smaller t1)."
+            )
+        n_layers = int(round(layers))
         if n_layers < 1 or abs(n_layers * self.dt - t1) > 1e-9 * max(1.0, t1):
             raise ValueError(
                 f"t1 = {t1} is not a whole number of layers of dt = {self.dt}; choose t1 = k * dt."
