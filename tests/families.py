@@ -39,7 +39,7 @@ class SinkhornAttention(AbstractAttentionSystem):
     K: Array
     V: Array
     beta: Array
-    propagator: af.Propagator
+    flow: af.dynamics.FlowCache  # the decomposition of V: a cache, not a second V
     iters: int = eqx.field(static=True)
     family = "SinkhornAttention"
 
@@ -47,7 +47,11 @@ class SinkhornAttention(AbstractAttentionSystem):
         self.Q, self.K, self.V = (jnp.asarray(a) for a in (Q, K, V))
         self.beta = jnp.asarray(beta, self.V.dtype)
         self.iters = int(iters)
-        self.propagator = af.Propagator(self.V)
+        self.flow = af.dynamics.FlowCache(self.V)
+
+    @property
+    def propagator(self):  # e^{tV} of the family's own V (gradients reach V)
+        return af.Propagator(self.V, flow=self.flow)
 
     @property
     def d(self) -> int:
@@ -107,7 +111,7 @@ class BandAttention(AbstractAttentionSystem):
     K: Array
     V: Array
     beta: Array
-    propagator: af.Propagator
+    flow: af.dynamics.FlowCache  # the decomposition of V: a cache, not a second V
     w: int = eqx.field(static=True)
     family = "BandAttention"
 
@@ -115,7 +119,11 @@ class BandAttention(AbstractAttentionSystem):
         self.Q, self.K, self.V = (jnp.asarray(a) for a in (Q, K, V))
         self.beta = jnp.asarray(beta, self.V.dtype)
         self.w = int(w)
-        self.propagator = af.Propagator(self.V)
+        self.flow = af.dynamics.FlowCache(self.V)
+
+    @property
+    def propagator(self):  # e^{tV} of the family's own V (gradients reach V)
+        return af.Propagator(self.V, flow=self.flow)
 
     @property
     def d(self) -> int:
