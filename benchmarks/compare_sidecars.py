@@ -98,7 +98,9 @@ def main() -> int:
         print(json.dumps(report, indent=1))
         return 0
     for name, r in report.items():
-        shape = f"; {len(r['shape'])} structural difference(s): {r['shape'][:3]}" if r["shape"] else ""
+        shape = ""
+        if r["shape"]:
+            shape = f"; {len(r['shape'])} structural difference(s): {r['shape'][:3]}"
         print(
             f"{name:24s} max rel {r['max']:.2e} over {r['changed']} changed number(s)"
             f"{' at ' + str(r['at']) + ' ' + str(r['values']) if r['at'] else ''}{shape}"
