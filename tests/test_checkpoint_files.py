@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_checkpoints_layouts import gpt2, llama
 from test_forward import albert_checkpoint, bert_checkpoint
@@ -285,6 +285,7 @@ KEYS = [
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(key=st.sampled_from(KEYS), value=HOSTILE)
+@example(key="position_embedding_type", value="12")  # its message named the weights file
 def test_any_hostile_config_value_is_refused_by_name_or_harmless(tmp_path_factory, key, value):
     folder = tmp_path_factory.getbasetemp() / "hostile-bert"
     if not (folder / "model.safetensors").is_file():

@@ -265,8 +265,8 @@ def load_encoder_weights(
     position = cfg.text("position_embedding_type", "absolute")
     if position != "absolute":
         raise ValueError(
-            f"checkpoint {str(path)!r} has position_embedding_type = {position!r}; only "
-            f"'absolute' is implemented."
+            f"{cfg.path}: position_embedding_type = {position!r}; only 'absolute' is "
+            f"implemented (fix config.json or use a checkpoint with absolute positions)."
         )
     act = cfg.text("hidden_act", "gelu", choices=tuple(ACTIVATIONS))
     eps = cfg.number("layer_norm_eps", 1e-12, lo=0.0, lo_open=True)
