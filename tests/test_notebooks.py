@@ -146,6 +146,96 @@ CLAIMS: dict[str, list[tuple[str, list[str]]]] = {
             ],
         ),
     ],
+    "metastability": [
+        (
+            r"At \$t = 0\$ every count is 1: .*?\(\$\\arccos 0\.99 = (\d+\.\d+)\$ rad\)",
+            ["np.arccos(THRESHOLD)"],
+        ),
+        (
+            r"At \$t = 0\$ every count is 1",
+            ["all(bool(np.all(r['counts'][:, 0] == 1)) for r in runs.values())"],
+        ),
+        (
+            r"At \$\\beta = 10\$ the run plateaus at (\d+) clusters, and \$k\^\* = (\d+)\$",
+            ["runs[10.0]['plateau'][0]", "pred[10.0].clusters"],
+        ),
+        (
+            r"the count is settled from \$2T\$ and does not move to \$6T\$",
+            ["bool(np.all(runs[10.0]['counts'][0][20:] == runs[10.0]['plateau'][0]))"],
+        ),
+        (
+            r"At \$\\beta = 5\$ the run plateaus at (\d+) clusters, against \$k\^\* = (\d+)\$",
+            ["runs[5.0]['plateau'][0]", "pred[5.0].clusters"],
+        ),
+        (
+            r"mode 2 grows at (\d+)% of mode 3's rate",
+            ["int(round(100 * pred[5.0].rates[1] / pred[5.0].rates[2]))"],
+        ),
+        (
+            r"other starts plateau at (\d+), (\d+) and (\d+) \(\$\\beta = 5\$\) and at (\d+), (\d+)"
+            r" and (\d+) \(\$\\beta = 10\$\)",
+            [f"runs[{b}]['plateau'][{i}]" for b in (5.0, 10.0) for i in (1, 2, 3)],
+        ),
+    ],
+    "leaders": [
+        (
+            r"the leaders are tokens (\d+) and (\d+), the largest and the smallest at the start",
+            ["int(np.argmax(x1))", "int(np.argmin(x1))"],
+        ),
+        (
+            r"the order of the tokens never changes",
+            ["order_kept", "sorted(rank1.leaders.tolist()) == extremes", "rows_ok"],
+        ),
+        (
+            r"The numerical rank is (\d+) at \$t = 0\$ .*? to (\d+) at \$t = (\d+\.\d+)\$, then"
+            r" falls, and is 2 from \$t = (\d+\.\d+)\$ on",
+            ["int(rank1.rank[0])", "peak", "t_peak", "first_two"],
+        ),
+        (
+            r"slope (\d+\.\d+) against \$\\lambda = 1\$, \$R\^2 = (\d+\.\d+)\$",
+            ["rank1.rate", "rank1.r2"],
+        ),
+        (r"\$\\lambda_1 = (\d+\.\d+)\$ drives", ["rank2.lambda_max"]),
+        (
+            r"The rank of \$P\$ is 2 from \$t = (\d+\.\d+)\$ on, and the two leaders, tokens (\d+)"
+            r" and (\d+), end one on each extreme hyperplane",
+            ["first_two2", "leaders2[0]", "leaders2[1]"],
+        ),
+        (
+            r"end one on each extreme hyperplane",
+            [
+                "rank2.final_rank == 2",
+                "limit.label == 'hyperplanes'",
+                "bool(np.allclose(sorted(levels[-1, leaders2]), [a, b], atol=1e-2))",
+            ],
+        ),
+        (
+            r"here they are also the two tokens with the extreme levels at the start",
+            ["start_extremes == sorted(leaders2)"],
+        ),
+        (
+            r"The fitted slope is (\d+\.\d+), that is \$(\d+\.\d+)\\,\\lambda_1\$ with"
+            r" \$R\^2 = (\d+\.\d+)\$",
+            ["rank2.rate", "rank2.rate / rank2.lambda_max", "rank2.r2"],
+        ),
+    ],
+    "meanfield": [
+        (r"solves these equations", ["closure.ok"]),
+        (
+            r"At \$t = 1\$ the distance is (\d+\.\d+) at \$n = 100\$, (\d+\.\d+) at \$n = 400\$"
+            r" and (\d+\.\d+) at \$n = 1600\$",
+            ["dist[100][-1]", "dist[400][-1]", "dist[1600][-1]"],
+        ),
+        (r"sixteen times the tokens, (\d+\.\d+) times the distance", ["ratio"]),
+        (
+            r"the samples are already (\d+\.\d+), (\d+\.\d+) and (\d+\.\d+) away",
+            ["dist[100][0]", "dist[400][0]", "dist[1600][0]"],
+        ),
+        (
+            r"by a factor (\d+\.\d+) at \$n = 100\$ and (\d+\.\d+) at \$n = 1600\$",
+            ["dist[100][-1] / dist[100][0]", "dist[1600][-1] / dist[1600][0]"],
+        ),
+    ],
 }
 
 _DRIVER = r"""
