@@ -82,7 +82,8 @@ def to_markdown(name: str, text: str) -> str:
                     f"site is built: every output below is what its cells printed or drew. "
                     f"It runs as it is (`python docs/notebooks/{name}.py`), and "
                     f"[jupytext](https://jupytext.readthedocs.io) opens it as a notebook "
-                    f"(`jupytext --to notebook {name}.py`). Download: [{name}.py]({name}.py)."
+                    f'(`pip install -e ".[notebooks]"`, then `jupytext --to notebook {name}.py`, '
+                    f"or open it in Jupyter). Download: [{name}.py]({name}.py)."
                 )
             if body.strip():
                 parts.append(body.strip("\n"))
