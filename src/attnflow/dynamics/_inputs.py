@@ -18,7 +18,7 @@ from jaxtyping import Array
 from .. import _checks
 from .base import AbstractModel
 
-__all__ = ["check_x0", "check_ts", "check_tolerances", "check_flags", "all_finite"]
+__all__ = ["check_x0", "check_ts", "check_flags", "all_finite"]
 
 
 def check_x0(model: AbstractModel, x0) -> np.ndarray | Array:
@@ -73,17 +73,6 @@ def check_ts(ts, t1: float) -> np.ndarray:
     if arr[0] < -tol or arr[-1] > t1 + tol:
         raise ValueError(f"ts must lie within [0, t1] = [0, {t1}]; got [{arr[0]}, {arr[-1]}].")
     return np.clip(arr, 0.0, t1)
-
-
-def check_tolerances(rtol, atol) -> tuple[float, float]:
-    r = _checks.number("rtol", rtol, lo=0.0, hi=1.0, hi_open=True)
-    a = _checks.number("atol", atol, lo=0.0)
-    if r == 0.0 and a == 0.0:
-        raise ValueError(
-            "rtol and atol are both 0: no step would ever be accepted; give "
-            "rtol > 0 (e.g. 1e-6) or atol > 0."
-        )
-    return r, a
 
 
 def check_flags(**flags: Any) -> None:
