@@ -9,7 +9,8 @@ from .isotropic import IsotropicAttention
 from .model import Attention
 from .propagator import FlowCache, Propagator, fresh
 from .simulate import SOLVERS, simulate
-from .stochastic import Noise, noisy_layer, simulate_noisy
+from .noise import AbstractNoise, Noise, TokenNoise
+from .stochastic import noisy_layer, simulate_noisy
 from .trajectory import SimulationError, Status, Trajectory
 from .transformer import Block, FeedForward, MultiHeadAttention
 
@@ -20,7 +21,9 @@ __all__ = [
     "GatedAttention",
     "IsotropicAttention",
     "MultiHeadAttention",
+    "AbstractNoise",
     "Noise",
+    "TokenNoise",
     "Propagator",
     "FlowCache",
     "fresh",

@@ -37,6 +37,8 @@ from ._inputs import check_ts, check_x0
 from .base import AbstractModel
 from .fields import choose_field
 from .frames import FRAMES, LAYERNORMS, AbstractFrame, frame_maker
+from .noise import AbstractNoise
+from .noise import record as noise_record
 from .propagator import fresh
 from .solvers import (
     FIXED,
@@ -48,7 +50,6 @@ from .solvers import (
     LayerSolver,
     make_solver,
 )
-from .stochastic import simulate_with_noise
 from .trajectory import Trajectory
 
 __all__ = ["simulate", "SOLVERS", "MAX_STEPS_LIMIT", "FIXED", "FRAMES", "PCOEFF", "ICOEFF"]
@@ -142,11 +143,17 @@ def simulate(
         solver: the solver as an object, instead of ``method``, ``dt``, ``rtol``,
             ``atol`` and ``max_steps`` (the same objects that ``attnflow.solve`` takes):
             ``AdaptiveSolver(rtol, atol, max_steps, method)``, ``LayerSolver(dt)``
-            (``method="euler"``) or ``EulerODESolver(dt)`` (``method="euler-ode"``).
+            (``method="euler"``), ``EulerODESolver(dt)`` (``method="euler-ode"``) or
+            ``EulerMaruyamaSolver(dt)`` (``method="euler-maruyama"``, with noise).
             The keywords are spellings of these objects (``make_solver``). Passing both
             a solver and any of those keywords is a ``ValueError``.
-        noise: ``dynamics.Noise(sigma, seed)``, random value matrices (``frame="sphere"``;
-            ``method="euler"`` the layers, ``"euler-maruyama"`` their SDE: ``stochastic``).
+        noise: a noise object on the sphere (``frame="sphere"``): ``dynamics.Noise(sigma,
+            seed)``, random value matrices of one head (``attnflow.dynamics.stochastic``),
+            or ``dynamics.TokenNoise(D, seed)``, independent ``sqrt(2 D) dW_i`` on every
+            token; ``method="euler"`` the stochastic post-layer-norm layers,
+            ``"euler-maruyama"`` their SDE (``attnflow.dynamics.noise``). System ``i``
+            of a batch follows the path of key ``fold_in(PRNGKey(seed), i)``; recorded in
+            ``traj.solver["noise"]``.
         field: how the sphere frame in the plane evaluates the field: ``"auto"`` (the
             exact O(n K) Fourier field of ``attnflow.dynamics.fields.circle`` where it
             applies and its error bound is below 1e-9, else the model's own dense or
@@ -181,14 +188,7 @@ def simulate(
     _checks.choice("frame", frame, FRAMES)
     model = fresh(model)  # the propagator's cache built from the model's own V
     if noise is not None:
-        # every option the noisy solve does not honour is refused by name
-        extra: dict[str, Any] = dict(layernorm=layernorm not in (None, "post"), chunk=chunk)
-        extra.update(solver=solver, devices=devices, cost=cost is not None, residual=not residual)
-        extra.update(rtol=rtol != 1e-6, atol=atol != 1e-9, max_steps=max_steps != 100_000)
-        extra.update(progress=progress is not False, shard=shard != "batch")
-        return simulate_with_noise(
-            model, x0, t1, noise=noise, frame=frame, method=method, dt=dt, ts=ts, others=extra
-        )  # a progress bar is not drawn for these
+        _check_noise_door(noise, frame, method, solver, dt, devices, shard)
     # the solver as an object: the keywords are its spellings
     solver = _solver_of(solver, method, dt, rtol, atol, max_steps)
     _inputs.check_flags(residual=residual, progress=progress)
@@ -250,6 +250,14 @@ def simulate(
                     "weights, shard='tokens' or layernorm='scaled'."
                 )
             field_info = {"field": "dense"}
+        elif noise is not None and noise.reads_average:
+            if field == "circle":
+                raise ValueError(
+                    f"field='circle' cannot serve {type(noise).__name__}: it reads the "
+                    f"head's attention average, which the circle field does not form; "
+                    f"leave field='auto'."
+                )
+            field_info = {"field": "dense"}
         else:
             fast, field_info = choose_field(model, int(x0.shape[-2]), prefer=field)
             if fast is not model:
@@ -274,6 +282,7 @@ def simulate(
     plan = solver.plan(t1f, ts_np, chunk=chunk, cost=cost)
     dtype = model.dtype
     solver.check_frame(fr, dtype)
+    solver.check_noise(noise, fr)
     _checks.warn_float64_cast(x0)
     x0j = jnp.asarray(x0, dtype=dtype)
     if not batched:
@@ -295,6 +304,7 @@ def simulate(
         chunk=chunk,
         cost=cost,
         progress=bool(progress),
+        noise=noise,
     )
     solver_info = solver.info(plan)
     if is_layers:
@@ -302,6 +312,10 @@ def simulate(
     if not residual:
         solver_info["residual"] = False
     solver_info.update(field_info)
+    if noise is not None:
+        step = solver.step_size
+        assert step is not None  # the noisy solvers have fixed steps
+        solver_info["noise"] = noise_record(noise, t1f, step)
     if devs is not None:
         solver_info["devices"] = _devices.device_ids(devs)
         solver_info["shard"] = shard
@@ -326,6 +340,35 @@ def simulate(
         frame_object=fr,
     )
     return dataclasses.replace(traj, wall_seconds=time.perf_counter() - started)
+
+
+def _check_noise_door(
+    noise: Any, frame: str, method: str, solver: Any, dt: Any, devices: Any, shard: str
+) -> None:
+    """The door's checks of a noisy run, each naming its argument (the solver's
+    ``check_noise`` then checks the frame and the model)."""
+    if not isinstance(noise, AbstractNoise):
+        raise ValueError(
+            f"noise must be a noise object of attnflow.dynamics (Noise(sigma, seed), "
+            f"TokenNoise(D, seed)); got {type(noise).__name__}."
+        )
+    if frame != "sphere":
+        raise ValueError(
+            f"noise puts the tokens on the sphere (layer-normalised stochastic layers): "
+            f"pass frame='sphere'; got frame={frame!r}."
+        )
+    if solver is None and method not in ("euler", "euler-maruyama"):
+        raise ValueError(
+            f"with noise, method is 'euler' (the stochastic layers) or 'euler-maruyama' "
+            f"(the limit SDE); got method={method!r}."
+        )
+    if solver is None and dt is None:
+        raise ValueError(f"dt is required with noise: the step of method={method!r}.")
+    if devices is not None or shard != "batch":
+        raise ValueError(
+            "devices and shard cannot be combined with noise: a noisy batch runs on one "
+            "device (each system with its own Brownian path)."
+        )
 
 
 def _solver_of(
@@ -354,7 +397,7 @@ def _solver_of(
     if not isinstance(solver, AbstractSolver):
         raise ValueError(
             f"solver must be an attnflow solver object (AdaptiveSolver, LayerSolver, "
-            f"EulerODESolver) or None (method and its keywords); got "
+            f"EulerODESolver, EulerMaruyamaSolver) or None (method and its keywords); got "
             f"{type(solver).__name__}."
         )
     return solver

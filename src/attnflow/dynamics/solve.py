@@ -5,7 +5,8 @@ it; ``simulate`` is the host driver over the same frame and solver objects.
 ``solve(model, x0, t1, ts=..., frame=..., solver=...)`` integrates one system of tokens
 ``x0`` ``(n, d)`` in any frame (``"original"``, ``"rescaled"`` in standard coordinates,
 ``"sphere"`` with any layer-norm placement) with any solver object
-(``AdaptiveSolver``, ``LayerSolver``, ``EulerODESolver``: ``attnflow.dynamics.solvers``)
+(``AdaptiveSolver``, ``LayerSolver``, ``EulerODESolver``, ``EulerMaruyamaSolver``:
+``attnflow.dynamics.solvers``), with or without noise (``attnflow.dynamics.noise``)
 and returns a ``Solution`` (an equinox module): the saved times, the states in the
 integrated frame (the tokens ``x`` in the original frame, ``z = e^{-tV} x`` in the
 rescaled frame, the state whose rows normalised are the tokens on the sphere), a status
@@ -29,7 +30,9 @@ from jaxtyping import Array, Float
 from .. import _checks
 from ._inputs import check_ts
 from .base import AbstractModel
+from .fields import choose_field
 from .frames import FRAMES, LAYERNORMS, frame_maker
+from .noise import AbstractNoise
 from .propagator import fresh
 from .solvers import (
     ICOEFF,
@@ -37,6 +40,7 @@ from .solvers import (
     SOLVERS,
     AbstractSolver,
     AdaptiveSolver,
+    EulerMaruyamaSolver,
     EulerODESolver,
     LayerSolver,
     Solution,
@@ -52,6 +56,7 @@ __all__ = [
     "AdaptiveSolver",
     "LayerSolver",
     "EulerODESolver",
+    "EulerMaruyamaSolver",
     "adaptive_solve",
     "log_limit",
     "status_code",
@@ -72,6 +77,7 @@ def solve(
     layernorm: str | None = None,
     residual: bool = True,
     field: str = "auto",
+    noise: AbstractNoise | None = None,
 ) -> Solution:
     """Integrate one system of tokens ``x0`` from 0 to ``t1``: jittable, vmappable and
     differentiable.
@@ -95,6 +101,10 @@ def solve(
         field: on the sphere in the plane, ``"auto"`` (the exact O(n K) circle field
             where it applies and is accurate, ``attnflow.dynamics.fields.circle``),
             ``"circle"`` or ``"dense"``; as ``simulate``'s.
+        noise: a noise object (``attnflow.dynamics.Noise``, ``TokenNoise``) on the
+            sphere, with a ``LayerSolver`` (the stochastic post-layer-norm layers) or an
+            ``EulerMaruyamaSolver`` (the SDE); the path is system 0's of the noise's seed
+            (``noise.key(0)``), the path ``simulate`` gives the first system of a batch.
 
     Returns:
         A ``Solution``; its ``status`` is a code of ``attnflow.Status`` (no exception is
@@ -110,13 +120,17 @@ def solve(
         >>> sphere = af.solve(m, x0, 1.0, frame="sphere", solver=af.LayerSolver(0.25))
         >>> sphere.ys.shape
         (1, 3, 2)
+        >>> noisy = af.solve(m, x0, 1.0, frame="sphere", solver=af.LayerSolver(0.25),
+        ...                  noise=af.dynamics.TokenNoise(0.1, seed=0))
+        >>> noisy.ys.shape
+        (1, 3, 2)
     """
     _checks.choice("frame", frame, FRAMES)
     solver = AdaptiveSolver() if solver is None else solver
     if not isinstance(solver, AbstractSolver):
         raise ValueError(
             f"solver must be an attnflow solver object (AdaptiveSolver, LayerSolver, "
-            f"EulerODESolver); got {type(solver).__name__}."
+            f"EulerODESolver, EulerMaruyamaSolver); got {type(solver).__name__}."
         )
     if layernorm is not None:
         _checks.choice("layernorm", layernorm, LAYERNORMS)
@@ -150,6 +164,21 @@ def solve(
         coords="standard",
     )
     fr = make(model)
+    if frame == "sphere":
+        _checks.choice("field", field, ("auto", "circle", "dense"))
+        if noise is not None and noise.reads_average:
+            if field == "circle":
+                raise ValueError(
+                    f"field='circle' cannot serve {type(noise).__name__}: it reads the "
+                    f"head's attention average, which the circle field does not form; "
+                    f"leave field='auto'."
+                )
+            field = "dense"
+        fast, _ = choose_field(model, int(x0.shape[-2]), prefer=field)
+        if fast is not model:
+            fr = make(fast)
+    elif field != "auto":
+        _checks.choice("field", field, ("auto", "dense"))
     if ts is not None and not isinstance(ts, jax_core.Tracer):
         # concrete times are checked here, by name; traced ones turn a solve that cannot
         # honour them into Status.FAILED
@@ -160,4 +189,5 @@ def solve(
     if ts_a.ndim != 1:
         raise ValueError(f"ts must be a 1-d array of times; got shape {ts_a.shape}.")
     solver.check_frame(fr, model.dtype)
-    return solver.integrate(fr, fr.initial_state(x0), ts_a, t1f)
+    solver.check_noise(noise, fr)
+    return solver.integrate(fr, fr.initial_state(x0), ts_a, t1f, noise=noise)

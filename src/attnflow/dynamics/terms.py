@@ -37,7 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from .frames import AbstractFrame
+from .frames import AbstractFrame, normalize_rows
+from .noise import brownian_tree, layer_times, tangent
 
 __all__ = [
     "AbstractTime",
@@ -46,6 +47,7 @@ __all__ = [
     "FlowTerm",
     "LayerTerm",
     "EulerTerm",
+    "NoisyTerm",
     "layer_term",
     "safe_matmul",
 ]
@@ -275,15 +277,32 @@ class _AbstractLayerTerm(eqx.Module):
         """``log`` of a bound of what the model exponentiates at the clock's state."""
         return self.frame.log_bound(y, self.scale(clock))
 
+    def system_start(self, key: Array) -> Any:
+        """The state a system carries beside its tokens, from its key (none here; the
+        noisy term carries its Brownian path)."""
+        del key
+
     def guarded_step(
-        self, setup: tuple[Array, Any], clock: tuple[Array, Array], y: Array, limit: float
-    ) -> tuple[Array, Array]:
-        """``(y', ok)``: one layer, or ``y`` unchanged with ``ok`` false when the logits
-        at ``y`` would pass ``limit`` (in log) or the new state is not finite."""
+        self,
+        setup: tuple[Array, Any],
+        clock: tuple[Array, Array],
+        y: Array,
+        limit: float,
+        carry: Any = None,
+    ) -> tuple[Array, Array, Any]:
+        """``(y', ok, carry')``: one layer, or ``y`` unchanged with ``ok`` false when the
+        logits at ``y`` would pass ``limit`` (in log) or the new state is not finite;
+        ``carry`` is the system's own state (``system_start``)."""
         ok = self.log_bound(clock, y) <= limit
-        y_new = self.step(setup, clock, y)
+        y_new, carry = self.carry_step(setup, clock, y, carry)
         ok = ok & jnp.all(jnp.isfinite(y_new))
-        return jnp.where(ok, y_new, y), ok
+        return jnp.where(ok, y_new, y), ok, carry
+
+    def carry_step(
+        self, setup: tuple[Array, Any], clock: tuple[Array, Array], y: Array, carry: Any
+    ) -> tuple[Array, Any]:
+        """``step`` with the system's own state (unchanged here)."""
+        return self.step(setup, clock, y), carry
 
 
 class LayerTerm(_AbstractLayerTerm):
@@ -335,6 +354,63 @@ class EulerTerm(_AbstractLayerTerm):
 
     def step(self, setup: tuple[Array, Any], clock: tuple[Array, Array], y: Array) -> Array:
         return y + self.dt * self.frame.field(y, self.scale(clock), setup[1])
+
+
+class NoisyTerm(_AbstractLayerTerm):
+    """A layer-type term of the sphere frame driven by a noise object
+    (``attnflow.dynamics.noise``): each system carries its key and ``B(t_k)``, the
+    standard Brownian motion at the current layer time, and a step reads
+    ``dB = B(t_{k+1}) - B(t_k)`` (one descent of the tree per step).
+
+    ``ode=False`` (``LayerSolver``): the stochastic post-layer-norm layer
+    ``noise.layer(model, x, dt, dB)``. ``ode=True`` (``EulerMaruyamaSolver``): one
+    Euler-Maruyama step of the Ito SDE on the free state ``y`` (tokens ``x = N(y)``),
+    ``y <- y + dt (field(y) - |y| c x) + |y| Proj_x(kick(x, dB))``, the field the
+    sphere frame's ``|y| Proj_x F(x)``; then ``N(y_{k+1})`` is the Euler-Maruyama step of
+    the tokens projected back to the sphere."""
+
+    frame: AbstractFrame
+    dt: Array
+    base: Any  # the deterministic LayerTerm or EulerTerm of ``frame``, step ``dt``
+    noise: Any = eqx.field(static=True)
+    t1: Array
+    n_layers: Array
+    tol: Array
+    shape: tuple[int, ...] = eqx.field(static=True)
+    ode: bool = eqx.field(static=True)
+    carries_flow: bool = eqx.field(static=True)
+
+    def setup(self) -> tuple[Array, Any]:
+        return self.base.setup()
+
+    def factor(self, R: Array) -> Any:
+        return self.base.factor(R)
+
+    def scale(self, clock: tuple[Array, Array]) -> Any:
+        return self.base.scale(clock)
+
+    def step(self, setup: tuple[Array, Any], clock: tuple[Array, Array], y: Array) -> Array:
+        raise TypeError("a noisy step reads the system's Brownian path: call carry_step")
+
+    def system_start(self, key: Array) -> Any:
+        return key, jnp.zeros(self.shape, self.t1.dtype)
+
+    def carry_step(
+        self, setup: tuple[Array, Any], clock: tuple[Array, Array], y: Array, carry: Any
+    ) -> tuple[Array, Any]:
+        key, B_k = carry
+        k = clock[0]
+        path = brownian_tree(key, self.t1, self.tol, self.shape)
+        B_next = path.evaluate(layer_times(k + 1, self.n_layers, self.t1))
+        dB = B_next - B_k
+        model = self.frame.model
+        if not self.ode:
+            return self.noise.layer(model, y, self.dt, dB), (key, B_next)
+        r = jnp.linalg.norm(y, axis=-1, keepdims=True)
+        x = normalize_rows(y)
+        drift = self.frame.field(y, None, None) - r * self.noise.ito(model, x) * x
+        kick = r * tangent(x, self.noise.kick(model, x, dB))
+        return y + self.dt * drift + kick, (key, B_next)
 
 
 def layer_term(frame: AbstractFrame, dt: float, dtype: Any, *, ode: bool = False) -> Any:

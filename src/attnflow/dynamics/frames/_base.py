@@ -60,6 +60,12 @@ class AbstractFrame(eqx.Module):
     modal: ClassVar[bool] = False
     on_sphere: ClassVar[bool] = False
 
+    @property
+    def post_normalised(self) -> bool:
+        """Whether a layer is ``x <- N(x + dt F(x))`` on tokens of the unit sphere (the
+        layers a noise object perturbs: ``attnflow.dynamics.noise``)."""
+        return False
+
     def check_tokens(self, x0: Any) -> None:
         """Raise ``ValueError`` naming ``x0`` if the frame cannot start from these tokens
         (concrete arrays only); every token is admissible by default."""

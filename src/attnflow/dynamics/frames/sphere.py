@@ -89,6 +89,10 @@ class Sphere(AbstractFrame):
         self.post_layers = int(post_layers)
         self.residual = bool(residual)
 
+    @property
+    def post_normalised(self) -> bool:
+        return self.residual and _PLACEMENTS[self.layernorm] is _post
+
     def check_tokens(self, x0: Any) -> None:
         # on the device for a jax.Array (one boolean comes back), else in numpy. A token
         # whose every entry is subnormal counts as zero: XLA flushes subnormal numbers to

@@ -25,10 +25,17 @@ The contract (``AbstractSolver``):
 
 The solvers: ``AdaptiveSolver`` (diffrax, with the overflow event),
 ``LayerSolver(dt)`` (residual layers with the exact discrete rescaling) and
-``EulerODESolver(dt)`` (the clustering paper's forward Euler on the frame's ODE). The
-two fixed-step solvers share the one layer loop of the package (``layer_loop``): a
-batch of systems advanced together, each stopping (its state kept) when its logits
-would leave the float range; ``solve`` runs it on a batch of one.
+``EulerODESolver(dt)`` (the clustering paper's forward Euler on the frame's ODE) and
+``EulerMaruyamaSolver(dt)`` (its stochastic twin: Euler-Maruyama on the SDE of a noise
+object). The fixed-step solvers share the one layer loop of the package
+(``layer_loop``): a batch of systems advanced together, each stopping (its state kept)
+when its logits would leave the float range; ``solve`` runs it on a batch of one.
+
+Noise (``attnflow.dynamics.noise``) is handed to ``integrate`` and ``run`` beside the
+frame: ``check_noise(noise, frame)`` refuses it by name where the solver cannot run it
+(the adaptive solver always; the layers off the post-layer-norm sphere), and the
+fixed-step solvers wrap their term in ``terms.NoisyTerm``, which carries each system's
+Brownian path through the same loop.
 """
 
 from __future__ import annotations
@@ -50,13 +57,14 @@ from ._base import (
     status_code,
 )
 from .adaptive import AdaptiveSolver, adaptive_solve
-from .layers import EulerODESolver, LayerSolver, layer_loop
+from .layers import EulerMaruyamaSolver, EulerODESolver, LayerSolver, layer_loop
 
 __all__ = [
     "AbstractSolver",
     "AdaptiveSolver",
     "LayerSolver",
     "EulerODESolver",
+    "EulerMaruyamaSolver",
     "Solution",
     "Run",
     "SOLVERS",
@@ -87,7 +95,8 @@ def make_solver(
         if dt is None:
             raise ValueError(f"dt is required for method={method!r}: the layer step, e.g. dt=0.1.")
         dtf = _checks.positive("dt", dt)
-        return LayerSolver(dtf) if method == "euler" else EulerODESolver(dtf)
+        fixed = {"euler": LayerSolver, "euler-ode": EulerODESolver}
+        return fixed.get(method, EulerMaruyamaSolver)(dtf)
     r = _checks.number("rtol", rtol, lo=0.0, hi=1.0, hi_open=True)
     a = _checks.number("atol", atol, lo=0.0)
     steps = _checks.integer("max_steps", max_steps, lo=1, hi=MAX_STEPS_LIMIT)

@@ -44,8 +44,9 @@ SOLVERS = {
     "bosh3": diffrax.Bosh3,
     "heun": diffrax.Heun,
 }
-# the fixed-step methods of ``simulate`` (one step of ``dt`` per layer)
-FIXED = ("euler", "euler-ode")
+# the fixed-step methods of ``simulate`` (one step of ``dt`` per layer;
+# "euler-maruyama" only with noise)
+FIXED = ("euler", "euler-ode", "euler-maruyama")
 # diffrax counts steps in 32-bit integers.
 MAX_STEPS_LIMIT = 2**31 - 1
 
@@ -190,6 +191,18 @@ class AbstractSolver(eqx.Module):
         """``ValueError`` naming the argument when the solver cannot run in ``frame``."""
         del frame, dtype
 
+    def check_noise(self, noise: Any, frame: Any) -> None:
+        """``ValueError`` naming the argument when the solver cannot run ``noise`` (a noise
+        object of ``attnflow.dynamics.noise``, or ``None``) in ``frame``. Only the
+        fixed-step solvers run noise."""
+        del frame
+        if noise is not None:
+            raise ValueError(
+                f"noise needs fixed steps: method='euler' (the stochastic layers, "
+                f"LayerSolver(dt)) or 'euler-maruyama' (the SDE, EulerMaruyamaSolver(dt)); "
+                f"got the {self.name} solver."
+            )
+
     @abc.abstractmethod
     def discretisation(self) -> AbstractTime:
         """How the frames are related at the saved states."""
@@ -199,8 +212,10 @@ class AbstractSolver(eqx.Module):
         """The solver's record in ``traj.solver``."""
 
     @abc.abstractmethod
-    def integrate(self, frame: Any, y0: Array, ts: Array, t1: float) -> Solution:
-        """One system, traceable and differentiable."""
+    def integrate(
+        self, frame: Any, y0: Array, ts: Array, t1: float, *, noise: Any = None
+    ) -> Solution:
+        """One system, traceable and differentiable (with ``noise``: the path of system 0)."""
 
     @abc.abstractmethod
     def run(
@@ -216,5 +231,7 @@ class AbstractSolver(eqx.Module):
         chunk: int | None = None,
         cost: Any = None,
         progress: bool = False,
+        noise: Any = None,
     ) -> Run:
-        """A batch ``y0`` ``(b, n, d)``, on one device or sharded over ``devices``."""
+        """A batch ``y0`` ``(b, n, d)``, on one device or sharded over ``devices``; with
+        ``noise``, system ``i`` follows the path of key ``noise.key(i)``."""

@@ -203,7 +203,10 @@ class AdaptiveSolver(AbstractSolver):
             "max_steps": int(self.max_steps),
         }
 
-    def integrate(self, frame: Any, y0: Array, ts: Array, t1: float) -> Solution:
+    def integrate(
+        self, frame: Any, y0: Array, ts: Array, t1: float, *, noise: Any = None
+    ) -> Solution:
+        self.check_noise(noise, frame)
         return adaptive_solve(
             FlowTerm(frame),
             y0,
@@ -228,8 +231,10 @@ class AdaptiveSolver(AbstractSolver):
         chunk: int | None = None,
         cost: Any = None,
         progress: bool = False,
+        noise: Any = None,
     ) -> Run:
         del plan
+        self.check_noise(noise, frame)
         dtype = y0.dtype
         # tolerances as arrays: a new value does not recompile
         args = (

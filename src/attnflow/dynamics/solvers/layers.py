@@ -14,11 +14,12 @@ from jaxtyping import Array
 
 from ... import _checks
 from .. import _devices
+from ..noise import AbstractNoise, brownian_tolerance
 from ..status import Status
-from ..terms import AbstractTime, Continuous, Layers, layer_term
+from ..terms import AbstractTime, Continuous, Layers, NoisyTerm, layer_term
 from ._base import AbstractSolver, Run, Solution, bad_times, log_limit
 
-__all__ = ["LayerSolver", "EulerODESolver", "layer_loop"]
+__all__ = ["LayerSolver", "EulerODESolver", "EulerMaruyamaSolver", "layer_loop"]
 
 
 # ================================================================ the layer loop
@@ -31,6 +32,7 @@ def layer_loop(
     max_layers: int,
     progress_every: int = 0,
     callback: Callable[[Any], None] | None = None,
+    keys: Array | None = None,
 ) -> tuple[Array, Array, Array, Array, Array, Array]:
     """The package's one layer loop: ``term.step`` once per layer for a batch ``y0``
     ``(b, n, d)``, saving after the layers ``save_layers`` ``(m,)`` (sorted, at most
@@ -38,20 +40,22 @@ def layer_loop(
     (``LayerTerm``, ``EulerTerm``); the clock ``(k, R^k)`` is shared by the batch. A
     system whose logits would leave the float range stops (its state is frozen) and is
     flagged; the loop ends early once every system has stopped. Reverse-mode
-    differentiable (a checkpointed while loop).
+    differentiable (a checkpointed while loop). ``keys`` ``(b, 2)``: one key per system
+    for a term that carries a state of its own (``NoisyTerm``: its Brownian path).
 
     Returns the saves ``(b, m, n, d)``, the carried ``R^k`` at each save ``(m, d, d)``,
     which saves each system reached ``(b, m)``, the final states, the layer where each
     stopped and whether it did."""
     setup = term.setup()
     step_batch = jax.vmap(
-        lambda y, clock: term.guarded_step(setup, clock, y, log_limit), in_axes=(0, None)
+        lambda y, carry, clock: term.guarded_step(setup, clock, y, log_limit, carry),
+        in_axes=(0, 0, None),
     )
 
     def body(state):
-        y, clock, stopped, k_stop = state
+        y, carry, clock, stopped, k_stop = state
         k = clock[0]
-        y_new, ok = step_batch(y, clock)
+        y_new, ok, carry = step_batch(y, carry, clock)
         newly = ~stopped & ~ok
         k_stop = jnp.where(newly, k, k_stop)
         stopped = stopped | ~ok
@@ -63,24 +67,25 @@ def layer_loop(
                 lambda: jax.debug.callback(report, k + 1),
                 lambda: None,
             )
-        return y, term.tick(setup, clock), stopped, k_stop
+        return y, carry, term.tick(setup, clock), stopped, k_stop
 
     def advance(state, target):
         state = eqxi.while_loop(
-            lambda s: (s[1][0] < target) & ~jnp.all(s[2]),
+            lambda s: (s[2][0] < target) & ~jnp.all(s[3]),
             body,
             state,
             max_steps=max(1, int(max_layers)),
             kind="checkpointed",
         )
-        y, (_, Rk), stopped, _ = state
+        y, _, (_, Rk), stopped, _ = state
         return state, (y, Rk, ~stopped)
 
     b = y0.shape[0]
     clock0 = term.start(setup)
-    init = (y0, clock0, jnp.zeros((b,), bool), jnp.full((b,), -1, jnp.int32))
+    carry0 = None if keys is None else jax.vmap(term.system_start)(keys)
+    init = (y0, carry0, clock0, jnp.zeros((b,), bool), jnp.full((b,), -1, jnp.int32))
     final, (ys, Rks, reached) = jax.lax.scan(advance, init, save_layers)
-    y_end, (k_end, _), stopped, k_stop = final
+    y_end, _, (k_end, _), stopped, k_stop = final
     k_stop = jnp.where(stopped, k_stop, k_end)
     # ys: (m, b, n, d) -> (b, m, n, d)
     return jnp.swapaxes(ys, 0, 1), Rks, jnp.swapaxes(reached, 0, 1), y_end, k_stop, stopped
@@ -141,19 +146,60 @@ class _FixedStep(AbstractSolver):
             raise ValueError(f"ts must be multiples of dt = {self.dt} for method={self.name!r}.")
         return n_layers, save_layers
 
-    def term(self, frame: Any, dtype: Any) -> Any:
-        """The layer-type term of the frame (``LayerTerm`` or ``EulerTerm``)."""
-        return layer_term(frame, self.dt, dtype, ode=self.ode)
+    def term(
+        self, frame: Any, dtype: Any, noise: Any = None, t1: Any = None, n: int = 0
+    ) -> Any:
+        """The layer-type term of the frame (``LayerTerm`` or ``EulerTerm``); with
+        ``noise``, that term driven by it on ``[0, t1]`` for ``n`` tokens (``NoisyTerm``)."""
+        base = layer_term(frame, self.dt, dtype, ode=self.ode)
+        if noise is None:
+            return base
+        t1f = float(t1)
+        return NoisyTerm(
+            frame=base.frame,
+            dt=base.dt,
+            base=base,
+            noise=noise,
+            t1=jnp.asarray(t1f, dtype),
+            n_layers=jnp.asarray(int(round(t1f / self.dt)), jnp.int32),
+            tol=jnp.asarray(brownian_tolerance(t1f, float(self.dt)), dtype),
+            shape=noise.brownian_shape(int(n), frame.model.d),
+            ode=self.ode,
+            carries_flow=False,
+        )
+
+    def check_noise(self, noise: Any, frame: Any) -> None:
+        if noise is None:
+            return
+        if not isinstance(noise, AbstractNoise):
+            raise ValueError(
+                f"noise must be a noise object of attnflow.dynamics (Noise(sigma, seed), "
+                f"TokenNoise(D, seed)); got {type(noise).__name__}."
+            )
+        if not frame.on_sphere or not (self.ode or frame.post_normalised):
+            raise ValueError(
+                "noise runs on the sphere: frame='sphere' with the post-layer-norm layers "
+                "(layernorm='post', residual=True) or, with method='euler-maruyama', the SDE."
+            )
+        noise.check_model(frame.model)
 
     def info(self, plan: Any) -> dict:
         return {"method": self.name, "dt": float(self.dt), "layers": int(plan[0])}
 
-    def integrate(self, frame: Any, y0: Array, ts: Array, t1: float) -> Solution:
+    def integrate(
+        self, frame: Any, y0: Array, ts: Array, t1: float, *, noise: Any = None
+    ) -> Solution:
         n_layers, _ = self.plan(float(t1), np.zeros(0))
-        term = self.term(frame, y0.dtype)
+        self.check_noise(noise, frame)
+        term = self.term(frame, y0.dtype, noise, t1, y0.shape[-2])
         save_layers = jnp.clip(jnp.round(ts / self.dt).astype(jnp.int32), 0, n_layers)
         ys, _, _, y_end, k_stop, stopped = layer_loop(
-            term, y0[None], save_layers, log_limit=log_limit(y0.dtype), max_layers=n_layers
+            term,
+            y0[None],
+            save_layers,
+            log_limit=log_limit(y0.dtype),
+            max_layers=n_layers,
+            keys=None if noise is None else noise.key(0)[None],
         )
         code = jnp.where(stopped[0], Status.OVERFLOW.code, Status.OK.code)
         code = jnp.where(bad_times(ts, t1, self.dt), Status.FAILED.code, code)
@@ -182,12 +228,21 @@ class _FixedStep(AbstractSolver):
         chunk: int | None = None,
         cost: Any = None,
         progress: bool = False,
+        noise: Any = None,
     ) -> Run:
         del chunk, cost  # refused by plan
         n_layers, save_layers = plan
-        term = self.term(frame, y0.dtype)
+        self.check_noise(noise, frame)
+        term = self.term(frame, y0.dtype, noise, t1, y0.shape[-2])
         opts: dict[str, Any] = dict(log_limit=log_limit(y0.dtype), max_layers=n_layers)
         saves = jnp.asarray(save_layers, jnp.int32)
+        if noise is not None:
+            if devices is not None or stacked:
+                raise ValueError(
+                    "noise runs a batch of one model on one device: leave devices None "
+                    "and give one unstacked model (attnflow.unstack(model, i))."
+                )
+            opts["keys"] = jax.vmap(noise.key)(jnp.arange(y0.shape[0]))
         if devices is None and not stacked:
             ys, Rks, reached, y_end, k_stop, stopped = _with_progress(
                 term, y0, saves, n_layers, progress, opts
@@ -294,3 +349,35 @@ class EulerODESolver(_FixedStep):
 
     def discretisation(self) -> AbstractTime:
         return Continuous()
+
+    def check_noise(self, noise: Any, frame: Any) -> None:
+        if noise is not None:
+            raise ValueError(
+                "noise with forward Euler on the SDE is method='euler-maruyama' "
+                "(EulerMaruyamaSolver(dt)); method='euler-ode' is the deterministic step."
+            )
+
+
+class EulerMaruyamaSolver(_FixedStep):
+    """Euler-Maruyama of step ``dt`` on the Ito SDE of a noise on the sphere
+    (``method="euler-maruyama"``): ``y <- y + dt (field(y) - |y| c x) + |y| Proj_x(kick)``
+    with the tokens ``x = N(y)`` (``terms.NoisyTerm``); it needs a noise object
+    (``EulerODESolver`` is the same step without one)."""
+
+    dt: float = eqx.field(static=True, default=0.1)
+    name: ClassVar[str] = "euler-maruyama"
+    ode: ClassVar[bool] = True
+
+    def __check_init__(self):
+        _checks.positive("dt", self.dt)
+
+    def discretisation(self) -> AbstractTime:
+        return Continuous()
+
+    def check_noise(self, noise: Any, frame: Any) -> None:
+        if noise is None:
+            raise ValueError(
+                "method='euler-maruyama' integrates an SDE: give noise (Noise(sigma, seed) "
+                "or TokenNoise(D, seed)); without noise, method='euler-ode' is the same step."
+            )
+        super().check_noise(noise, frame)
