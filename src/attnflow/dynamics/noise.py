@@ -65,6 +65,7 @@ __all__ = [
     "brownian_tolerance",
     "brownian_tree",
     "record",
+    "check_noise",
     "layer_times",
     "tangent",
     "value_noise_layer",
@@ -116,6 +117,16 @@ def layer_times(k: Array, n_layers: Array, t1: Array) -> Array:
 def tangent(x: Array, v: Array) -> Array:
     """``Proj_{x_i} v_i = v_i - <x_i, v_i> x_i`` row by row."""
     return v - jnp.sum(x * v, axis=-1, keepdims=True) * x
+
+
+def check_noise(noise: Any) -> AbstractNoise | None:
+    """``noise`` if it is ``None`` or a noise object, else ``ValueError`` naming it."""
+    if noise is not None and not isinstance(noise, AbstractNoise):
+        raise ValueError(
+            f"noise must be a noise object of attnflow.dynamics (Noise(sigma, seed), "
+            f"TokenNoise(D, seed)) or None; got {type(noise).__name__}."
+        )
+    return noise
 
 
 def _seed(seed: Any) -> int:

@@ -37,7 +37,7 @@ from ._inputs import check_ts, check_x0
 from .base import AbstractModel
 from .fields import choose_field
 from .frames import FRAMES, LAYERNORMS, AbstractFrame, frame_maker
-from .noise import AbstractNoise
+from .noise import check_noise
 from .noise import record as noise_record
 from .propagator import fresh
 from .solvers import (
@@ -343,15 +343,12 @@ def simulate(
 
 
 def _check_noise_door(
-    noise: Any, frame: str, method: str, solver: Any, dt: Any, devices: Any, shard: str
+    noise: Any,
+    frame: str, method: str, solver: Any, dt: Any, devices: Any, shard: str
 ) -> None:
     """The door's checks of a noisy run, each naming its argument (the solver's
     ``check_noise`` then checks the frame and the model)."""
-    if not isinstance(noise, AbstractNoise):
-        raise ValueError(
-            f"noise must be a noise object of attnflow.dynamics (Noise(sigma, seed), "
-            f"TokenNoise(D, seed)); got {type(noise).__name__}."
-        )
+    check_noise(noise)
     if frame != "sphere":
         raise ValueError(
             f"noise puts the tokens on the sphere (layer-normalised stochastic layers): "

@@ -32,7 +32,7 @@ from ._inputs import check_ts
 from .base import AbstractModel
 from .fields import choose_field
 from .frames import FRAMES, LAYERNORMS, frame_maker
-from .noise import AbstractNoise
+from .noise import AbstractNoise, check_noise
 from .propagator import fresh
 from .solvers import (
     ICOEFF,
@@ -147,6 +147,7 @@ def solve(
             f"solver={type(solver).__name__}."
         )
     t1f = _checks.positive("t1", t1)  # a Python number: it fixes the number of layers
+    noise = check_noise(noise)
     model = fresh(model)
     x0 = jnp.asarray(x0, model.dtype)
     if x0.ndim != 2 or x0.shape[-1] != model.d:
