@@ -204,11 +204,12 @@ def _worker_start(
 
 
 # ------------------------------------------------------------------ parent side
-def _worker_env() -> dict[str, str]:
-    """The variables a worker starts with: one BLAS thread, and whether it may ask for
-    the parent-death signal (only when the pool is made in the main thread)."""
+def _worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables a worker starts with: one BLAS thread, the caller's ``extra``, and
+    whether it may ask for the parent-death signal (only when the pool is made in the
+    main thread)."""
     flag = USE_PDEATHSIG and threading.current_thread() is threading.main_thread()
-    return {**WORKER_ENV, _PDEATHSIG_VAR: "1" if flag else "0"}
+    return {**WORKER_ENV, **(extra or {}), _PDEATHSIG_VAR: "1" if flag else "0"}
 
 
 def _initargs(initializer: Callable[..., object] | None, initargs: tuple) -> tuple:
@@ -220,6 +221,7 @@ def process_pool(
     *,
     initializer: Callable[..., object] | None = None,
     initargs: tuple = (),
+    env: dict[str, str] | None = None,
 ) -> ProcessPoolExecutor:
     """A pool of ``workers`` fresh processes, one BLAS thread each, tied to this process.
 
@@ -228,6 +230,9 @@ def process_pool(
         initializer: called with ``initargs`` in each worker when it starts (after the
             worker has tied its life to this process); must be picklable.
         initargs: the arguments of ``initializer``.
+        env: more variables of the workers' environment (set before their first
+            instruction, so that XLA reads them when JAX starts: ``XLA_FLAGS``); this
+            process's environment is untouched.
 
     Returns:
         A ``loky.ProcessPoolExecutor`` (a ``concurrent.futures.Executor``); use it as a
@@ -240,7 +245,7 @@ def process_pool(
         max_workers=workers,
         initializer=_worker_start,
         initargs=_initargs(initializer, initargs),
-        env=_worker_env(),
+        env=_worker_env(env),
     )
 
 

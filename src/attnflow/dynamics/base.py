@@ -26,6 +26,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
+from .._precision import mm
 from . import kernels as _kernels
 from .kernels._tiling import prepared as _prepared
 
@@ -214,7 +215,7 @@ class AbstractAttentionSystem(AbstractModel):
 
     def weigh(self, q: Array, k: Array, values: Array) -> Array:
         """``P(q, k) @ values``; default the dense product (families override to tile)."""
-        return self.weights(q, k) @ values
+        return mm(self.weights(q, k), values)
 
     # ---------------------------------------------------------- facts, defaults
     @property
@@ -291,7 +292,7 @@ class AbstractAttentionSystem(AbstractModel):
         """Queries and keys of tokens ``x`` (original frame), of ``prepare_tokens(x)``."""
         Q, K = self.query_key_maps()
         x = self.prepare_tokens(x)
-        return x @ Q.T, x @ K.T
+        return mm(x, Q.T), mm(x, K.T)
 
     def logits(self, x: Float[Array, "n d"]) -> Float[Array, "n n"]:
         """The pre-kernel logits of tokens ``x`` (original frame)."""

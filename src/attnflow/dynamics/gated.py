@@ -24,6 +24,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .. import _checks
+from .._precision import mm
 from .base import AbstractAttentionSystem, AbstractModel, family_class
 
 __all__ = ["GatedAttention"]
@@ -113,7 +114,7 @@ class GatedAttention(AbstractModel):
 
     def gate(self, x: Float[Array, "n d"]) -> Float[Array, "n g"]:
         """The gate values ``sigmoid(x Wg^T + bg)``, ``(n, d)`` or ``(n, 1)``."""
-        return jax.nn.sigmoid(x @ self.Wg.T + self.bg[None])
+        return jax.nn.sigmoid(mm(x, self.Wg.T) + self.bg[None])
 
     def attention(self, x: Float[Array, "n d"]) -> Float[Array, "n n"]:
         return self.attn.attention(x)

@@ -32,6 +32,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .. import _checks
+from .._precision import mm
 
 __all__ = ["gaussian_closure", "GaussianClosure", "closure_field"]
 
@@ -61,9 +62,9 @@ class GaussianClosure:
 
 def closure_field(Q: Array, K: Array, V: Array, beta: Any, m: Array, S: Array):
     """``(m', S')`` of the Gaussian closure (see the module docstring)."""
-    M = S @ K.T @ Q  # S K^T Q
-    dm = V @ m + beta * (V @ (M @ m))
-    dS = beta * (V @ M @ S + S @ Q.T @ K @ S @ V.T)
+    M = mm(mm(S, K.T), Q)  # S K^T Q
+    dm = mm(V, m) + beta * mm(V, mm(M, m))
+    dS = beta * (mm(mm(V, M), S) + mm(mm(mm(mm(S, Q.T), K), S), V.T))
     return dm, 0.5 * (dS + dS.T)  # symmetric to rounding
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from jaxtyping import Array
 
 from .. import _checks
+from .._precision import mm
 from . import kernels as _kernels
 from .base import AbstractKernelAttention, saved_kernel_params
 from .propagator import FlowCache, Propagator
@@ -356,7 +357,7 @@ class Attention(AbstractKernelAttention):
 
     def value_map(self, u: Array) -> Array:
         """``u V^T``: the averaged values mapped by V."""
-        return u @ self.V.T
+        return mm(u, self.V.T)
 
     def value_matrix(self) -> Array:
         return self.V

@@ -70,6 +70,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
+from .._precision import highest, mm
+
 __all__ = ["Propagator", "FlowCache", "PROPAGATOR_METHODS", "condition_threshold", "fresh"]
 
 PROPAGATOR_METHODS = ("auto", "eigh", "eig", "expm")
@@ -329,7 +331,7 @@ def _phi(t: Array, lam: Array) -> Array:
 
 def _eigen_value(t, evals, evecs, evecs_inv, real_dtype):
     scale = jnp.exp(t.astype(evals.dtype) * evals)
-    out = (evecs * scale[None, :].astype(evecs.dtype)) @ evecs_inv
+    out = mm(evecs * scale[None, :].astype(evecs.dtype), evecs_inv)
     return jnp.real(out).astype(real_dtype)
 
 
@@ -346,10 +348,10 @@ def _eigen_flow_jvp(primals, tangents):
     dV, dt = tangents[0], tangents[1]
     E = _eigen_value(t, evals, evecs, evecs_inv, V.dtype)
     ctype = jnp.result_type(evecs.dtype, evals.dtype)
-    C = evecs_inv.astype(ctype) @ dV.astype(ctype) @ evecs.astype(ctype)
+    C = mm(mm(evecs_inv.astype(ctype), dV.astype(ctype)), evecs.astype(ctype))
     phi = _phi(t.astype(ctype), evals.astype(ctype))
-    dE = jnp.real(evecs.astype(ctype) @ (C * phi) @ evecs_inv.astype(ctype)).astype(V.dtype)
-    return E, dE + dt.astype(V.dtype) * (V @ E)
+    dE = jnp.real(mm(mm(evecs.astype(ctype), C * phi), evecs_inv.astype(ctype))).astype(V.dtype)
+    return E, dE + dt.astype(V.dtype) * mm(V, E)
 
 
 @jax.custom_jvp
@@ -460,13 +462,13 @@ class Propagator(eqx.Module):
         """Row tokens ``z`` ``(..., d)`` -> modal coordinates ``w = z T^{-T}``."""
         T_inv = self.T_inv
         assert T_inv is not None, "no modal form: check has_modal first"
-        return z @ T_inv.T
+        return mm(z, T_inv.T)
 
     def from_modal(self, w: Array) -> Array:
         """Modal coordinates ``w`` ``(..., d)`` -> row tokens ``z = w T^T``."""
         T = self.T
         assert T is not None, "no modal form: check has_modal first"
-        return w @ T.T
+        return mm(w, T.T)
 
     def modal_scale(self, u: Array, re: Array, im: Array) -> Array:
         """Apply ``f(B)`` to modal rows ``u`` ``(..., d)``, given ``f(mu) = re + i im``.
@@ -518,7 +520,8 @@ class Propagator(eqx.Module):
 
     def _expm(self, t) -> Array:
         t = jnp.asarray(t, dtype=self.V.dtype)
-        return jax.scipy.linalg.expm(t * self.V)
+        with highest():  # expm's own products
+            return jax.scipy.linalg.expm(t * self.V)
 
     def __call__(self, t) -> Array:
         """``e^{tV}`` as a real ``(d, d)`` matrix, for a scalar time ``t``."""
@@ -533,7 +536,7 @@ class Propagator(eqx.Module):
 
     def apply(self, t, z: Array) -> Array:
         """Map row tokens ``z`` of shape ``(..., d)`` to ``z @ e^{tV}.T``."""
-        return z @ self(t).T
+        return mm(z, self(t).T)
 
 
 def fresh(model: Any) -> Any:

@@ -15,6 +15,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .. import _checks
+from .._precision import einsum
 from .frames import AbstractFrame, normalize_rows, singular_layer_step
 from .status import BY_CODE, STATUS_CODES, SimulationError, Status, advice
 from .terms import AbstractTime, Continuous, Layers
@@ -508,7 +509,7 @@ class Trajectory:
             P = P @ np.asarray(self.model.propagator.T, np.float64)
             big = np.abs(P).max(axis=-1, keepdims=True, initial=0.0)
             P = np.where(np.abs(P) > np.sqrt(np.finfo(np.float64).eps) * big, P, 0.0)
-        return jnp.einsum("...nd,kd->...nk", y, jnp.asarray(P, self._y.dtype))
+        return einsum("...nd,kd->...nk", y, jnp.asarray(P, self._y.dtype))
 
     @property
     def n(self) -> int:

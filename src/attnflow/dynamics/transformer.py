@@ -35,6 +35,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .. import _checks
+from .._precision import einsum, mm
 from . import kernels as _kernels
 from .base import AbstractAttentionSystem, AbstractModel, family_class
 from .kernels._tiling import prepared as _prepared
@@ -262,7 +263,7 @@ class MultiHeadAttention(AbstractModel):
         """Per-head queries and keys ``(h, n, p)`` of tokens ``x`` (the kernel's prep
         is applied by ``attend`` and ``logits``; ``prenorm``'s token norm here)."""
         x = self.kernel.prepare_tokens(x)
-        return jnp.einsum("nd,hpd->hnp", x, self.Q), jnp.einsum("nd,hpd->hnp", x, self.K)
+        return einsum("nd,hpd->hnp", x, self.Q), einsum("nd,hpd->hnp", x, self.K)
 
     def averaged(self, x: Float[Array, "n d"]) -> Float[Array, "h n d"]:
         """``P^h x`` for every head ``h``: the averaged tokens, before the value maps."""
@@ -282,7 +283,7 @@ class MultiHeadAttention(AbstractModel):
 
     def _value_sum(self, u: Array) -> Array:
         """``sum_h u_h V_h^T`` of per-head rows ``u`` ``(h, n, d)``."""
-        return jnp.einsum("hnd,hed->ne", u, self.V)
+        return einsum("hnd,hed->ne", u, self.V)
 
     def vector_field(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
         return self._value_sum(self.averaged(x))
@@ -412,8 +413,8 @@ class FeedForward(AbstractModel):
 
     def vector_field(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
         lead = (1,) * (x.ndim - 1)  # explicit broadcasting of the biases over the tokens
-        hidden = x @ self.W1.T + jnp.reshape(self.b1, lead + self.b1.shape)
-        return _activation(self.activation, hidden) @ self.W2.T + jnp.reshape(
+        hidden = mm(x, self.W1.T) + jnp.reshape(self.b1, lead + self.b1.shape)
+        return mm(_activation(self.activation, hidden), self.W2.T) + jnp.reshape(
             self.b2, lead + self.b2.shape
         )
 

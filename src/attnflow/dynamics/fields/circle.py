@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from ..._precision import mm
 from ..base import AbstractModel
 from ..kernels.masks import Causal
 from ..kernels.softmax import Softmax
@@ -123,7 +124,7 @@ class CircleAttention(AbstractModel):
 
     def _rotation(self) -> tuple[Array, Array]:
         """``(c, phi)`` of the head's logits ``c cos(t_i - t_j - phi)``."""
-        A = self.inner.Q.T @ self.inner.K
+        A = mm(self.inner.Q.T, self.inner.K)
         a = 0.5 * (A[0, 0] + A[1, 1])
         b = 0.5 * (A[1, 0] - A[0, 1])
         return self.inner.beta * jnp.sqrt(a * a + b * b), jnp.arctan2(b, a)

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
+from ..._precision import mm
 from ..base import AbstractAttentionSystem, AbstractModel
 from ._base import AbstractFrame
 
@@ -56,7 +57,7 @@ class AbstractRescaled(AbstractFrame):
     def tokens(self, y: Array, scale: Any) -> Array:
         """The tokens ``x`` that the state ``y`` stands for: ``x = y M^T`` (``scale`` the
         ``(d, d)`` flow matrix ``M``)."""
-        return y @ scale.T
+        return mm(y, scale.T)
 
     def check_layer_step(self, dt: float, dtype: Any) -> None:
         """``I + dt V`` must be invertible in ``dtype`` (the discrete rescaling
@@ -102,11 +103,11 @@ class Rescaled(AbstractRescaled):
 
     def field(self, y: Array, scale: Any, factor: Any) -> Array:
         u = self.model.weigh(*self.queries_keys(y, scale), y) - y
-        return u @ factor.T
+        return mm(u, factor.T)
 
     def step(self, y: Array, scale: Any, dt: Any, factor: Any) -> Array:
         u = self.model.weigh(*self.queries_keys(y, scale), y) - y
-        return y + (dt * u) @ factor.T
+        return y + mm(dt * u, factor.T)
 
     def log_bound(self, y: Array, scale: Any) -> Array:
         """The model's logit bound, or ``log max |x|`` where larger: the tokens
@@ -140,8 +141,8 @@ class ModalRescaled(AbstractRescaled):
             raise ValueError("modal coordinates need a diagonalisable V (propagator eig/eigh).")
         self.model = model  # pyright: ignore[reportIncompatibleVariableOverride]
         Q, K = model.query_key_maps()
-        self.QT = Q @ prop.T
-        self.KT = K @ prop.T
+        self.QT = mm(Q, prop.T)
+        self.KT = mm(K, prop.T)
 
     def initial_state(self, x0: Array) -> Array:
         return self.model.propagator.to_modal(x0)
@@ -169,7 +170,7 @@ class ModalRescaled(AbstractRescaled):
     def queries_keys(self, y: Array, scale: Any) -> tuple[Array, Array]:
         """Queries and keys of the tokens ``x`` that the state ``y`` stands for."""
         x = self.tokens(y, scale)
-        return x @ self.QT.T, x @ self.KT.T
+        return mm(x, self.QT.T), mm(x, self.KT.T)
 
     def field(self, y: Array, scale: Any, factor: Any) -> Array:
         u = self.model.weigh(*self.queries_keys(y, scale), y) - y
@@ -182,7 +183,7 @@ class ModalRescaled(AbstractRescaled):
     def log_bound(self, y: Array, scale: Any) -> Array:
         """As ``Rescaled.log_bound``, from the modal state."""
         x = self.tokens(y, scale)
-        return _with_size(self.model.log_bound(x @ self.QT.T, x @ self.KT.T), x)
+        return _with_size(self.model.log_bound(mm(x, self.QT.T), mm(x, self.KT.T)), x)
 
 
 class GenericRescaled(AbstractRescaled):
@@ -204,12 +205,12 @@ class GenericRescaled(AbstractRescaled):
         return jnp.linalg.solve(scale, u.T).T
 
     def field(self, y: Array, scale: Any, factor: Any) -> Array:  # scale e^{tW}, factor W
-        return self._pull_back(self.model.vector_field(y @ scale.T), scale) - y @ factor.T
+        return self._pull_back(self.model.vector_field(mm(y, scale.T)), scale) - mm(y, factor.T)
 
     def step(self, y: Array, scale: Any, dt: Any, factor: Any) -> Array:
-        x = y @ scale.T  # scale R^k, factor R^{-1} W
+        x = mm(y, scale.T)  # scale R^k, factor R^{-1} W
         u = y + self._pull_back(self.model.layer(x, dt) - x, scale)  # R^{-k} x^{k+1}
-        return u - dt * (u @ factor.T)  # R^{-1} = I - dt R^{-1} W
+        return u - dt * mm(u, factor.T)  # R^{-1} = I - dt R^{-1} W
 
     def log_bound(self, y: Array, scale: Any) -> Array:
         """As ``Rescaled.log_bound``, with the model's own logit bound."""

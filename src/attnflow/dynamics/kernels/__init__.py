@@ -24,6 +24,7 @@ from typing import Any
 
 from jaxtyping import Array
 
+from ..._precision import mm
 from ._base import KERNEL_CLASSES, AbstractKernel, parameter
 from ._tiling import BLOCK_ENTRIES, DENSE_MAX_N, attend_with, auto_block, logits
 from ._tiling import check_kernel_mask as _check_kernel_mask
@@ -281,7 +282,7 @@ def apply_weights(
     kernel: str | AbstractKernel, L: Array, values: Array, params: Mapping | None = None
 ) -> Array:
     """``weights(kernel, L) @ values`` for ``values`` of shape ``(m, c)``."""
-    return weights(kernel, L, params) @ values
+    return mm(weights(kernel, L, params), values)
 
 
 def log_logit_bound(

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
+from ..._precision import mm
 from ._base import AbstractKernel
 from .masks import AbstractMask
 
@@ -77,7 +78,7 @@ def logits(q: Array, k: Array, beta: Any) -> Array:
     """``beta * q @ k.T``: queries ``(n, p)``, keys ``(m, p)`` -> ``(n, m)``.
 
     The raw product: for ``qknorm`` pass ``prepare("qknorm", q, k)`` first."""
-    return (beta * q) @ k.T
+    return mm(beta * q, k.T)
 
 
 def attend_with(
@@ -119,7 +120,7 @@ def attend_with(
         return L if mask is None else mask.apply(L, row0)
 
     if block <= 0 or block >= n:
-        return kernel.weights(masked(logits(q, k, beta), 0)) @ values
+        return mm(kernel.weights(masked(logits(q, k, beta), 0)), values)
     nb = -(-n // block)
     pad = nb * block - n
     qb = jnp.pad(q, ((0, pad), (0, 0))).reshape(nb, block, q.shape[-1])
@@ -127,14 +128,14 @@ def attend_with(
     if mask is None:
 
         def tile(qi):
-            return kernel.weights(logits(qi, k, beta)) @ values
+            return mm(kernel.weights(logits(qi, k, beta)), values)
 
         out = jax.lax.map(tile, qb)
     else:
 
         def masked_tile(args):
             qi, row0 = args
-            return kernel.weights(masked(logits(qi, k, beta), row0)) @ values
+            return mm(kernel.weights(masked(logits(qi, k, beta), row0)), values)
 
         out = jax.lax.map(masked_tile, (qb, jnp.arange(nb) * block))
     return out.reshape(nb * block, values.shape[-1])[:n]
