@@ -274,6 +274,8 @@ def sidecar(
     quick: bool,
     runs: list[dict],
     figures: Sequence[str | os.PathLike[str]] = (),
+    seeds: Any = None,
+    seeds_note: str | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
     """The sidecar of a figure as a dict: every parameter of every run, and versions.
@@ -281,6 +283,11 @@ def sidecar(
     ``runs``: one dict per simulation (``simulate_tokens``'s params plus a ``name`` and
     whatever was measured). The top-level keys ``seed, n, d, t1, Q, K, V, solver,
     tolerances`` hold the common value, or ``{run name: value}`` where runs differ.
+    ``seeds``: every seed the figure used (a list, or a count of random starts drawn
+    from one stated generator), stated once by the script and written right after
+    ``seed``; ``seeds_note`` says how they are used (``seeds=[]`` with, e.g.,
+    ``seeds_note="deterministic: ..."`` for a figure without randomness).
+    ``tests/test_figure_seeds.py`` checks that every committed sidecar has ``seeds``.
     ``figures`` may be left for later: ``_figure.figure`` fills it in once the figure is
     drawn (and keeps wall times out of the sidecar: ``_figure.split_timings``).
     ``extra``: more keys, after ``runs``.
@@ -291,6 +298,10 @@ def sidecar(
     side: dict[str, Any] = {"script": script, "quick": bool(quick)}
     for key in ("seed", "n", "d", "t1", "Q", "K", "V", "solver", "tolerances"):
         side[key] = _collapse(runs, key) if runs else None
+        if key == "seed" and seeds is not None:
+            side["seeds"] = seeds
+            if seeds_note is not None:
+                side["seeds_note"] = seeds_note
     side.update(
         x64=versions["x64"],
         versions=versions,
