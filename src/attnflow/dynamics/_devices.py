@@ -155,7 +155,13 @@ class TokenSharded(AbstractAttentionSystem):
     multiple of ``D``) against every key and value (gathered: replicated on each
     device), through the model's own ``weigh`` (tiled for large ``n``), so every row is
     computed by the same operations as on one device. Memory per device
-    ``O(n d + block n)``. Everything else is the model's own."""
+    ``O(n d + block n)``. Everything else is the model's own.
+
+    The devices may belong to several processes (``jax.distributed``: each process runs
+    the same ``simulate(..., devices=jax.devices(), shard="tokens")`` on the same
+    tokens): the rows each device computes are gathered back onto every device after
+    each evaluation, so every process holds the whole state and reads the whole
+    trajectory (``docs/cluster.md``)."""
 
     inner: AbstractAttentionSystem
     mesh: Mesh = eqx.field(static=True)
@@ -256,7 +262,11 @@ class TokenSharded(AbstractAttentionSystem):
             out_specs=rows,
             check_vma=False,
         )(qp, k, values)
-        return out[:n] if pad else out
+        out = out[:n] if pad else out
+        # every row back on every device: the next evaluation's keys and values need all
+        # of them, and the state stays whole on each device, so that each process of a
+        # multi-process run (jax.distributed) holds, and can read, the whole result
+        return jax.lax.with_sharding_constraint(out, NamedSharding(self.mesh, rep))
 
 
 def balanced_order(cost, n_devices: int) -> tuple[np.ndarray, np.ndarray]:
