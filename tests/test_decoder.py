@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from attnflow.dynamics.kernels import QKNorm
-from attnflow.studies import _decoder as D
-from attnflow.studies._decoder_model import forward as _forward
-from attnflow.studies._decoder_task import ALL_VARIANTS, BOS, NULL, sample_batch
+from attnflow.networks import _decoder as D
+from attnflow.networks._decoder_model import forward as _forward
+from attnflow.networks._decoder_task import ALL_VARIANTS, BOS, NULL, sample_batch
 
 
 @pytest.fixture(autouse=True)
@@ -393,7 +393,9 @@ def test_4096_tokens_are_read_in_chunks_and_tiles():
 def test_heads_through_dynamics(variant):
     cfg = dataclasses.replace(QUICK, variant=variant)
     model = D.Decoder(cfg, jax.random.key(1))
-    out = D.heads_through_dynamics(model, cfg, sequences=2, horizon=2.0, saves=5)
+    from attnflow.studies._decoder_dynamics import heads_through_dynamics
+
+    out = heads_through_dynamics(model, cfg, sequences=2, horizon=2.0, saves=5)
     assert [(h["layer"], h["head"]) for h in out] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     json.dumps(out)  # plain JSON
     lay = model.layers[0]

@@ -31,9 +31,9 @@ def test_the_main_functions_have_examples():
 # the examples that train a model (seconds each) run with the slow checks
 TRAINING = {
     "attnflow.studies.longcontext",
-    "attnflow.studies._longcontext_task",
-    "attnflow.studies._decoder",
-    "attnflow.studies._decoder_heads",
+    "attnflow.networks._longcontext_task",
+    "attnflow.networks._decoder",
+    "attnflow.studies._decoder_dynamics",
 }
 
 

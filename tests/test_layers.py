@@ -1,9 +1,10 @@
 """The package's layers import only downwards.
 
 ``dynamics`` (the particle system) < ``analysis`` (functions of trajectories) < ``io``
-(files) < ``studies`` < ``plotting`` < ``experiments`` (figure scripts) < ``cli``. A
-module may import its own layer and the layers below it, never one above; private
-modules at the top of the package (``attnflow._*``) sit below every layer, and the
+(files) < ``testing`` < ``networks`` (trained networks) < ``studies`` < ``plotting`` <
+``experiments`` (figure scripts) < ``cli``. A module may import its own layer and the
+layers below it, never one above; private modules at the top of the package
+(``attnflow._*``) sit below every layer, and the
 package root (``import attnflow``, the public API) is open to the figure scripts and the
 command line only. Lazy imports inside functions count too, with one listed exception
 (``FACES``): ``Trajectory``'s file methods (``save``, ``load``, ``metadata``,
@@ -20,7 +21,17 @@ from pathlib import Path
 import attnflow
 
 PKG = Path(attnflow.__file__).resolve().parent
-ORDER = ["dynamics", "analysis", "io", "testing", "studies", "plotting", "experiments", "cli"]
+ORDER = [
+    "dynamics",
+    "analysis",
+    "io",
+    "testing",
+    "networks",
+    "studies",
+    "plotting",
+    "experiments",
+    "cli",
+]
 # (module, the module of a higher layer it may import inside a function): its methods
 # are that module's face
 FACES = {

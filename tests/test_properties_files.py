@@ -433,9 +433,9 @@ def retrieval_files(tmp_path_factory):
     functions training writes them with (no training: it would take seconds)."""
     import equinox as eqx
 
-    from attnflow.studies import _checkpoint
+    from attnflow.networks import _checkpoint
+    from attnflow.networks._training import finish
     from attnflow.studies import retrieval as R
-    from attnflow.studies._training import finish
 
     cfg = R.RetrievalConfig(**RETRIEVAL)
     d = tmp_path_factory.mktemp("retrieval")
@@ -535,7 +535,7 @@ def retrieval_checkpoint(retrieval_files) -> Case:
     return None (training starts over) rather than raise."""
     import equinox as eqx
 
-    from attnflow.studies import _checkpoint
+    from attnflow.networks import _checkpoint
 
     like = retrieval_files["like"]
     ref_leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(eqx.filter(like, eqx.is_array))]

@@ -181,7 +181,7 @@ def test_checkpoints_are_atomic_units_and_survive_corruption(tmp_path):
     one kept: a kill mid-write leaves the last whole one; a truncated or altered file is
     named and the previous one read; a resume from either ends where an uninterrupted run
     ends, bit for bit (the batches of step s come from fold_in(base, s))."""
-    from attnflow.studies import _checkpoint as C
+    from attnflow.networks import _checkpoint as C
 
     tree = {"a": jnp.arange(5.0), "b": jnp.ones((2, 3))}
     p = tmp_path / "c.bin"

@@ -193,7 +193,7 @@ def test_a_kill_while_writing_train_json_keeps_the_checkpoint(tmp_path, monkeypa
     import equinox as eqx
     import jax.numpy as jnp
 
-    from attnflow.studies import _checkpoint, _training
+    from attnflow.networks import _checkpoint, _training
 
     d = tmp_path / "run"
     d.mkdir()
@@ -256,7 +256,7 @@ def test_stale_temporaries_are_removed_by_the_next_write(pids, other):
 def test_checkpoint_temporaries_of_killed_saves_are_removed(tmp_path):
     import jax.numpy as jnp
 
-    from attnflow.studies import _checkpoint
+    from attnflow.networks import _checkpoint
 
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True

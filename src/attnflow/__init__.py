@@ -93,7 +93,7 @@ _LAZY: dict[str, str] = {
     **dict.fromkeys(
         ("GinibreEstimate", "HeadsAnalysis", "analyze_heads", "ginibre_fraction"), ".studies"
     ),
-    **dict.fromkeys(("ForwardPass", "forward_pass"), ".studies.forward"),
+    **dict.fromkeys(("ForwardPass", "forward_pass"), ".networks.forward"),
     "enable_compilation_cache": "._cache",
 }
 # Public modules: the face modules attnflow/kernels.py, masks.py, matrices.py, sweep.py.
@@ -148,8 +148,8 @@ if _typing.TYPE_CHECKING:  # what a type checker and an editor see; nothing is i
     from .dynamics.meanfield import CircleMeanField, DensityTrajectory, solve_density
     from .dynamics.solve import AdaptiveSolver, EulerODESolver, LayerSolver, Solution, solve
     from .dynamics.stack import stack, unstack
+    from .networks.forward import ForwardPass, forward_pass
     from .studies import GinibreEstimate, HeadsAnalysis, analyze_heads, ginibre_fraction
-    from .studies.forward import ForwardPass, forward_pass
 
 
 def __getattr__(name: str) -> _typing.Any:

@@ -32,10 +32,10 @@ def _key(quick: bool) -> str:
 
 
 def corpus(quick: bool) -> Any:
-    """The sentences (``attnflow.studies.corpus.reference_corpus``); ``Skipped`` without
+    """The sentences (``attnflow.networks.corpus.reference_corpus``); ``Skipped`` without
     the model or ``tokenizers``."""
     from attnflow.io.checkpoints import resolve_checkpoint
-    from attnflow.studies.corpus import reference_corpus
+    from attnflow.networks.corpus import reference_corpus
 
     try:
         resolve_checkpoint(CHECKPOINT)
@@ -51,7 +51,7 @@ def corpus(quick: bool) -> Any:
 
 
 def _resumed(run, folder: Path, *args: Any, **kw: Any) -> Any:
-    from attnflow.studies._sentence_store import StoreMismatch
+    from attnflow.networks._sentence_store import StoreMismatch
 
     try:
         return run(folder, *args, **kw)

@@ -11,7 +11,7 @@ against the length read, per variant, for each tier of ``attnflow.studies.longco
   fig_longcontext.json       the sidecar (versions, the verdicts, runtime)
 
 The trained models are kept in ``<out>/longcontext_models/`` (reused when their
-configuration matches). Tier B is drawn when ``attnflow.studies._decoder`` is installed.
+configuration matches). Tier B is drawn when ``attnflow.networks._decoder`` is installed.
 ``--quick``: tier A's tiny configurations, one seed.
 
 Run:  python -m attnflow.experiments.fig_longcontext [--quick] [--out figures] [--redraw]
@@ -40,7 +40,7 @@ LONG = "trains the long-context models of both tiers, about half an hour on two 
 
 
 def _tiers() -> tuple[str, ...]:
-    return ("A", "B") if importlib.util.find_spec("attnflow.studies._decoder") else ("A",)
+    return ("A", "B") if importlib.util.find_spec("attnflow.networks._decoder") else ("A",)
 
 
 def arrays_of(data: dict[str, Any], tiers: Sequence[str]) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 sentence pooling its sentence-transformers files declare.
 
 ``load_encoder_weights`` reads them into an ``EncoderWeights`` (numpy float64, torch
-layout ``(out, in)``); the forward pass itself is ``attnflow.studies.encoder``.
+layout ``(out, in)``); the forward pass itself is ``attnflow.networks.encoder``.
 ``read_pooling`` reads ``modules.json`` and the ``Pooling`` module's ``config.json``
 (all-MiniLM-L6-v2: ``Transformer``, ``Pooling`` with ``pooling_mode_mean_tokens``,
 ``Normalize``).
@@ -225,7 +225,7 @@ class EncoderWeights:
 def load_encoder_weights(
     checkpoint: str | Path, *, pooling: bool = True, reader: str = "auto"
 ) -> EncoderWeights:
-    """Every weight of a BERT- or ALBERT-layout encoder, for ``attnflow.studies.encoder``.
+    """Every weight of a BERT- or ALBERT-layout encoder, for ``attnflow.networks.encoder``.
 
     Args:
         checkpoint: ``"minilm"``, a ``.safetensors`` file or folder, with its

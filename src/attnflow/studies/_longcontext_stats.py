@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from .._stats import binomial_interval
-from ._readout import ROW_FIELDS, AttentionReadout
+from ..networks._readout import ROW_FIELDS, AttentionReadout
 
 __all__ = [
     "HALVES",
@@ -74,7 +74,7 @@ def readout_stats(r: AttentionReadout) -> dict[str, Any]:
 
     Examples:
         >>> import numpy as np
-        >>> from attnflow.studies._readout import AttentionReadout
+        >>> from attnflow.networks._readout import AttentionReadout
         >>> one = np.ones((1, 1, 2), np.float32)
         >>> r = AttentionReadout(4, np.array([True, False]), np.array([True, False]),
         ...     np.array([4, 4]), np.log(4) * one, 0 * one, 0 * one, 0.25 * np.array(

@@ -102,7 +102,7 @@ def token_importance(
     Raises:
         ValueError: a checkpoint without a pooling, a sentence shorter than 3 tokens.
     """
-    from .encoder import encoder_forward
+    from ..networks.encoder import encoder_forward
 
     if weights.pooling is None:
         raise ValueError(
@@ -210,7 +210,7 @@ def run_importance(
     from .._parallel import blas_threads
     from ..io.checkpoints import load_tokenizer, resolve_checkpoint
     from ..io.encoder_weights import load_encoder_weights
-    from ._sentence_store import SentenceStore, code_hash
+    from ..networks._sentence_store import SentenceStore, code_hash
 
     sentences = list(getattr(corpus, "sentences", corpus))
     if not sentences or not all(isinstance(s, str) and s.strip() for s in sentences):
@@ -223,7 +223,7 @@ def run_importance(
         checkpoint=str(path),
         sentences=sentences,
         modes=list(MODES),
-        code=code_hash(__name__, f"{__package__}.encoder"),
+        code=code_hash(__name__, "attnflow.networks.encoder"),
     )
     store = SentenceStore(out_dir, "importance", config, info=run_metadata())
     with store.locked(), blas_threads(1):
@@ -243,7 +243,7 @@ def run_importance(
 def load_importance(out_dir: str | Path) -> ImportanceResult:
     """An importance run read back from its folder (finished sentences only)."""
     from ..io.files import read_json
-    from ._sentence_store import SentenceStore
+    from ..networks._sentence_store import SentenceStore
 
     meta = read_json(Path(out_dir) / "meta.json", kind="the metadata of an importance store")
     if meta.get("kind") != "importance":

@@ -2,7 +2,7 @@
 particle-system idealisation of each layer says they should go.
 
 Measured, per sentence and per layer ``l = 0..L`` (``l = 0``: the embeddings, ``l``:
-the output of layer ``l``; the forward pass of ``attnflow.studies.encoder``), on the
+the output of layer ``l``; the forward pass of ``attnflow.networks.encoder``), on the
 sentence's tokens ``x_1..x_n`` ([CLS] and [SEP] included):
 
 - the pairwise cosines ``<x_i, x_j> / (|x_i| |x_j|)``, ``i < j``, as counts over ``bins``
@@ -37,7 +37,7 @@ Predicted from the tokens entering layer ``l`` (the measured ``x^l``):
     (the theorems' frame), the final attention matrix's Boolean distance and column
     sums, and its leaders. Only the sentences listed by ``simulated_sentences`` are run.
 
-``run_layerwise`` writes one archive per sentence (``attnflow.studies._sentence_store``:
+``run_layerwise`` writes one archive per sentence (``attnflow.networks._sentence_store``:
 resumable, progress with tqdm); ``load_layerwise`` reads a run back and
 ``LayerwiseResult.summary()`` pools it.
 """
@@ -325,7 +325,7 @@ def run_layerwise(
 
     Args:
         out_dir: the store's folder.
-        corpus: a ``attnflow.studies.corpus.Corpus`` or a list of sentences.
+        corpus: a ``attnflow.networks.corpus.Corpus`` or a list of sentences.
         checkpoint: a BERT-layout encoder (``"minilm"`` or a path; the exact or tanh
             GELU decides whether ``layer_step`` applies: it needs the exact one or ReLU).
         simulate: how many sentences get the single-head runs (b),
@@ -341,7 +341,7 @@ def run_layerwise(
     Needs x64 (the caller turns it on: the library never does).
 
     Example:
-        >>> from attnflow.studies.corpus import reference_corpus  # doctest: +SKIP
+        >>> from attnflow.networks.corpus import reference_corpus  # doctest: +SKIP
         >>> res = run_layerwise("runs/layerwise", reference_corpus(8), simulate=2)  # doctest: +SKIP
         >>> measured = res.summary()["measured"]  # doctest: +SKIP
         >>> measured.get("mean_cosine")  # one per layer 0..L  # doctest: +SKIP
@@ -350,7 +350,7 @@ def run_layerwise(
     from .._parallel import blas_threads
     from ..io.checkpoints import load_tokenizer, resolve_checkpoint
     from ..io.encoder_weights import load_encoder_weights
-    from ._sentence_store import SentenceStore, code_hash
+    from ..networks._sentence_store import SentenceStore, code_hash
 
     sentences = list(getattr(corpus, "sentences", corpus))
     if not sentences or not all(isinstance(s, str) and s.strip() for s in sentences):
@@ -377,7 +377,7 @@ def run_layerwise(
         simulated=sim,
         bins=bins,
         cluster_threshold=CLUSTER_THRESHOLD,
-        code=code_hash(__name__, f"{__package__}._head_flow", f"{__package__}.encoder"),
+        code=code_hash(__name__, f"{__package__}._head_flow", "attnflow.networks.encoder"),
         **sim_kw,
     )
     store = SentenceStore(out_dir, "layerwise", config, info=run_metadata())
@@ -392,7 +392,7 @@ def run_layerwise(
 def _compute(store, todo, sentences, enc, weights, sim, bins, batch, sim_kw, progress) -> None:
     from tqdm.auto import tqdm
 
-    from .encoder import encoder_forward
+    from ..networks.encoder import encoder_forward
 
     if todo:
         layers = [layer_models(weights, l) for l in range(weights.num_layers)]
@@ -421,7 +421,7 @@ def _compute(store, todo, sentences, enc, weights, sim, bins, batch, sim_kw, pro
 def load_layerwise(out_dir: str | Path) -> LayerwiseResult:
     """A layerwise run read back from its folder (finished sentences only)."""
     from ..io.files import read_json
-    from ._sentence_store import SentenceStore
+    from ..networks._sentence_store import SentenceStore
 
     meta = read_json(Path(out_dir) / "meta.json", kind="the metadata of a layerwise store")
     if meta.get("kind") != "layerwise":

@@ -6,11 +6,12 @@ models with and without QK norm, and with QK norm plus a learned sink, an output
 both, at one length, reads them at 1x to 256x that length, and applies the decision
 rule of docs/longcontext.md (written before the study was run; ``decide``).
 
-Tier A (``_longcontext_task``): one head over a set of key-value items, the query
-present once or absent (answer NULL); variants ``VARIANTS``. Tier B
-(``attnflow.studies._decoder``): a small causal decoder, its ``VARIANTS``, read through
-``evaluate_decoder`` and ``heads_through_dynamics``. Both return ``AttentionReadout``s
-(``_readout``), summarised by ``_longcontext_stats``.
+Tier A (``attnflow.networks._longcontext_task``): one head over a set of key-value
+items, the query present once or absent (answer NULL); variants ``VARIANTS``. Tier B
+(``attnflow.networks._decoder``): a small causal decoder, its ``VARIANTS``, read through
+``evaluate_decoder`` and ``heads_through_dynamics`` (``_decoder_dynamics``). Both return
+``AttentionReadout``s (``attnflow.networks._readout``), summarised by
+``_longcontext_stats``.
 
 Contract. ``run_study`` trains or reuses every model (cached under ``cache_dir``, an
 interrupted training resumed bit for bit), reads each at every length of its tier
@@ -35,16 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..dynamics import kernels as _kernels
-from ._longcontext_stats import (
-    HALVES,
-    RULE,
-    decide,
-    fit_line,
-    halving_length,
-    pooled,
-    readout_stats,
-)
-from ._longcontext_task import (
+from ..networks._longcontext_task import (
     VARIANTS,
     NeedleConfig,
     NeedleModel,
@@ -53,6 +45,15 @@ from ._longcontext_task import (
     sample_needles,
     train,
     validation,
+)
+from ._longcontext_stats import (
+    HALVES,
+    RULE,
+    decide,
+    fit_line,
+    halving_length,
+    pooled,
+    readout_stats,
 )
 
 __all__ = [
@@ -94,12 +95,12 @@ _PRESENT_MEANS = ("needle_mass", "needle_gap", "cap")
 
 def _decoder():
     try:
-        from . import _decoder as D  # pyright: ignore[reportAttributeAccessIssue]
+        from ..networks import _decoder as D  # pyright: ignore[reportAttributeAccessIssue]
     except ModuleNotFoundError as exc:
-        if exc.name != f"{__package__}._decoder":
+        if exc.name != "attnflow.networks._decoder":
             raise
         raise ValueError(
-            "tier 'B' needs attnflow.studies._decoder (the small causal decoder), which is "
+            "tier 'B' needs attnflow.networks._decoder (the small causal decoder), which is "
             "not in this installation; run tier 'A' only (--tier A)."
         ) from None
     return D
@@ -217,7 +218,9 @@ def _train_and_read(
         model, record = D.load_or_train_decoder(
             cfg, cache / "B", retrain=retrain, progress=progress
         )
-        entry.update(record=record, heads=D.heads_through_dynamics(model, cfg))
+        from ._decoder_dynamics import heads_through_dynamics
+
+        entry.update(record=record, heads=heads_through_dynamics(model, cfg))
 
         def read(n: int, scale: float):
             return D.evaluate_decoder(model, cfg, n, sequences=m, seed=12345, logit_scale=scale)

@@ -35,7 +35,7 @@ Saved models: ``cache/<kernel>-<hash>/`` holds ``config.json``, ``model.eqx``
 (history, timings and the SHA-256 of ``model.eqx``, written last: it marks the model
 finished) and, while training, ``checkpoint.bin`` (model, optimizer state, best model
 and step record in one file, written atomically, the previous one kept as
-``checkpoint.bin.prev``; ``attnflow.studies._checkpoint``) every ``checkpoint_every``
+``checkpoint.bin.prev``; ``attnflow.networks._checkpoint``) every ``checkpoint_every``
 steps, from which an interrupted run resumes, bit for bit, whenever it was killed.
 ``load_or_train`` reuses a finished model only through checks: its ``config.json`` must
 be this configuration, its ``train.json`` a record of the right fields, its ``model.eqx``
@@ -45,8 +45,9 @@ damaged or malformed file is one ``ValueError`` naming it (delete the folder or 
 ``retrain=True``).
 
 The task's data and the network (``RetrievalConfig``, ``sample_sets``,
-``RetrievalModel``, ``head_weights``) are defined in ``_retrieval_model`` and importable
-from here; this module trains, evaluates and runs the study.
+``RetrievalModel``, ``head_weights``) are defined in
+``attnflow.networks._retrieval_model`` and importable from here; this module, the study,
+trains (through ``attnflow.networks._training``), evaluates and decides.
 """
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ import numpy as np
 
 from .._stats import binomial_interval
 from ..analysis.dispersion import bound_tight, dispersion
-from . import _training
-from ._retrieval_model import (
+from ..networks import _training
+from ..networks._retrieval_model import (
     EVAL_ONLY,
     RetrievalConfig,
     RetrievalModel,

@@ -1,5 +1,5 @@
 """The recall task and the configuration of the long-context decoder, for
-``attnflow.studies._decoder`` (whose module docstring states the model, the training
+``attnflow.networks._decoder`` (whose module docstring states the model, the training
 and the readout).
 
 Contract. ``DecoderConfig`` is everything that determines a trained decoder (checked on

@@ -1,18 +1,20 @@
 """The long-context decoder's network and its forward pass, for
-``attnflow.studies._decoder`` (whose module docstring states the architecture).
+``attnflow.networks._decoder`` (whose module docstring states the architecture).
 
 Contract. ``Decoder(config, key)`` holds the tied embedding, the layers (``DecoderLayer``)
 and the final gain, in float32; each head's attention is an attnflow kernel object
 (``Softmax``, ``Sink``, ``QKNorm``, ``QKNormSink``: trainable leaves) under
-``attnflow.masks.Causal``. ``forward(model, tokens, q, scale)`` runs one sequence and
-returns the output logits of its last ``q`` positions (the answer rows) with, per layer
-and head, the answer rows' logits ``L`` (masked ``-inf``), weights ``P``, learned-sink
-shares and gates (``RowParts``); ``layer_states`` gives each layer's normalised
-attention input (the tokens a head reads). Every layer but the last is computed at every
-position, in tiles of at most ``block`` query rows, each reading the keys up to its
-last row (memory ``O(block n)``, the causal half never formed); the last only
-at the answer rows, which is all its output feeds. The arithmetic is in the dtype of the
-model's arrays (float32 as built; cast the model to float64 for a float64 forward).
+``attnflow.masks.Causal``, applied by ``networks._attention.masked_weights`` (the
+dynamics' mask and ``kernel.weights``; no softmax of its own).
+``forward(model, tokens, q, scale)`` runs one sequence and returns the output logits of
+its last ``q`` positions (the answer rows) with, per layer and head, the answer rows'
+logits ``L`` (masked ``-inf``), weights ``P``, learned-sink shares and gates
+(``RowParts``); ``layer_states`` gives each layer's normalised attention input (the
+tokens a head reads). Every layer but the last is computed at every position, in tiles
+of at most ``block`` query rows, each reading the keys up to its last row (memory
+``O(block n)``, the causal half never formed); the last only at the answer rows, which
+is all its output feeds. The arithmetic is in the dtype of the model's arrays (float32
+as built; cast the model to float64 for a float64 forward).
 """
 
 from __future__ import annotations
@@ -26,13 +28,16 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from ..dynamics.kernels import QKNorm, QKNormSink, Sink, Softmax
+from ..dynamics.kernels._tiling import prepared
 from ..dynamics.kernels.masks import Causal
 from ..dynamics.kernels.sink import sink_share
+from ._attention import masked_weights
 from ._decoder_task import DecoderConfig
 
 __all__ = ["Decoder", "DecoderLayer", "RowParts", "forward", "layer_states", "rms_norm", "EPS"]
 
 EPS = 1e-6  # the RMSNorm epsilon of the layer norms (not of the QK norm: that has none)
+_CAUSAL = Causal()
 
 
 def rms_norm(x: Array, gain: Array) -> Array:
@@ -148,11 +153,11 @@ def _conv(taps: Array, u: Array) -> Array:
 def _head(
     kernel: Any, q: Array, k: Array, rows: Array, beta_scale: Array
 ) -> tuple[Array, Array, Array]:
-    """One head's logits (masked), weights and sink share for query rows ``rows``."""
-    qq, kk = kernel.prepare(q, k)
-    L = beta_scale * (qq @ kk.T)
-    L = Causal().apply_rows(L, rows)
-    P = kernel.weights(L)
+    """One head's logits (masked), weights and sink share for query rows ``rows``: the
+    dynamics' kernel under ``Causal()`` (``networks._attention``), the logits
+    ``beta (q k^T)`` of the prepared queries and keys."""
+    qq, kk = prepared(kernel, _CAUSAL, q, k)
+    P, L = masked_weights(kernel, beta_scale * (qq @ kk.T), _CAUSAL, rows)
     b = getattr(kernel, "b", None)
     share = sink_share(L, b) if b is not None else jnp.zeros(L.shape[:1], L.dtype)
     return L, P, share

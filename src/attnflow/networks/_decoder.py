@@ -67,12 +67,12 @@ answer rows above ``SINK_THRESHOLD = 0.3`` (Gu et al. 2025, arXiv 2410.10781).
 
 Evaluation (``evaluate_decoder``): ``sequences`` fresh sequences of one length (chunk
 ``c`` drawn from ``fold_in(key(seed), c)``), every answer read, and per layer, head and
-query the statistics of the answer row of ``attnflow.studies._readout.AttentionReadout``:
+query the statistics of the answer row of ``attnflow.networks._readout.AttentionReadout``:
 there ``needle`` is the value token of the queried pair, ``first_mass`` the weight on
 BOS, ``sink_mass`` the learned sink's share, ``logit_spread`` and ``needle_gap`` are on
 the logits as the kernel receives them (after ``logit_scale``; the sink logit is not
-scaled), ``gate`` the head's gate. ``heads_through_dynamics`` (``_decoder_heads``) runs
-each trained head as a particle system.
+scaled), ``gate`` the head's gate. The long-context study runs each trained head as a
+particle system (``attnflow.studies._decoder_dynamics.heads_through_dynamics``).
 """
 
 from __future__ import annotations
@@ -89,7 +89,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _training
-from ._decoder_heads import heads_through_dynamics
 from ._decoder_model import Decoder, RowParts, forward
 from ._decoder_task import ALL_VARIANTS, VARIANTS, DecoderConfig, RecallBatch, sample_batch
 from ._readout import ROW_FIELDS, AttentionReadout
@@ -106,7 +105,6 @@ __all__ = [
     "train_decoder",
     "load_or_train_decoder",
     "evaluate_decoder",
-    "heads_through_dynamics",
 ]
 
 LENGTHS = (64, 256, 1024, 4096)
@@ -220,7 +218,7 @@ def evaluate_decoder(
 
     Example:
         >>> import jax
-        >>> from attnflow.studies._decoder import Decoder, DecoderConfig, evaluate_decoder
+        >>> from attnflow.networks._decoder import Decoder, DecoderConfig, evaluate_decoder
         >>> config = DecoderConfig.quick("qknorm+sink")
         >>> model = Decoder(config, jax.random.key(0))  # untrained
         >>> out = evaluate_decoder(model, config, 48, sequences=3, seed=1)
@@ -470,7 +468,7 @@ def load_or_train_decoder(
 
     Example:
         >>> import tempfile
-        >>> from attnflow.studies._decoder import DecoderConfig, load_or_train_decoder
+        >>> from attnflow.networks._decoder import DecoderConfig, load_or_train_decoder
         >>> config = DecoderConfig.quick("plain")
         >>> cache = tempfile.mkdtemp()
         >>> model, record = load_or_train_decoder(config, cache, progress=False)  # doctest: +SKIP
