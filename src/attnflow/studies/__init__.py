@@ -1,6 +1,8 @@
 """Studies built from the dynamics and the analyses: resumable sweeps (a shard-file
 protocol that any executor can run), the Ginibre genericity study, the heads of trained
-transformers.
+transformers, the sphere's phase diagram and staircase, and the studies that read trained
+networks (layerwise geometry, token importance, max retrieval, long context). The
+networks themselves, their tasks, training and checkpoints are ``attnflow.networks``.
 
 The names below are loaded from their modules on first use, so importing one module of
 the package (``attnflow.studies.sweep``, ``attnflow.studies.ginibre``) does not import
