@@ -205,3 +205,111 @@ def test_sinkhorn_with_an_empty_column_is_defined_and_gains_are_checked():
     for bad in (jnp.array([1.0, jnp.inf]), np.array([1.0, np.nan]), [1.0, float("inf")]):
         with pytest.raises(ValueError, match="finite gains"):
             K.get("qknorm", wq=bad)
+
+
+def _plain_sinkhorn(L: np.ndarray, tol: float, cap: int = 100_000) -> tuple[np.ndarray, int]:
+    """Plain numpy Sinkhorn on the weights themselves (no logs): divide the columns by
+    their sums, then the rows, until every column sums to one within ``tol``."""
+    P = np.exp(np.asarray(L, np.float64) - np.max(L))
+    for k in range(1, cap + 1):
+        P = P / P.sum(axis=0, keepdims=True)
+        P = P / P.sum(axis=1, keepdims=True)
+        if np.max(np.abs(P.sum(axis=0) - 1)) <= tol:
+            return P, k
+    raise AssertionError("no convergence")
+
+
+def test_sinkhorn_is_doubly_stochastic_to_its_tolerance_by_default():
+    """The default iterates to the tolerance (1e-12 in float64, 1e-6 in float32): rows
+    and columns sum to one within it, and the weights are plain numpy Sinkhorn's to the
+    same tolerance. The issue's case: logits whose rows spread over 24 leave the columns
+    0.38 off after the three iterations of earlier versions (still what iters=3 gives)."""
+    from attnflow.dynamics.kernels.sinkhorn import TOLERANCES, sinkhorn_info
+
+    kern = K.get("sinkhorn")
+    assert kern.iters is None and kern.tol is None and kern.max_iters == 1000
+    rng = np.random.default_rng(5)
+    for n, spread in ((6, 1.0), (16, 2.0), (40, 1.5)):
+        L = spread * rng.normal(size=(n, n))
+        P = np.asarray(kern.weights(jnp.asarray(L)))
+        np.testing.assert_allclose(P.sum(axis=1), 1.0, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(P.sum(axis=0), 1.0, rtol=0, atol=1e-12)
+        want, _ = _plain_sinkhorn(L, 1e-13)
+        np.testing.assert_allclose(P, want, rtol=0, atol=1e-11)
+        info = kern.info(jnp.asarray(L))
+        assert 1 < int(info.iterations) < 1000 and float(info.residual) <= 1e-12
+        # float32: to its own default tolerance
+        P32 = np.asarray(kern.weights(jnp.asarray(L, jnp.float32)), np.float64)
+        assert P32.dtype == np.float64 and TOLERANCES["float32"] == 1e-6
+        assert np.max(np.abs(P32.sum(axis=0) - 1)) < 2e-6
+        np.testing.assert_allclose(P32, want, atol=2e-6)
+    spread = rng.permuted(np.tile(np.linspace(0.0, 24.0, 8), (8, 1)), axis=1)
+    three = np.asarray(K.get("sinkhorn", iters=3).weights(jnp.asarray(spread)))
+    assert np.max(np.abs(three.sum(axis=0) - 1)) > 0.1
+    np.testing.assert_allclose(three, sinkhorn_numpy(spread, 3), rtol=1e-12)
+    full = np.asarray(kern.weights(jnp.asarray(spread)))
+    assert np.max(np.abs(full.sum(axis=0) - 1)) <= 1e-12
+    # a stated tolerance and a cap that stops it short: the residual says how far
+    loose = sinkhorn_info(jnp.asarray(spread), tol=1e-3)
+    assert 1e-4 < float(loose.residual) <= 1e-3
+    short = sinkhorn_info(jnp.asarray(spread), max_iters=2)
+    assert int(short.iterations) == 2 and float(short.residual) > 1e-3
+    with pytest.warns(RuntimeWarning, match="stopped at its cap of 2 iterations"):
+        K.get("sinkhorn", max_iters=2).weights(jnp.asarray(spread))
+    with pytest.raises(ValueError, match="not both"):
+        K.get("sinkhorn", iters=3, tol=1e-6)
+
+
+def test_sinkhorn_to_tolerance_gradients_against_central_differences():
+    """Reverse-mode derivatives through the checkpointed loop to the tolerance, against
+    central differences of a weighted sum of the weights; vmapped over a batch too."""
+
+    kern = K.get("sinkhorn")
+    rng = np.random.default_rng(7)
+    L = jnp.asarray(1.2 * rng.normal(size=(5, 5)))
+    C = jnp.asarray(rng.normal(size=(5, 5)))
+
+    def f(L):
+        return jnp.sum(C * kern.weights(L))
+
+    g = np.asarray(jax.jit(jax.grad(f))(L))
+    f = jax.jit(f)
+    h = 1e-6
+    fd = np.zeros((5, 5))
+    for i in range(5):
+        for j in range(5):
+            e = np.zeros((5, 5))
+            e[i, j] = h
+            fd[i, j] = (float(f(L + e)) - float(f(L - e))) / (2 * h)
+    np.testing.assert_allclose(g, fd, atol=1e-8)
+    batch = jnp.stack([L, 0.5 * L])
+    gb = jax.grad(lambda B: jnp.sum(jax.vmap(f)(B)))(batch)
+    np.testing.assert_allclose(np.asarray(gb[0]), g, atol=1e-12)
+
+
+@pytest.mark.slow  # 60 s: check_model's gradient checks through the loop to tolerance
+def test_sinkhorn_default_passes_the_kit():
+    """``check_kernel`` on the default (to tolerance) and on the fixed count of earlier
+    versions, gradients included."""
+    from attnflow.testing import check_kernel
+
+    check_kernel(K.Sinkhorn())
+    check_kernel(K.Sinkhorn(iters=3))
+
+
+def test_sinkhorn_runs_saved_with_iters_3_load_and_compute_as_before(tmp_path):
+    """A run saved with the earlier default (``{"iters": 3}``) keeps its fixed count: the
+    kernel read back computes exactly three iterations."""
+    x = RNG.normal(size=(5, 2))
+    A = af.Attention(
+        np.eye(2), np.eye(2), 0.5 * np.eye(2), kernel="sinkhorn", kernel_params={"iters": 3}
+    )
+    tr = af.simulate(A, x, 0.3, frame="original")
+    tr.save(tmp_path / "k.npz")
+    back = af.Trajectory.load(tmp_path / "k.npz")
+    assert back.model.kernel.iters == 3 and back.model.kernel.tol is None
+    L = RNG.normal(size=(5, 5))
+    np.testing.assert_allclose(
+        np.asarray(back.model.kernel.weights(jnp.asarray(L))), sinkhorn_numpy(L, 3), rtol=1e-12
+    )
+    np.testing.assert_array_equal(np.asarray(back.x), np.asarray(tr.x))

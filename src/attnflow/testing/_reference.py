@@ -284,6 +284,33 @@ def kernel_prepare(name, q, k, **params):
     return q, k
 
 
+def sinkhorn_rows(L, iters=None, tol=None, max_iters=None):
+    """Sinkhorn's iterations of the logits ``L`` (``-inf`` masked), columns then rows in
+    the log domain: exactly ``iters`` of them when given, else until every column sum
+    holding weight is within ``tol`` (default 1e-12, float64's) of ``n / m``, at most
+    ``max_iters`` (default 1000). Returns the weights."""
+    L = np.array(L, np.float64)
+    n, m = L.shape
+    tol = 1e-12 if tol is None else tol
+    cap = 1000 if max_iters is None else max_iters
+    done = 0
+    while True:
+        c = _logsumexp(L, 0)
+        L = L - np.where(np.isfinite(c), c, 0.0)
+        r = _logsumexp(L, 1)
+        L = L - np.where(np.isfinite(r), r, 0.0)
+        done += 1
+        if iters is not None:
+            if done >= iters:
+                break
+            continue
+        cols = np.exp(L).sum(axis=0)
+        held = cols > 0
+        if done >= cap or np.max(np.abs(cols[held] - n / m), initial=0.0) <= tol:
+            break
+    return np.exp(L)
+
+
 def kernel_rows(name, q, k, beta, keep, bias, lam=0.2, masked=True, **params):
     """The attention matrix of kernel ``name`` from prepared (and turned) queries ``q``
     and keys ``k``, the kept keys ``keep`` (boolean (n, n)) and the bias of the kept
@@ -307,10 +334,7 @@ def kernel_rows(name, q, k, beta, keep, bias, lam=0.2, masked=True, **params):
                 L[i, j] = beta * (q[i] @ k[j]) + bias[i, j]
     P = np.zeros((n, n))
     if name == "sinkhorn":  # columns, then rows, in the log domain
-        for _ in range(params.get("iters", 3)):
-            L = L - _logsumexp(L, 0)
-            L = L - _logsumexp(L, 1)
-        return np.exp(L)
+        return sinkhorn_rows(L, params.get("iters"), params.get("tol"), params.get("max_iters"))
     if name == "selective":  # causal always: F_ij = sum_{k < i} relu(L_kj), 0 < j < k
         for i in range(n):
             F = np.zeros(n)
