@@ -19,7 +19,7 @@ from attnflow.analysis.dispersion import _qk_stats
 from attnflow.dynamics import kernels
 from attnflow.dynamics.fields.circle import choose_field
 from attnflow.dynamics.frames import make_frame
-from attnflow.dynamics.terms import FlowTerm
+from attnflow.dynamics.terms import FlowTerm, layer_term
 from attnflow.experiments import runner
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -140,3 +140,18 @@ def test_figure_workers_start_with_deterministic_gpu_ops(monkeypatch):
         # os.getenv, not os.environ.get: that method would carry this process's mapping
         seen = pool.submit(os.getenv, "XLA_FLAGS").result(timeout=120)
     assert seen == "--xla_gpu_deterministic_ops=true"
+
+
+def test_a_layer_and_its_clock_ask_for_full_precision():
+    """Residual layers in standard rescaled coordinates: the step and ``R^k``, the flow
+    matrix the layer loop carries (``LayerTerm.tick``)."""
+    fr = make_frame("rescaled", _model("softmax"), coords="standard")
+    term = layer_term(fr, 0.25, jnp.float32)
+    assert term.carries_flow
+
+    def one(y):
+        setup = term.setup()
+        clock = term.tick(setup, term.start(setup))
+        return term.step(setup, clock, y), clock[1]
+
+    assert_highest(one, fr.initial_state(X))

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
+from .._precision import einsum, mm
 from .frames import AbstractFrame, normalize_rows
 from .noise import brownian_tree, layer_times, tangent
 
@@ -113,12 +114,12 @@ class AbstractTime(eqx.Module):
         if modal:  # rescaled frame, state w = T^{-1} z
             return self._modal_to_tokens(prop, ts, y, +1) if to_original else prop.from_modal(y)
         if to_original:
-            return jnp.einsum("bmnd,med->bmne", y, self.maps(prop, ts, to_x))
+            return einsum("bmnd,med->bmne", y, self.maps(prop, ts, to_x))
         # original frame -> rescaled
         if prop.has_modal:
             return self._modal_to_tokens(prop, ts, prop.to_modal(y), -1)
         if to_x is None:  # continuous: e^{-tV} directly, no inversion
-            return jnp.einsum("bmnd,med->bmne", y, jax.vmap(prop)(-ts))
+            return einsum("bmnd,med->bmne", y, jax.vmap(prop)(-ts))
         sol = jnp.linalg.solve(self.maps(prop, ts, to_x)[None], jnp.swapaxes(y, -1, -2))
         return jnp.swapaxes(sol, -1, -2)
 
@@ -263,7 +264,7 @@ class _AbstractLayerTerm(eqx.Module):
     def tick(self, setup: tuple[Array, Any], clock: tuple[Array, Array]) -> tuple[Array, Array]:
         """The clock one layer later: ``(k + 1, R R^k)`` (``R^k`` only when carried)."""
         k, Rk = clock
-        return k + 1, (setup[0] @ Rk if self.carries_flow else Rk)
+        return k + 1, (mm(setup[0], Rk) if self.carries_flow else Rk)
 
     @abc.abstractmethod
     def scale(self, clock: tuple[Array, Array]) -> Any:
