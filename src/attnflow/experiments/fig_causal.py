@@ -162,6 +162,10 @@ def compute(quick: bool) -> F.Data:
         script="attnflow.experiments.fig_causal",
         quick=quick,
         runs=runs,
+        seeds=[SEED],
+        seeds_note=(
+            "x0: numpy default_rng(SEED).uniform(-5, 5, (N, d)), the same tokens in every case"
+        ),
         theorem="none with a mask; token 0 under a causal mask: x_0(t) = e^{tV} x_0(0)",
         layers_definition=L.__doc__.split("Definition")[1].strip() if L.__doc__ else "",
     )

@@ -229,12 +229,17 @@ def rows_of(rows: dict[str, dict[str, Any]]) -> tuple[dict[str, np.ndarray], dic
     return arrays, side_rows
 
 
-def sidecar_of(script: str, quick: bool, size: dict[str, Any], **more: Any) -> dict[str, Any]:
-    """The sidecar fields both collapse figures share, then ``more``."""
+def sidecar_of(
+    script: str, quick: bool, size: dict[str, Any], seeds: list[int], seeds_note: str, **more: Any
+) -> dict[str, Any]:
+    """The sidecar fields both collapse figures share (``seeds``: every seed the figure
+    used), then ``more``."""
     return H.sidecar(
         script=script,
         quick=quick,
         runs=[],
+        seeds=seeds,
+        seeds_note=seeds_note,
         seed=SEED,
         masks=[[name, form] for name, form in MASKS],
         graph_p="2 / n (random_qsc_graph(n, 2 / n, seed))",
@@ -274,6 +279,9 @@ def compute(quick: bool) -> F.Data:
         "attnflow.experiments.fig_collapse",
         quick,
         size,
+        [SEED + s for s in range(size["seeds"])],
+        "seed s: Q, K, V and x0 from numpy default_rng(s), the random graph from "
+        "random_qsc_graph(n, 2 / n, s)",
         random=dict(
             n=size["n"],
             d=size["d"],

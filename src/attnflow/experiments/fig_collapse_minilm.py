@@ -97,6 +97,9 @@ def compute(quick: bool) -> F.Data:
         "attnflow.experiments.fig_collapse_minilm",
         quick,
         size,
+        [C.SEED],
+        "the random graph: random_qsc_graph(n, 2 / n, C.SEED); the text and the checkpoint "
+        "are fixed",
         minilm=dict(
             checkpoint=CHECKPOINT, heads={str(k): list(v) for k, v in size["heads"].items()}
         )

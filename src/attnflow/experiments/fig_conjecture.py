@@ -91,6 +91,8 @@ def compute(quick: bool) -> F.Data:
         script="attnflow.experiments.fig_conjecture",
         quick=quick,
         runs=[params],
+        seeds=[SEED],
+        seeds_note="x0: numpy default_rng(SEED).uniform(-scale, scale, (n, d)) (simulate_tokens)",
         status_of_claim="CONJECTURE, not a theorem: codimension-k subspaces for k "
         "eigenvalues of positive real part. Proved here: the hyperplane "
         "theorem (codimension 1).",

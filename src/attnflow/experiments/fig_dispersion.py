@@ -565,6 +565,10 @@ def compute(quick: bool) -> F.Data:
         script="attnflow.experiments.fig_dispersion",
         quick=bool(quick),
         x64=run_metadata()["x64"],
+        seeds=[cfg["max"]["seed"], cfg["sink"]["seed"]]
+        + [100 + s for s in range(cfg["leaders"]["seeds"])],
+        seeds_note="numpy default_rng(seed): the max study (parameters.max.seed), the sink "
+        "study (parameters.sink.seed) and each of the leaders study's starts (100 + seed)",
         parameters=cfg,
         versions=run_metadata(),
         summary=summary,

@@ -111,6 +111,8 @@ def compute(quick: bool) -> F.Data:
         script="attnflow.experiments.fig_escapes",
         quick=quick,
         runs=runs,
+        seeds=[],
+        seeds_note="deterministic: closed-form logit rows and fixed tokens, no random draw",
         theorem="closed forms of the needle share 1/(1 + (n-1) e^{-g}), the QK-norm cap "
         "2 sqrt(p), ssmax's n^{-s g}, sparsemax's and hardmax's n-free 1, and the sink "
         "share 1/(1 + n e^{-b}).",

@@ -276,6 +276,12 @@ def compute(quick: bool) -> F.Data:
         script="attnflow.experiments.fig_feedforward",
         quick=quick,
         runs=runs,
+        seeds=[SEED, FF_SEED],
+        seeds_note=(
+            "the paper's set-up: x0 from numpy default_rng(SEED), the feed-forward weights "
+            "from default_rng(FF_SEED); sweep sample i: "
+            "attnflow.sweep.rng(SEED, SWEEP_TAG, i)"
+        ),
         theorem="none: the feed-forward transformer is open in [E]; survival is measured",
         survive_definition=(
             "observe_limit(block run).label == predict_regime(attention alone).label, "

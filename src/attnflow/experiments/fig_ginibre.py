@@ -258,6 +258,8 @@ def compute(quick: bool, results: Path | None = None, workers: int | None = None
         "x64": bool(jax.config.read("jax_enable_x64")),
         "dtype": "float64 (numpy LAPACK geev)",
         "seed": SEED,
+        "seeds": [SEED],
+        "seeds_note": "ginibre_fraction(d, n, seed=SEED): every sample's matrix",
         "level": LEVEL,
         "interval": INTERVAL,
         "d": dims,

@@ -405,6 +405,8 @@ def compute(quick: bool) -> F.Data:
         script="attnflow.experiments.fig_heads",
         quick=bool(quick),
         x64=True,
+        seeds=[],
+        seeds_note="deterministic: the checkpoint's weights and fixed sentences",
         checkpoint=analysis.checkpoint,
         convention=(
             "Q_h = W_Q[rows h], K_h = W_K[rows h] (d_h x d), V_h = W_O[:, cols h] @ "

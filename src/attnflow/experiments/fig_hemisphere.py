@@ -148,6 +148,11 @@ def compute(quick: bool) -> F.Data:
         script="attnflow.experiments.fig_hemisphere",
         quick=quick,
         runs=runs,
+        seeds=[SEED],
+        seeds_note=(
+            "one numpy default_rng(SEED) stream draws, in order, the random starts of every d "
+            "and the orthogonal matrix of the last start"
+        ),
         theorem="[P]/[S]: points in an open hemisphere collapse to one cluster; an "
         "antipodal pair is stationary; Wendel (1962).",
     )

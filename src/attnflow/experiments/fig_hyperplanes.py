@@ -85,6 +85,11 @@ def compute(quick: bool) -> F.Data:
         script="attnflow.experiments.fig_hyperplanes",
         quick=quick,
         runs=runs,
+        seeds=[SEED],
+        seeds_note=(
+            "x0: numpy default_rng(SEED).uniform(-scale, scale, (n, d)) (simulate_tokens), "
+            "every run"
+        ),
         theorem="[E] lambda_1 real, > 0, simple, <Q phi_1, K phi_1> > 0: at most three "
         "parallel hyperplanes {phi_1^*(z) = c}, c in {a, 0, b}.",
     )

@@ -83,6 +83,11 @@ def compute(quick: bool, out_dir: str | os.PathLike[str] = "figures") -> F.Data:
         script="attnflow.experiments.fig_importance",
         quick=quick,
         runs=[],
+        seeds=[S.SEED],
+        seeds_note=(
+            "the corpus: reference_corpus(seed=S.SEED); the bootstrap and permutation draws: "
+            "seed 0 (statistics.seed); the forward passes are deterministic"
+        ),
         checkpoint=lw.config["checkpoint"],
         corpus=corpus.describe(),
         importance=imp.summary(),

@@ -76,6 +76,10 @@ def compute(quick: bool, out_dir: str | os.PathLike[str] = "figures") -> F.Data:
         script="attnflow.experiments.fig_layerwise",
         quick=quick,
         runs=[],
+        seeds=[S.SEED],
+        seeds_note=(
+            "the corpus: reference_corpus(seed=S.SEED); the forward passes are deterministic"
+        ),
         checkpoint=res.config["checkpoint"],
         corpus=corpus.describe(),
         sentences=list(corpus.sentences),

@@ -502,6 +502,9 @@ def compute(quick: bool) -> F.Data:
         script="attnflow.experiments.fig_leaders",
         quick=bool(quick),
         x64=run_metadata()["x64"],
+        seeds=sorted({c["seed"] + c["d"] for c in cases}),
+        seeds_note="the batch of starts of a case in d dimensions: numpy default_rng(seed + d) "
+        "(cases[].x0)",
         solver=solver,
         track_rank=dict(
             default=dict(

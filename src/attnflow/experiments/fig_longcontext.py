@@ -95,10 +95,11 @@ def compute(quick: bool, out_dir: str | os.PathLike[str] = "figures") -> F.Data:
     # --quick draws tier A only: the decoder's quick models take minutes, not seconds
     # (their path is tested in tests/test_longcontext.py and tests/test_decoder.py)
     tiers = ("A",) if quick else _tiers()
+    seeds = 1 if quick else 2
     res = LC.run_study(
         tiers,
         quick=quick,
-        seeds=1 if quick else 2,
+        seeds=seeds,
         cache_dir=out / "longcontext_models",
         out=out,
         progress=not quick,
@@ -108,6 +109,8 @@ def compute(quick: bool, out_dir: str | os.PathLike[str] = "figures") -> F.Data:
         script="attnflow.experiments.fig_longcontext",
         quick=quick,
         runs=[],
+        seeds=seeds,
+        seeds_note="training seeds per variant (the study's settings.seeds in longcontext.json)",
         study=str(out / "longcontext.json"),
         verdicts={t: res.verdict(t) for t in tiers},
         cap={t: res.data["tiers"][t]["cap"] for t in tiers},

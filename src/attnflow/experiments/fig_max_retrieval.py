@@ -59,6 +59,13 @@ KERNELS = (
     "prenorm",
 )
 QUICK_KERNELS = ("softmax", "adaptive")
+# one training seed per kernel (RetrievalConfig.seed) and the evaluation sets' seed
+SEEDS = {
+    "seeds": [0, 12345],
+    "seeds_note": "one model per kernel: training from jax.random.key(0) (RetrievalConfig.seed: "
+    "the weights; key(0 + 1000003): the batches); evaluation at n: fold_in(key(12345 + n), "
+    "batch)",
+}
 
 
 def quick_setup() -> dict:
@@ -110,6 +117,7 @@ def run(
         progress=progress,
     )
     res["quick"] = bool(quick)
+    res.update(SEEDS)
     H.write_json(out_dir, "max_retrieval", H.jsonable(res), compact=True)
     return res
 
@@ -150,6 +158,7 @@ def compute(quick: bool, out_dir: str | os.PathLike[str] = "figures") -> F.Data:
         script="attnflow.experiments.fig_max_retrieval",
         quick=quick,
         runs=[],
+        **SEEDS,
         study=str(Path(out_dir) / "max_retrieval.json"),
     )
     return F.Data(sidecar=side, arrays=arrays, result={"accuracy": res["accuracy"]})

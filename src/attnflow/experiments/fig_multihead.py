@@ -270,6 +270,8 @@ def compute(quick: bool) -> F.Data:
         script="attnflow.experiments.fig_multihead",
         quick=quick,
         runs=runs,
+        seeds=[SEED],
+        seeds_note="sample i draws its heads and tokens from attnflow.sweep.rng(SEED, STREAM, i)",
         theorem="none: several heads are open in [E]; both predictions are measured",
         rows=rows,
         records=records,

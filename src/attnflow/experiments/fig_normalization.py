@@ -135,6 +135,8 @@ def compute(quick: bool) -> F.Data:
         start="n = d pairwise orthogonal tokens (the identity matrix)",
         weights="Q = K = V = I",
         runs=runs,
+        seeds=[],
+        seeds_note="deterministic: n = d orthogonal tokens, no random draw",
     )
     result = {r["layernorm"]: r["fitted_rate"] for r in runs}
     return F.Data(sidecar=side, arrays=arrays, result={"fitted_rates": result})

@@ -81,6 +81,11 @@ def compute(quick: bool) -> F.Data:
         script="attnflow.experiments.fig_origin",
         quick=quick,
         runs=runs,
+        seeds=[SEED],
+        seeds_note=(
+            "x0: numpy default_rng(SEED).uniform(-scale, scale, (n, d)) (simulate_tokens), "
+            "every run"
+        ),
         theorem="[E] V = -I, Q^T K = I: every x_i (original frame) tends to 0.",
     )
     return F.Data(

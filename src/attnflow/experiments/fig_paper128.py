@@ -142,6 +142,8 @@ def compute(quick: bool) -> F.Data:
         script="attnflow.experiments.fig_paper128",
         quick=quick,
         runs=[params],
+        seeds=[SEED],
+        seeds_note="V = paper_128(SEED, d); x0: numpy default_rng(SEED).uniform(-0.5, 0.5, (d, d))",
         V=f"attnflow.matrices.paper_128(seed={SEED}, d={d}); the matrix is runs[0].V",
         runtime_simulation_seconds={"first_call_with_compile": first, "compiled_run": run_only},
     )

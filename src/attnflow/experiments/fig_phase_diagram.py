@@ -182,6 +182,11 @@ def compute(quick: bool) -> F.Data:
         script="attnflow.experiments.fig_phase_diagram",
         quick=quick,
         runs=runs,
+        seeds=[SEED],
+        seeds_note=(
+            "every cell: x0 = numpy default_rng(SEED).uniform(-5, 5, (BATCH, N, d)), the same "
+            "starts in every cell"
+        ),
         summary=summary,
     )
     return F.Data(sidecar=side, arrays=arrays, result={"summary": summary})

@@ -65,6 +65,8 @@ def compute(quick: bool) -> F.Data:
         script="attnflow.experiments.fig_polytope",
         quick=quick,
         runs=runs,
+        seeds=[SEED],
+        seeds_note="x0: numpy default_rng(SEED).uniform(-scale, scale, (n, d)) (simulate_tokens)",
         hull_times=list(HULL_TIMES),
         theorem="[E] V = I, Q^T K positive definite: hull non-increasing, converges to a "
         "polytope K; every z_i tends to 0 or to the boundary of K.",

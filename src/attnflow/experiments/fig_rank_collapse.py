@@ -175,6 +175,8 @@ def compute(quick: bool) -> F.Data:
         script="attnflow.experiments.fig_rank_collapse",
         quick=quick,
         runs=runs,
+        seeds=[SEED],
+        seeds_note="numpy default_rng(SEED): the three random heads; a fresh default_rng(SEED): x0",
         theorem="[D] pure attention: res(X) -> 0 doubly exponentially in depth; "
         "[E] with the skip connection: clustering (here the hyperplane case).",
     )

@@ -227,6 +227,8 @@ def compute(quick: bool) -> F.Data:
         script="attnflow.experiments.fig_real_layer",
         quick=quick,
         runs=runs,
+        seeds=[],
+        seeds_note="deterministic: the checkpoint's weights and fixed texts, no random draw",
         theorem="none: a layer of several heads and a feed-forward sub-layer is open in [E]",
         checkpoint=w["source"],
         layer=LAYER,

@@ -163,6 +163,11 @@ def compute(quick: bool) -> F.Data:
         script="attnflow.experiments.fig_renyi",
         quick=quick,
         runs=runs,
+        seeds=[SEED],
+        seeds_note=(
+            "one numpy default_rng(SEED) stream draws the starts of every d and beta in order "
+            "(runs[].seeds starts each)"
+        ),
         threshold=THRESHOLD,
         plateau_window=list(PLATEAU),
         fits=fits,

@@ -132,6 +132,8 @@ def compute(quick: bool) -> F.Data:
         script="attnflow.experiments.fig_sphere_phase",
         quick=quick,
         runs=runs,
+        seeds=[SEED],
+        seeds_note="phase_diagram(..., seed=SEED): the random starts of every d and beta",
         theorem="[P]: one cluster for almost every start when d >= 3; metastable "
         "clusters at large beta; the equiangular curve is the orthogonal start's.",
     )

@@ -133,7 +133,12 @@ def compute(quick: bool) -> F.Data:
             )
         )
     side = H.sidecar(
-        script="attnflow.experiments.fig_sphere_regimes", quick=quick, runs=runs, table=table
+        script="attnflow.experiments.fig_sphere_regimes",
+        quick=quick,
+        runs=runs,
+        seeds=[SEED],
+        seeds_note="one numpy default_rng(SEED) stream draws the starts of every case in order",
+        table=table,
     )
     return F.Data(sidecar=side, result={"table": table})
 

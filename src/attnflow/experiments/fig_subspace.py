@@ -79,6 +79,8 @@ def compute(quick: bool) -> F.Data:
         script="attnflow.experiments.fig_subspace",
         quick=quick,
         runs=[params],
+        seeds=[SEED],
+        seeds_note="x0: numpy default_rng(SEED).uniform(-scale, scale, (n, d)) (simulate_tokens)",
         theorem="[E] paranormal V, Q^T K positive definite: z_i -> (boundary of a "
         "polytope in F, or 0) x G.",
     )

@@ -1,0 +1,234 @@
+"""Independent noise on every token: the uniform state's critical noise, and hysteresis.
+
+Tokens on the circle (``Attention(I, I, I, beta)`` in ``d = 2``, softmax), each
+with its own Brownian motion of diffusion ``D`` (``attnflow.dynamics.TokenNoise``; the
+post-layer-norm layers ``x_i <- N(x_i + dt F_i + sqrt(2 D) dW_i)``). The mean field
+linearised about the uniform state loses stability below
+``D_c = I_1(beta) / (beta I_0(beta))`` (``attnflow.predict_noise_threshold``); the
+transition is continuous for ``beta <= beta_* = 2.447`` and discontinuous above (Mun and
+Rosenzweig, 2026). Two panels, ``beta = 1`` and ``beta = 6``: the order parameter
+``r = |mean_i e^{i theta_i}|`` at the end of the run (averaged over its last quarter)
+against ``D / D_c``, from a uniform start and from one cluster, every point the mean over
+seeds with the spread across them. Continuous side: both starts meet on one curve that
+leaves 0 at ``D_c``. Discontinuous side: a window above ``D_c`` where the cluster
+survives and the uniform state does too (hysteresis).
+
+What it does not show: finite ``n`` (1,024 tokens: a uniform state has ``r ~ n^{-1/2}``)
+and finite time (``25 / D_c`` time units) blur both the threshold and the edge of the
+hysteresis window; the PDE side of the transition (the Laplacian in the mean field) is
+not drawn.
+
+Run:  python -m attnflow.experiments.fig_token_noise [--quick] [--out figures] [--redraw]
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from attnflow.experiments import _figure as F
+from attnflow.experiments import _plotting as H
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+NAME = "fig_token_noise"
+# seconds on a 2-core machine (two jobs), quick and full: the runner starts the longest first
+SECONDS = {"quick": 15, "full": 90}
+SEED = 0
+BETAS = (1.0, 6.0)
+STARTS = ("uniform", "cluster")
+CLUSTER_WIDTH = 0.05  # the angles of the clustered start: N(0, CLUSTER_WIDTH^2)
+
+
+def _starts(n: int, seeds: int, rng: np.random.Generator) -> np.ndarray:
+    """``(2 seeds, n, 2)``: ``seeds`` uniform starts, then ``seeds`` clustered ones."""
+    uniform = rng.uniform(0.0, 2 * np.pi, (seeds, n))
+    cluster = rng.normal(0.0, CLUSTER_WIDTH, (seeds, n))
+    theta = np.concatenate([uniform, cluster])
+    return np.stack([np.cos(theta), np.sin(theta)], axis=-1)
+
+
+def _order(x: np.ndarray, k: int) -> np.ndarray:
+    """``|mean_i e^{i k theta_i}|`` over the token axis."""
+    z = (x[..., 0] + 1j * x[..., 1]) ** k
+    return np.abs(z.mean(axis=-1))
+
+
+def compute(quick: bool) -> F.Data:
+    """Simulate the noisy tokens at each ``D / D_c`` from both starts.
+
+    Args:
+        quick: 2 seeds, 4 ratios, a shorter run (full: 4 seeds, 9 ratios); 1,024 tokens,
+            which the engine runs with the exact O(n K) circle field.
+
+    Returns:
+        the sidecar (per beta: ``D_c``, ``beta_*``, the ratios, and per start the mean,
+        standard deviation, minimum and maximum of ``r`` over the seeds) and, for
+        ``draw``, the same as arrays.
+    """
+    H.setup()
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    import attnflow as af
+    from attnflow.dynamics import TokenNoise
+
+    n, seeds = (1024, 2) if quick else (1024, 4)
+    ratios = (0.6, 0.9, 1.1, 1.4) if quick else (0.5, 0.7, 0.85, 0.95, 1.05, 1.15, 1.3, 1.5, 1.8)
+    horizon = 10.0 if quick else 25.0  # in units of 1 / D_c
+    dt = 0.1
+    rng = np.random.default_rng(SEED)
+    x0 = _starts(n, seeds, rng)
+    arrays: dict[str, np.ndarray] = {"ratios": np.asarray(ratios)}
+    per_beta = []
+    noise_seeds = []
+    for b, beta in enumerate(BETAS):
+        pred = af.predict_noise_threshold(beta, d=2)
+        t1 = float(np.ceil(horizon / pred.noise / dt) * dt)
+        ts = np.linspace(0.75 * t1, t1, 6)
+        ts = np.round(ts / dt) * dt
+        I2 = np.eye(2)
+        model = af.Attention(I2, I2, I2, beta=beta)  # the circle field serves it
+        r = np.zeros((len(ratios), 2 * seeds))
+        r2 = np.zeros_like(r)
+        for j, ratio in enumerate(ratios):
+            seed = SEED + 100 * b + j
+            noise_seeds.append(seed)
+            traj = af.simulate(
+                model,
+                x0,
+                t1,
+                ts=ts,
+                frame="sphere",
+                method="euler",
+                dt=dt,
+                noise=TokenNoise(ratio * pred.noise, seed=seed),
+            )
+            traj.raise_for_status()
+            field = traj.solver["field"]
+            x = np.asarray(traj.x)  # (2 seeds, m, n, 2)
+            r[j] = _order(x, 1).mean(axis=1)
+            r2[j] = _order(x, 2).mean(axis=1)
+        arrays[f"b{b}_r"] = r
+        arrays[f"b{b}_r2"] = r2
+        starts = {}
+        for s, start in enumerate(STARTS):
+            block = r[:, s * seeds : (s + 1) * seeds]
+            starts[start] = dict(
+                mean=block.mean(axis=1).tolist(),
+                std=block.std(axis=1, ddof=1).tolist(),
+                min=block.min(axis=1).tolist(),
+                max=block.max(axis=1).tolist(),
+                r2_mean=r2[:, s * seeds : (s + 1) * seeds].mean(axis=1).tolist(),
+            )
+        gap = np.asarray(starts["cluster"]["mean"]) - np.asarray(starts["uniform"]["mean"])
+        per_beta.append(
+            dict(
+                beta=beta,
+                D_c=pred.noise,
+                beta_star=pred.beta_star,
+                continuous=pred.continuous,
+                t1=t1,
+                field=field,
+                ratios=list(ratios),
+                starts=starts,
+                hysteresis_gap=gap.tolist(),
+                uniform_floor=float(np.sqrt(np.pi / (4 * n))),
+            )
+        )
+    side = H.sidecar(
+        script="attnflow.experiments.fig_token_noise",
+        quick=quick,
+        runs=[],
+        seed=SEED,
+        seeds=noise_seeds,
+        seeds_note=(
+            f"starts from numpy's default_rng({SEED}) ({seeds} uniform and {seeds} clustered "
+            "per cell); TokenNoise seeds per (beta, ratio), system i of a batch on key "
+            "fold_in(PRNGKey(seed), i)"
+        ),
+        n=n,
+        d=2,
+        Q="identity",
+        K="identity",
+        V="identity",
+        kernel="softmax",
+        solver=dict(method="euler", layernorm="post", dt=dt),
+        systems_per_cell=2 * seeds,
+        cluster_width=CLUSTER_WIDTH,
+        order_parameter="|mean_i e^{i theta_i}|, averaged over the last quarter of the run",
+        betas=per_beta,
+        theorem=(
+            "uniform state linearly stable iff D > D_c = I_1(beta)/(beta I_0(beta)) (d = 2); "
+            "continuous for beta <= beta_* = 2.447, discontinuous above (Mun and "
+            "Rosenzweig 2026, arXiv 2606.05140)"
+        ),
+    )
+    result = {
+        f"beta={p['beta']:g}": {
+            "D_c": p["D_c"],
+            "max_gap": max(p["hysteresis_gap"]),
+        }
+        for p in per_beta
+    }
+    return F.Data(sidecar=side, arrays=arrays, result=result)
+
+
+def draw(data: F.Data) -> dict[str, Figure | str]:
+    """Two panels (``r`` against ``D / D_c`` for each beta) and a Markdown table.
+
+    Args:
+        data: what ``compute`` returned (or its saved copy).
+
+    Returns:
+        ``{NAME: figure, NAME + ".md": table}``.
+    """
+    import matplotlib.pyplot as plt
+
+    s, a = data.sidecar, data.arrays
+    ratios = a["ratios"]
+    fig, axes = plt.subplots(1, 2, figsize=(7.2, 3.0), layout="constrained", sharey=True)
+    rows = []
+    for b, (ax, p) in enumerate(zip(axes, s["betas"], strict=True)):
+        side = "continuous" if p["continuous"] else "discontinuous"
+        for k, start in enumerate(STARTS):
+            st = p["starts"][start]
+            ax.errorbar(
+                ratios,
+                st["mean"],
+                yerr=st["std"],
+                fmt="o-" if start == "uniform" else "s--",
+                color=f"C{k}",
+                ms=3.5,
+                lw=1,
+                capsize=2,
+                label=f"{start} start",
+            )
+            for j, ratio in enumerate(ratios):
+                rows.append(
+                    [
+                        f"{p['beta']:g}",
+                        start,
+                        f"{ratio:.2f}",
+                        f"{st['mean'][j]:.3f}",
+                        f"{st['std'][j]:.3f}",
+                        f"{st['min'][j]:.3f} - {st['max'][j]:.3f}",
+                    ]
+                )
+        ax.axvline(1.0, color="0.4", lw=0.8, ls=":")
+        ax.axhline(p["uniform_floor"], color="0.7", lw=0.8, ls="-.")
+        ax.set_xlabel(r"$D / D_c$")
+        ax.set_title(rf"$\beta$ = {p['beta']:g} ({side}; $D_c$ = {p['D_c']:.3f})")
+        H.panel_label(ax, "ab"[b])
+    axes[0].set_ylabel(r"$r = |\langle e^{i\theta} \rangle|$")
+    axes[0].legend(loc="upper right", frameon=False)
+    table = H.markdown_table(["beta", "start", "D / D_c", "mean r", "sd", "range"], rows)
+    return {NAME: fig, NAME + ".md": table}
+
+
+make = F.figure(NAME, compute, draw, rc=H.small_text(7))
+
+if __name__ == "__main__":
+    H.main(make, __doc__)
