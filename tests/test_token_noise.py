@@ -7,6 +7,7 @@ refusals."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -16,6 +17,7 @@ import pytest
 
 import attnflow as af
 from attnflow.dynamics import Noise, TokenNoise
+from attnflow.dynamics.solvers import EulerMaruyamaSolver
 
 D, N, B = 3, 6, 8
 
@@ -61,7 +63,7 @@ def test_one_step_of_each_scheme_against_numpy():
     model, x0, Dc, dt = _model(), _x0(), 0.3, 2**-6
     ts = np.array([0.0, dt])
     noise = TokenNoise(Dc, seed=5)
-    kw = dict(ts=ts, frame="sphere", dt=dt, noise=noise)
+    kw: dict[str, Any] = dict(ts=ts, frame="sphere", dt=dt, noise=noise)
     layers = np.asarray(af.simulate(model, x0, 1.0, method="euler", **kw).x[:, 1])
     em = np.asarray(af.simulate(model, x0, 1.0, method="euler-maruyama", **kw).x[:, 1])
     for i in (0, 3, B - 1):
@@ -106,15 +108,17 @@ def test_solve_runs_the_path_of_the_first_system_and_takes_gradients():
     model, x0, dt = _model(), _x0(2), 0.125
     noise = TokenNoise(0.2, seed=4)
     traj = af.simulate(model, x0, 1.0, frame="sphere", method="euler", dt=dt, noise=noise)
-    for solver in (af.LayerSolver(dt), af.dynamics.solvers.EulerMaruyamaSolver(dt)):
+    for solver in (af.LayerSolver(dt), EulerMaruyamaSolver(dt)):
         sol = af.solve(model, jnp.asarray(x0[0]), 1.0, frame="sphere", solver=solver, noise=noise)
         assert int(sol.status) == 0
         if isinstance(solver, af.LayerSolver):
-            np.testing.assert_allclose(np.asarray(sol.ys[-1]), np.asarray(traj.x[0, -1]), atol=1e-13)
+            np.testing.assert_allclose(
+                np.asarray(sol.ys[-1]), np.asarray(traj.x[0, -1]), atol=1e-13
+            )
         target = np.random.default_rng(7).normal(size=(N, D))
 
         @eqx.filter_jit
-        def loss(m, solver=solver):
+        def loss(m, solver=solver, target=target):
             s = af.solve(m, jnp.asarray(x0[0]), 1.0, frame="sphere", solver=solver, noise=noise)
             return jnp.sum(s.ys[-1] * target)
 
@@ -122,8 +126,12 @@ def test_solve_runs_the_path_of_the_first_system_and_takes_gradients():
         for name in ("V", "Q"):
             for idx in ((0, 1), (2, 0)):
                 h = 1e-6
-                plus = eqx.tree_at(lambda m, n=name: getattr(m, n), model, getattr(model, name).at[idx].add(h))
-                minus = eqx.tree_at(lambda m, n=name: getattr(m, n), model, getattr(model, name).at[idx].add(-h))
+                plus = eqx.tree_at(
+                    lambda m, n=name: getattr(m, n), model, getattr(model, name).at[idx].add(h)
+                )
+                minus = eqx.tree_at(
+                    lambda m, n=name: getattr(m, n), model, getattr(model, name).at[idx].add(-h)
+                )
                 fd = (float(loss(plus)) - float(loss(minus))) / (2 * h)
                 got = float(getattr(grad, name)[idx])
                 assert abs(got - fd) < 1e-6 * max(1.0, abs(fd)), (name, idx, got, fd)
@@ -133,18 +141,21 @@ def test_any_model_takes_token_noise_and_refusals_name_the_argument():
     I = np.eye(D)
     multi = af.MultiHeadAttention(np.stack([I, I]), np.stack([I, I]), np.stack([I, -I]))
     x0 = _x0(2)
-    traj = af.simulate(multi, x0, 0.5, frame="sphere", method="euler", dt=0.125, noise=TokenNoise(0.1))
+    traj = af.simulate(
+        multi, x0, 0.5, frame="sphere", method="euler", dt=0.125, noise=TokenNoise(0.1)
+    )
     assert traj.ok and traj.solver["noise"]["kind"] == "token"
     with pytest.raises(ValueError, match="one attention head"):
         af.simulate(multi, x0, 0.5, frame="sphere", method="euler", dt=0.125, noise=Noise(0.1))
     model = _model()
-    for kw, what in (
+    cases: list[tuple[dict[str, Any], str]] = [
         (dict(frame="original", method="euler", dt=0.125), "frame='sphere'"),
         (dict(frame="sphere", method="adaptive"), "euler-maruyama"),
         (dict(frame="sphere", method="euler-ode", dt=0.125), "euler-maruyama"),
         (dict(frame="sphere", method="euler", dt=0.125, layernorm="pre"), "layernorm='post'"),
         (dict(frame="sphere", method="euler", dt=0.125, devices="all"), "devices"),
-    ):
+    ]
+    for kw, what in cases:
         with pytest.raises(ValueError, match=what):
             af.simulate(model, x0, 0.5, noise=TokenNoise(0.1), **kw)
     with pytest.raises(ValueError, match="give noise"):
@@ -153,7 +164,9 @@ def test_any_model_takes_token_noise_and_refusals_name_the_argument():
     with pytest.raises(ValueError, match="fixed steps"):
         af.solve(model, x, 0.5, frame="sphere", noise=TokenNoise(0.1))
     with pytest.raises(ValueError, match="on the sphere"):
-        af.solve(model, x, 0.5, frame="original", solver=af.LayerSolver(0.125), noise=TokenNoise(0.1))
+        af.solve(
+            model, x, 0.5, frame="original", solver=af.LayerSolver(0.125), noise=TokenNoise(0.1)
+        )
     with pytest.raises(ValueError, match="noise must be"):
         af.solve(model, x, 0.5, frame="sphere", solver=af.LayerSolver(0.125), noise=0.1)  # pyright: ignore[reportArgumentType]
 
@@ -161,10 +174,36 @@ def test_any_model_takes_token_noise_and_refusals_name_the_argument():
 def test_a_noisy_run_saves_and_loads(tmp_path):
     model = af.IsotropicAttention(2, beta=2.0)
     x0 = np.random.default_rng(0).normal(size=(16, 2))
-    traj = af.simulate(model, x0, 1.0, frame="sphere", method="euler", dt=0.125, noise=TokenNoise(0.2, 1))
+    traj = af.simulate(
+        model, x0, 1.0, frame="sphere", method="euler", dt=0.125, noise=TokenNoise(0.2, 1)
+    )
     back = af.Trajectory.load(traj.save(tmp_path / "run"))
     np.testing.assert_array_equal(np.asarray(back.x), np.asarray(traj.x))
     assert back.saved_metadata is not None
     rec = back.saved_metadata["run"]["solver"]["noise"]
     assert (rec["kind"], rec["D"], rec["seed"]) == ("token", 0.2, 1)
-    assert jax.config.jax_enable_x64
+    assert jax.config.read("jax_enable_x64")
+
+
+@pytest.mark.slow  # about a minute on the shared 2-core machine
+def test_fig_token_noise_quick(tmp_path):
+    """The figure's quick run: far below the critical noise both starts cluster (r well
+    above the uniform floor), far above it on the continuous side both are near the
+    floor; every cell records its seeds and D_c is predict_noise_threshold's."""
+    import json
+
+    from attnflow.experiments import fig_token_noise as F
+
+    F.make(tmp_path, quick=True)
+    side = json.loads((tmp_path / "fig_token_noise.json").read_text())
+    assert side["seeds"] and side["n"] == 1024
+    for p in side["betas"]:
+        assert p["D_c"] == pytest.approx(af.predict_noise_threshold(p["beta"], d=2).noise)
+        low = p["ratios"].index(min(p["ratios"]))
+        for start in ("uniform", "cluster"):
+            assert p["starts"][start]["mean"][low] > 10 * p["uniform_floor"], (p["beta"], start)
+    cont = side["betas"][0]
+    assert cont["continuous"]
+    high = cont["ratios"].index(max(cont["ratios"]))
+    for start in ("uniform", "cluster"):
+        assert cont["starts"][start]["mean"][high] < 4 * cont["uniform_floor"]

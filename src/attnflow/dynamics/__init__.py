@@ -7,9 +7,9 @@ This layer imports nothing from the layers above it (``analysis``, ``studies``, 
 from .gated import GatedAttention
 from .isotropic import IsotropicAttention
 from .model import Attention
+from .noise import AbstractNoise, Noise, TokenNoise
 from .propagator import FlowCache, Propagator, fresh
 from .simulate import SOLVERS, simulate
-from .noise import AbstractNoise, Noise, TokenNoise
 from .stochastic import noisy_layer, simulate_noisy
 from .trajectory import SimulationError, Status, Trajectory
 from .transformer import Block, FeedForward, MultiHeadAttention

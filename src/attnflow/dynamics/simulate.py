@@ -343,8 +343,7 @@ def simulate(
 
 
 def _check_noise_door(
-    noise: Any,
-    frame: str, method: str, solver: Any, dt: Any, devices: Any, shard: str
+    noise: Any, frame: str, method: str, solver: Any, dt: Any, devices: Any, shard: str
 ) -> None:
     """The door's checks of a noisy run, each naming its argument (the solver's
     ``check_noise`` then checks the frame and the model)."""

@@ -59,8 +59,9 @@ system is system 0), with tolerance ``t1 2^-depth``, ``depth = ceil(log2(t1 / dt
 (at most ``dt / 2``). Both methods read it at the same times ``t_k``, those of diffrax's
 ``ConstantStepSize`` with ``dt0 = t1 / N`` for ``N = t1 / dt`` layers (``t_k = t1 k / N``,
 ``k dt`` to rounding), as ``B(t_{k+1}) - B(t_k)`` with ``B(t_k)`` carried from the step
-before (one descent of the tree per step). So layers and SDE compare path by path. The tree's values at the dyadic times ``t1 j 2^-l`` do not depend on
-its depth (once it reaches level ``l``): runs with the same seed and ``t1``, and
+before (one descent of the tree per step). So layers and SDE compare path by path.
+The tree's values at the dyadic times ``t1 j 2^-l`` do not depend on its depth (once
+it reaches level ``l``): runs with the same seed and ``t1``, and
 ``t1 / dt`` a power of two, see the same path at every step of the coarser run (exactly
 to rounding when ``t1`` is a power of two, as in the strong-convergence checks; for other
 ``t1`` the times' own rounding can shift the path by about ``1e-8``).

@@ -146,9 +146,7 @@ class _FixedStep(AbstractSolver):
             raise ValueError(f"ts must be multiples of dt = {self.dt} for method={self.name!r}.")
         return n_layers, save_layers
 
-    def term(
-        self, frame: Any, dtype: Any, noise: Any = None, t1: Any = None, n: int = 0
-    ) -> Any:
+    def term(self, frame: Any, dtype: Any, noise: Any = None, t1: Any = None, n: int = 0) -> Any:
         """The layer-type term of the frame (``LayerTerm`` or ``EulerTerm``); with
         ``noise``, that term driven by it on ``[0, t1]`` for ``n`` tokens (``NoisyTerm``)."""
         base = layer_term(frame, self.dt, dtype, ode=self.ode)
