@@ -259,9 +259,14 @@ def test_noise_refuses_every_option_it_would_drop():
         {"rtol": 1e-3},
         {"atol": 1e-3},
         {"max_steps": 10},
-        {"progress": True},
         {"shard": "tokens"},
     ):
         with pytest.raises(ValueError, match=next(iter(option))):
             af.simulate(m, X0, 1.0, frame="sphere", method="euler", dt=0.25, noise=noise,
                         **option)  # fmt: skip
+    # the noisy layers run in the one layer loop, whose progress bar they share
+    quiet = af.simulate(m, X0, 1.0, frame="sphere", method="euler", dt=0.25, noise=noise)
+    shown = af.simulate(
+        m, X0, 1.0, frame="sphere", method="euler", dt=0.25, noise=noise, progress=True
+    )
+    np.testing.assert_array_equal(np.asarray(shown.x), np.asarray(quiet.x))

@@ -189,6 +189,20 @@ def simulate(
     model = fresh(model)  # the propagator's cache built from the model's own V
     if noise is not None:
         _check_noise_door(noise, frame, method, solver, dt, devices, shard)
+        adaptive = [
+            name
+            for name, value, default in (
+                ("rtol", rtol, 1e-6),
+                ("atol", atol, 1e-9),
+                ("max_steps", max_steps, 100_000),
+            )
+            if value != default
+        ]
+        if adaptive:
+            raise ValueError(
+                f"{', '.join(adaptive)} set the adaptive solver's steps; a noisy run takes "
+                f"fixed steps dt (leave them at their defaults)."
+            )
     # the solver as an object: the keywords are its spellings
     solver = _solver_of(solver, method, dt, rtol, atol, max_steps)
     _inputs.check_flags(residual=residual, progress=progress)
