@@ -11,10 +11,13 @@ order:
     L    = mask.apply_rows(L, rows)              (bias added, dropped entries -inf)
     P    = kernel.weights(L)
 
-``head_weights`` is all four; ``masked_weights`` the last two, for a network that forms
-its logits itself (the decoder and the needle model multiply ``beta (q k^T)``, the
-product in the order their trained models were fitted with). No network writes a softmax
-of its own: the one softmax of logits is ``attnflow.dynamics.kernels.softmax``.
+``head_weights`` is all four. A network whose logits were fitted (or published, the
+encoder's ``q . k / sqrt(d_h)``) with the product in another order passes ``logits``, a
+function of the prepared queries and keys, so that its numbers stay bit for bit those it
+was trained with: the decoder and the needle model multiply ``beta (q k^T)``, the encoder
+divides ``(q k^T) / sqrt(d_h)``; ``kernels.logits`` is ``(beta q) k^T``, the same numbers
+to rounding. ``masked_weights`` is the last two steps. No network writes a softmax of its
+own: the one softmax of logits is ``attnflow.dynamics.kernels.softmax``.
 
 ``key_padding(keep)`` is the mask of a padded sentence (``attnflow.masks.Graph``: every
 row keeps the sentence's own tokens), so that a padded key weighs exactly 0.
@@ -22,6 +25,7 @@ row keeps the sentence's own tokens), so that a padded key weighs exactly 0.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
@@ -57,11 +61,14 @@ def head_weights(
     *,
     mask: AbstractMask | None = None,
     rows: Array | None = None,
+    logits: Callable[[Array, Array], Array] | None = None,
 ) -> tuple[Array, Array]:
     """``(P, L)`` of one head: queries ``q`` ``(r, p)`` (of the token indices ``rows``,
     default ``0 .. r-1``) and keys ``k`` ``(m, p)`` through the kernel's preparation,
     the mask's turn, the logits ``beta q k^T``, the mask and ``kernel.weights``: the
-    computation of ``AbstractKernelAttention.weights``.
+    computation of ``AbstractKernelAttention.weights``. ``logits(q, k)``, when given,
+    forms the logits of the prepared queries and keys instead of ``kernels.logits(q, k,
+    beta)`` (a network's own order of the product; ``beta`` is then unused).
 
     Example:
         >>> import numpy as np
@@ -74,7 +81,8 @@ def head_weights(
     """
     q, k = jnp.asarray(q), jnp.asarray(k)
     q, k = prepared(kernel, mask, q, k)
-    return masked_weights(kernel, _kernels.logits(q, k, beta), mask, rows)
+    L = _kernels.logits(q, k, beta) if logits is None else logits(q, k)
+    return masked_weights(kernel, L, mask, rows)
 
 
 def key_padding(keep: Bool[Array, " n"]) -> Graph:

@@ -4,7 +4,7 @@
 Contract. ``Decoder(config, key)`` holds the tied embedding, the layers (``DecoderLayer``)
 and the final gain, in float32; each head's attention is an attnflow kernel object
 (``Softmax``, ``Sink``, ``QKNorm``, ``QKNormSink``: trainable leaves) under
-``attnflow.masks.Causal``, applied by ``networks._attention.masked_weights`` (the
+``attnflow.masks.Causal``, applied by ``networks._attention.head_weights`` (the
 dynamics' mask and ``kernel.weights``; no softmax of its own).
 ``forward(model, tokens, q, scale)`` runs one sequence and returns the output logits of
 its last ``q`` positions (the answer rows) with, per layer and head, the answer rows'
@@ -28,10 +28,9 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from ..dynamics.kernels import QKNorm, QKNormSink, Sink, Softmax
-from ..dynamics.kernels._tiling import prepared
 from ..dynamics.kernels.masks import Causal
 from ..dynamics.kernels.sink import sink_share
-from ._attention import masked_weights
+from ._attention import head_weights
 from ._decoder_task import DecoderConfig
 
 __all__ = ["Decoder", "DecoderLayer", "RowParts", "forward", "layer_states", "rms_norm", "EPS"]
@@ -156,8 +155,11 @@ def _head(
     """One head's logits (masked), weights and sink share for query rows ``rows``: the
     dynamics' kernel under ``Causal()`` (``networks._attention``), the logits
     ``beta (q k^T)`` of the prepared queries and keys."""
-    qq, kk = prepared(kernel, _CAUSAL, q, k)
-    P, L = masked_weights(kernel, beta_scale * (qq @ kk.T), _CAUSAL, rows)
+
+    def logits(qq: Array, kk: Array) -> Array:  # the order the models were trained with
+        return beta_scale * (qq @ kk.T)
+
+    P, L = head_weights(kernel, q, k, beta_scale, mask=_CAUSAL, rows=rows, logits=logits)
     b = getattr(kernel, "b", None)
     share = sink_share(L, b) if b is not None else jnp.zeros(L.shape[:1], L.dtype)
     return L, P, share

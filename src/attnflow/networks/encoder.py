@@ -22,7 +22,8 @@ A padded key (attention mask 0) gets the logit ``-inf`` (the mask ``key_padding`
 ``attnflow.masks.Graph``), so weight exactly 0, as Hugging Face's extended attention mask
 gives it. The attention is computed by the dynamics' kernel and mask
 (``networks._attention.head_weights``: ``Softmax().weights`` of the masked logits
-``beta q k^T``, ``beta = 1/sqrt(d_h)``), the same code as a particle model's.
+``(q k^T) / sqrt(d_h)``, the product in the order the encoder had it), the same code as a
+particle model's.
 
 The sentence embedding is the pooling the checkpoint's sentence-transformers files
 declare (``attnflow.io.encoder_weights.read_pooling``): for all-MiniLM-L6-v2 the mean of
@@ -146,11 +147,16 @@ def attention(
     logits ``q_i . k_j / sqrt(p)`` under the sentence's padding mask (``key_padding``:
     padded keys ``-inf``, so weight exactly 0), through ``networks._attention.head_weights``,
     the computation of a particle model's ``Attention.attention``."""
-    beta = 1.0 / math.sqrt(q.shape[-1])
+    root = math.sqrt(q.shape[-1])
+
+    def logits(qh: Array, kh: Array) -> Array:  # Hugging Face's order: (q k^T) / sqrt(p)
+        return (qh @ kh.T) / root
 
     def sentence(qs: Array, ks: Array, kept: Array) -> Array:
         mask = key_padding(kept)
-        return jax.vmap(lambda qh, kh: head_weights(_SOFTMAX, qh, kh, beta, mask=mask)[0])(qs, ks)
+        return jax.vmap(
+            lambda qh, kh: head_weights(_SOFTMAX, qh, kh, 1 / root, mask=mask, logits=logits)[0]
+        )(qs, ks)
 
     return jax.vmap(sentence)(q, k, keep)
 
