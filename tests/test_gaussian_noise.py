@@ -119,3 +119,31 @@ def test_beta_star_solves_the_bessel_ratio():
     assert af.predict_noise_threshold(1.0, d=3).beta_star == pytest.approx(ref, rel=1e-10)
     assert af.predict_noise_threshold(1.0, d=2).continuous
     assert not af.predict_noise_threshold(5.0, d=2).continuous
+
+
+@pytest.mark.slow  # about a minute on the shared 2-core machine
+def test_fig_gaussian_closure_quick(tmp_path):
+    """The figure's quick run: in both cases the particles' moments come closer to the
+    closure as n grows fourfold, the closure started from a sample's own moments is
+    closer than the law's, and every sample's seed is recorded."""
+    import json
+
+    from attnflow.experiments import fig_gaussian_closure as F
+
+    F.make(tmp_path, quick=True)
+    side = json.loads((tmp_path / "fig_gaussian_closure.json").read_text())
+    assert len(side["seeds"]) == 2 * 2 * 2
+    for case in side["cases"]:
+        law, own = case["to_law_mean"], case["to_own_mean"]
+        assert law[-1] < 0.75 * law[0], case["name"]
+        assert all(o < w for o, w in zip(own, law, strict=True)), case["name"]
+        closure = af.gaussian_closure(
+            np.asarray(case["Q"]),
+            np.asarray(case["K"]),
+            np.asarray(case["V"]),
+            np.asarray(case["m0"]),
+            np.asarray(case["S0"]),
+            np.array([0.0, side["t1"]]),
+            beta=side["beta"],
+        )
+        np.testing.assert_allclose(closure.covs[-1], case["closure_cov_t1"], rtol=1e-10)
