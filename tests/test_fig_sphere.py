@@ -101,15 +101,26 @@ def test_fig_modes_quick(tmp_path):
 
     F.make(tmp_path, quick=True)
     side = _side(tmp_path, F.NAME)
+    assert side["seeds"] == [0, 1, 2, 3] and side["windows_in_T"][0] == [1.0, 2.0]
     for r in side["runs"]:
         assert all(s == "ok" for s in r["status"])
         assert r["predicted_clusters"] == {2.0: 2, 5.0: 3, 10.0: 4}[r["beta"]]
         c = np.asarray(r["clusters"])
-        assert c.shape == (2, 61) and c.min() >= 1
-    ten = side["runs"][-1]  # beta = 10: both seeds plateau at k* = 4
-    assert ten["plateau_counts"] == [4, 4] and ten["agrees"]
-    assert F.plateau_count(np.array([0.0, 3.0, 4.0, 5.0, 7.0]), np.array([9, 3, 2, 3, 1])) == 3
-    assert "| 10 | 4 | 4, 4 |" in (tmp_path / "fig_modes.md").read_text()
+        assert c.shape == (4, 161) and c.min() >= 1
+        assert len(r["windows"]) == len(F.WINDOWS)
+        for w in r["windows"]:
+            assert sum(w["distribution"].values()) == 4
+            assert w["equal"] + w["below"] + w["above"] == 4
+            lo, hi = w["fraction_equal_interval_95"]
+            assert lo <= w["fraction_equal"] <= hi
+    ten = side["runs"][-1]  # beta = 10 over [3T, 6T]: three of the four starts at k* = 4
+    assert ten["windows"][3]["counts"] == [3, 4, 4, 4]
+    pooled = side["pooled"][3]
+    assert (pooled["equal"], pooled["starts"]) == (7, 12)
+    t = np.array([0.0, 3.0, 4.0, 5.0, 7.0])
+    assert F.plateau_count(t, np.array([9, 3, 2, 3, 1])) == 3
+    assert F.plateau_count(t, np.array([9, 3, 2, 3, 1]), (0.0, 1.0)) == 9
+    assert "| 10 | 4 |" in (tmp_path / "fig_modes.md").read_text()
 
 
 @pytest.mark.slow  # 25 s; the solver, its rates and the W1 fit are in test_meanfield.py
@@ -125,9 +136,11 @@ def test_fig_meanfield_quick(tmp_path):
     closed = k**2 * special.ive(k, 5.0) / (5.0 * special.ive(0, 5.0))
     np.testing.assert_allclose(rate["predicted"], closed, rtol=1e-12)
     (cl,) = side["clusters"]
-    assert cl["predicted_clusters"] == 3 and cl["counted"] == 3
+    assert cl["predicted_clusters"] == 3 and cl["counted"] == [3, 3, 3, 3]
+    assert cl["wins"] == 4 and cl["seeds"] == [10, 11, 12, 13]
+    assert cl["fraction_wins_interval_95"][1] == 1.0
     conv = side["convergence"]
     # W1 against n: particles at the density's quantiles converge like 1/n
     assert abs(conv["slope_quantile"] + 1.0) < 0.15
     assert np.all(np.diff(conv["w1_quantile"]) < 0)
-    assert "| 5 | 3 | 3 |" in (tmp_path / "fig_meanfield.md").read_text()
+    assert "| 5 | 3 | 3, 3, 3, 3 | 4/4 |" in (tmp_path / "fig_meanfield.md").read_text()

@@ -11,11 +11,14 @@ particle system; a spectral method for ``sqrt(rho)``). Four panels:
    ``k^2 I_k(beta) / (beta I_0(beta))`` (``analysis.mode_rates``); the error is judged on
    the modes growing at least 1/100 as fast as the fastest.
 2. Clusters from a near-uniform density: ``rho0 = 1 + 1e-4 sum_k a_k cos(k theta + phi_k)``
-   (``a_k`` standard normal, ``k <= 24``), several beta, 256 modes; the number of peaks
-   (``density_clusters``: peaks above twice the uniform density) at the last resolved
-   save, against ``k* = argmax k^2 I_k(beta)``. The peaks rise above the level one after
-   another, then narrow until the spectrum is no longer resolved (here ``tail > 1e-4``:
-   peaks are counted, not measured).
+   (``a_k`` standard normal, ``phi_k`` uniform, ``k <= 24``; eight random starts per beta,
+   start ``s`` drawn from ``numpy.random.default_rng(s)``, ``s`` in ``CLUSTER_SEEDS``,
+   the same starts at every beta, solved as one batch), several beta, 256 modes; the
+   number of peaks (``density_clusters``: peaks above twice the uniform density) at the
+   last resolved save, against ``k* = argmax k^2 I_k(beta)``: how many starts end with
+   ``k*`` peaks, with an exact (Clopper-Pearson) 95% interval of that fraction. The peaks
+   rise above the level one after another, then narrow until the spectrum is no longer
+   resolved (here ``tail > 1e-4``: peaks are counted, not measured).
 3. Particles converge: beta = 5 from ``rho0 = 1 + 0.4 cos theta + 0.3 cos(3 theta + 0.5)``
    to t = 3 (three clusters formed, the density resolved); ``W1`` on the circle between
    the density and n particles, placed at its quantiles or drawn i.i.d. from it (seeds
@@ -42,8 +45,10 @@ if TYPE_CHECKING:
 
 NAME = "fig_meanfield"
 # seconds on a 2-core machine (two jobs), quick and full: the runner starts the longest first
-SECONDS = {"quick": 40, "full": 66}
+SECONDS = {"quick": 40, "full": 85}
 SEED, RTOL, ATOL = 0, 1e-9, 1e-12
+# the random starts of the cluster panel: start s from numpy.random.default_rng(s)
+CLUSTER_SEEDS = tuple(range(10, 18))
 RATE_MODES = 12
 # Peaks are counted while the spectral tail is below this: an error of relative size
 # 1e-4 cannot make or hide a peak of prominence 1/(2 pi); the default 1e-6 is for values.
@@ -81,40 +86,77 @@ def _rates(af, beta: float, rng) -> dict:
     )
 
 
-def _clusters(af, beta: float, rng, modes: int) -> dict:
-    import warnings
+def _solve_batch(af, model, rho0s, t1: float, ts: np.ndarray) -> list:
+    """``solve_density`` of every initial density of ``rho0s`` (values on the grid), as
+    one vmapped solve (the same solver, tolerances and resolution test); the runs."""
+    import equinox as eqx
+    import jax.numpy as jnp
 
+    from attnflow.dynamics import meanfield as MF
+
+    q0 = jnp.asarray(np.stack([MF._initial_q(model, r) for r in rho0s]))
+    solve = eqx.filter_vmap(MF._solve, in_axes=(None, 0, None, None, None, None, None, None))
+    sol = solve(model, q0, jnp.asarray(ts), t1, RTOL, ATOL, "tsit5", 100_000)
+    out = []
+    for i in range(len(rho0s)):
+        run = MF.DensityTrajectory(
+            model=model,
+            ts=ts,
+            q=np.asarray(sol.ys[i]),
+            status=str(MF.BY_CODE[int(sol.status[i])]),
+            t_stop=float(sol.t_stop[i]),
+            num_steps=int(sol.num_steps[i]),
+            tail_tol=PEAK_TAIL,
+        )
+        out.append(run)
+    return out
+
+
+def _clusters(af, beta: float, seeds, modes: int) -> dict:
+    import dataclasses
+
+    from attnflow._stats import binomial_interval
     from attnflow.analysis import density_clusters
 
     pred = af.predict_metastable(beta)
     ks = np.arange(1, 25)
-    a, phase = rng.normal(size=ks.size), rng.uniform(0, 2 * math.pi, ks.size)
-
-    def rho0(th):
-        return 1 + 1e-4 * (a * np.cos(np.multiply.outer(th, ks) + phase)).sum(-1)
-
+    m = af.CircleMeanField(beta, modes=modes)
+    rho0s = []
+    for s in seeds:
+        rng = np.random.default_rng(s)
+        a, phase = rng.normal(size=ks.size), rng.uniform(0, 2 * math.pi, ks.size)
+        rho0s.append(1 + 1e-4 * (a * np.cos(np.multiply.outer(m.grid(), ks) + phase)).sum(-1))
     t1 = pred.linear_time(1e-4) * 1.3
     ts = np.linspace(0.0, t1, 66)
-    m = af.CircleMeanField(beta, modes=modes)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # late saves: judged by `resolved`
-        sol = af.solve_density(
-            m, rho0, t1, ts=ts, solver=af.AdaptiveSolver(RTOL, ATOL), tail_tol=PEAK_TAIL
-        )
-    counts = density_clusters(sol)
-    ok = sol.resolved
-    last = int(np.flatnonzero(ok)[-1])  # the last resolved save (t = 0 always is)
+    counted, last_times, statuses, resolved = [], [], [], []
+    for sol in _solve_batch(af, m, rho0s, t1, ts):
+        ok = sol.resolved
+        last = int(np.flatnonzero(ok)[-1])  # the last resolved save (t = 0 always is)
+        # the peaks of that save alone (density_clusters of every save costs seconds each)
+        at_last = dataclasses.replace(sol, ts=sol.ts[last : last + 1], q=sol.q[last : last + 1])
+        counted.append(int(density_clusters(at_last)[0]))
+        last_times.append(float(ts[last]))
+        statuses.append(sol.status)
+        resolved.append(ok)
+    k = pred.clusters
+    wins = sum(c == k for c in counted)
+    values, freq = np.unique(counted, return_counts=True)
     return dict(
         beta=beta,
-        predicted_clusters=pred.clusters,
+        predicted_clusters=k,
         linear_time=pred.linear_time(1e-4),
         ts=ts,
-        counts=counts,
-        resolved=ok,
-        last_resolved_save=last,
-        last_resolved_time=float(ts[last]),
-        counted=int(counts[last]),
-        status=sol.status,
+        seeds=list(seeds),
+        resolved=np.asarray(resolved),
+        last_resolved_time=last_times,
+        counted=counted,
+        distribution={str(int(v)): int(f) for v, f in zip(values, freq)},
+        wins=int(wins),
+        fraction_wins=wins / len(counted),
+        fraction_wins_interval_95=list(
+            binomial_interval(int(wins), len(counted), method="clopper-pearson")
+        ),
+        status=statuses,
         modes=modes,
     )
 
@@ -166,9 +208,9 @@ def compute(quick: bool) -> F.Data:
     """The four studies (see the module docstring).
 
     Args:
-        quick: the small version (rates and clusters at beta = 5; particles n = 32 ..
-            128, two i.i.d. seeds; full: rates at 5 and 20, clusters at beta = 2, 5, 10,
-            20, 32, n = 32 .. 512, four seeds).
+        quick: the small version (rates and clusters at beta = 5, four starts; particles
+            n = 32 .. 128, two i.i.d. seeds; full: rates at 5 and 20, clusters at beta =
+            2, 5, 10, 20, 32, eight starts each, n = 32 .. 512, four seeds).
 
     Returns:
         the sidecar and, for ``draw``, the arrays of each panel.
@@ -186,7 +228,8 @@ def compute(quick: bool) -> F.Data:
         rate_betas, cluster_betas = (5.0, 20.0), (2.0, 5.0, 10.0, 20.0, 32.0)
         ns, seeds = [32, 64, 128, 256, 512], 4
     rates = [_rates(af, b, rng) for b in rate_betas]
-    clusters = [_clusters(af, b, rng, 256) for b in cluster_betas]
+    starts = CLUSTER_SEEDS[:4] if quick else CLUSTER_SEEDS
+    clusters = [_clusters(af, b, starts, 256) for b in cluster_betas]
     conv, energy = _convergence(af, ns, seeds)
     arrays: dict[str, np.ndarray] = {"energy_ts": energy["ts"], "energy_rho": energy["density"]}
     for n, e in energy["particles"].items():
@@ -195,6 +238,13 @@ def compute(quick: bool) -> F.Data:
         script="attnflow.experiments.fig_meanfield",
         quick=quick,
         runs=[],
+        seeds=[SEED, SEED + 1, *CLUSTER_SEEDS],
+        seeds_note=(
+            f"numpy default_rng({SEED}): the rates' phases; default_rng({SEED + 1}): the "
+            "particles' i.i.d. draws (their seeds' count is convergence.seeds); "
+            "default_rng(s), s in clusters[].seeds: the near-uniform starts, the same at "
+            "every beta"
+        ),
         seed=SEED,
         d=2,
         Q="identity",
@@ -209,9 +259,7 @@ def compute(quick: bool) -> F.Data:
     )
     result = {
         "rate_error": max(r["max_relative_error"] for r in rates),
-        "clusters": {
-            f"beta={c['beta']:g}": [c["predicted_clusters"], c["counted"]] for c in clusters
-        },
+        "k_star_wins": {f"beta={c['beta']:g}": [c["wins"], len(c["counted"])] for c in clusters},
         "w1_slopes": [conv["slope_quantile"], conv["slope_iid"]],
     }
     return F.Data(sidecar=side, arrays=arrays, result=result)
@@ -244,14 +292,29 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
     cl = s["clusters"]
     b = [c["beta"] for c in cl]
     ax.plot(b, [c["predicted_clusters"] for c in cl], "s-", color="0.4", ms=4, label="k*")
-    ax.plot(b, [c["counted"] for c in cl], "o", color="C3", ms=4, label="density peaks")
+    for j, c in enumerate(cl):
+        dist = {int(k): v for k, v in c["distribution"].items()}
+        ax.scatter(
+            [c["beta"]] * len(dist),
+            list(dist),
+            s=[12 * v for v in dist.values()],
+            color="C3",
+            alpha=0.7,
+            label="density peaks (area: starts)" if j == 0 else None,
+        )
+        ax.annotate(
+            f"{c['wins']}/{len(c['counted'])}",
+            (c["beta"], max(dist) + 0.6),
+            ha="center",
+            fontsize=5.5,
+        )
     ax.set_xscale("log")
     ax.set_xticks(b, [f"{x:g}" for x in b])
     ax.minorticks_off()
     ax.set_xlabel(r"$\beta$")
     ax.set_ylabel("clusters")
-    ax.set_title("peaks from near uniform", fontsize=7)
-    ax.legend(fontsize=6)
+    ax.set_title("peaks from near uniform (k* wins / starts)", fontsize=7)
+    ax.legend(fontsize=6, loc="upper left")
     ax = axes[2]
     c = s["convergence"]
     n = np.asarray(c["n"], float)
@@ -272,13 +335,18 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
     ax.legend(fontsize=5, ncol=2)
     fig.suptitle("the mean-field equation on the circle (SA, Q = K = V = I)", fontsize=9)
     rows = [
-        "| beta | k* | peaks (last resolved save) | at t | linear time |",
-        "|---|---|---|---|---|",
+        "| beta | k* | peaks per start (last resolved save) | k* wins | 95% interval (exact) "
+        "| at t | linear time |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in cl:
+        lo, hi = r["fraction_wins_interval_95"]
+        at = r["last_resolved_time"]
         rows.append(
-            f"| {r['beta']:g} | {r['predicted_clusters']} | {r['counted']} | "
-            f"{r['last_resolved_time']:.3g} | {r['linear_time']:.3g} |"
+            f"| {r['beta']:g} | {r['predicted_clusters']} | "
+            f"{', '.join(str(c) for c in r['counted'])} | {r['wins']}/{len(r['counted'])} | "
+            f"[{100 * lo:.0f}, {100 * hi:.0f}]% | {min(at):.3g} to {max(at):.3g} | "
+            f"{r['linear_time']:.3g} |"
         )
     rows += [
         "",
