@@ -12,14 +12,21 @@ empirical measure replaced by a probability density ``rho(t, theta)`` (``int rho
 
 (``u(theta) = int G(theta - theta') rho(theta') dtheta'``; ``d_theta G(theta - theta') =
 -beta sin(theta - theta') G``, so ``v`` is the particles' velocity with ``1/n sum_j``
-replaced by ``int . rho``).
+replaced by ``int . rho``). With ``diffusion = D > 0`` (tokens with independent noise
+``sqrt(2 D) dW_i``, ``attnflow.dynamics.TokenNoise``) the equation gains ``+ D d_theta^2
+rho`` on its right-hand side.
 
 The scheme. ``rho = q^2`` with ``q`` a real trigonometric polynomial of degree ``K``
 (``modes``), held by its values on ``N = 4 K + 4`` equispaced angles; the solver integrates
 
     d_t q = -(1/2) [d_theta (v q) + v d_theta q]   (then projected on the degrees <= K),
 
-which is the continuity equation for ``q^2`` in skew-symmetric form. Consequences:
+which is the continuity equation for ``q^2`` in skew-symmetric form; diffusion adds
+``D d_theta^2 (q^2) / (2 q)`` (the same equation for ``rho = q^2``: ``2 q d_t q = d_t rho``),
+with ``d_theta^2 (q^2)`` exact on the grid (degree ``2 K``) and the quotient taken on the
+grid, which needs ``q > 0``: diffusion keeps a positive density positive, and a grid
+value of ``q`` at or below zero gives no diffusion there (a zero density stays
+unresolved rather than NaN). Consequences:
 
 - positivity: ``rho = q^2 >= 0`` always, by construction;
 - mass: the Fourier derivative (Nyquist mode zeroed) is skew-symmetric in the grid inner
@@ -91,6 +98,9 @@ class CircleMeanField(eqx.Module):
         kernel: ``"softmax"`` (SA) or ``"usa"`` (no denominator, ``Z_i = n``).
         modes: ``K``, the highest Fourier degree of ``q = sqrt(rho)`` (>= 4); the grid has
             ``4 K + 4`` angles.
+        diffusion: ``D >= 0``, the coefficient of the Laplacian ``D d_theta^2 rho``
+            (independent noise on every token); ``0``, the default, is the noiseless
+            equation (the same program as before).
 
     Example:
         >>> import jax, numpy as np, attnflow as af
@@ -108,14 +118,18 @@ class CircleMeanField(eqx.Module):
     modes: int = eqx.field(static=True)
     weights: Float[Array, " r"]  # 2 pi I_k(beta) e^{-beta} for k = 0 .. N/2 (0 above 2K)
     scale: Float[Array, ""]  # what multiplies d_theta u_scaled: 1/beta or e^beta/beta
+    diffusion: float = eqx.field(static=True)
 
-    def __init__(self, beta: float, kernel: str = "softmax", *, modes: int = 64):
+    def __init__(
+        self, beta: float, kernel: str = "softmax", *, modes: int = 64, diffusion: float = 0.0
+    ):
         from .._special import log_ive
 
         b = _checks.positive("beta", beta)
         self.beta = np.asarray(b, np.float64)
         self.kernel = _checks.choice("kernel", kernel, KERNELS)
         self.modes = _checks.integer("modes", modes, lo=4, hi=1 << 16)
+        self.diffusion = _checks.number("diffusion", diffusion, lo=0.0)
         if self.kernel == "usa" and b > 700.0:
             raise ValueError(
                 f"beta = {b!r} is too large for kernel='usa': its velocity scales "
@@ -146,6 +160,7 @@ class CircleMeanField(eqx.Module):
             "beta": float(self.beta),
             "kernel": self.kernel,
             "modes": self.modes,
+            "diffusion": self.diffusion,
         }
 
     # ------------------------------------------------------------------ the field
@@ -176,7 +191,13 @@ class CircleMeanField(eqx.Module):
     def field(self, t: Any, q: Float[Array, " N"]) -> Float[Array, " N"]:
         """``d_t q`` (skew-symmetric form, projected on the degrees <= K)."""
         v = self.velocity(q)
-        return self._project(-0.5 * (self._derivative(v * q) + v * self._derivative(q)))
+        rate = -0.5 * (self._derivative(v * q) + v * self._derivative(q))
+        if self.diffusion > 0.0:
+            curvature = self._derivative(self._derivative(q * q))  # d_theta^2 rho, exact
+            positive = q > 0.0
+            safe = jnp.where(positive, q, 1.0)
+            rate = rate + self.diffusion * jnp.where(positive, curvature / (2.0 * safe), 0.0)
+        return self._project(rate)
 
     def log_bound(self, t: Any, q: Array) -> Array:
         """No logits are exponentiated on the grid (``I_k`` are scaled): ``0``."""

@@ -103,6 +103,8 @@ def load(cls: Any, path: Any) -> Any:
             json_field(m, "beta", float, "model"),
             json_field(m, "kernel", str, "model"),
             modes=json_field(m, "modes", int, "model"),
+            # files written before the Laplacian have no diffusion: the noiseless equation
+            diffusion=json_field(m, "diffusion", float, "model") if "diffusion" in m else 0.0,
         )
         status = json_field(meta, "status", str)
         if status not in (*STATUS_CODES, UNRESOLVED):
