@@ -270,8 +270,10 @@ class TokenNoise(AbstractNoise):
         >>> jax.config.update("jax_enable_x64", True)
         >>> model = af.IsotropicAttention(2, beta=1.0)
         >>> x0 = np.random.default_rng(0).normal(size=(16, 2))
-        >>> traj = af.simulate(model, x0, 1.0, frame="sphere", noise=TokenNoise(0.2), dt=0.125)
-        >>> traj.solver["noise"]["D"], traj.x.shape
+        >>> noise = TokenNoise(0.2, seed=0)
+        >>> traj = af.simulate(model, x0, 1.0, frame="sphere", method="euler", dt=0.125, noise=noise)
+        >>> recorded = traj.solver["noise"]
+        >>> recorded["D"], traj.x.shape
         (0.2, (2, 16, 2))
     """
 
