@@ -271,7 +271,8 @@ class TokenNoise(AbstractNoise):
         >>> model = af.IsotropicAttention(2, beta=1.0)
         >>> x0 = np.random.default_rng(0).normal(size=(16, 2))
         >>> noise = TokenNoise(0.2, seed=0)
-        >>> traj = af.simulate(model, x0, 1.0, frame="sphere", method="euler", dt=0.125, noise=noise)
+        >>> traj = af.simulate(model, x0, 1.0, frame="sphere", method="euler", dt=0.125,
+        ...                    noise=noise)
         >>> recorded = traj.solver["noise"]
         >>> recorded["D"], traj.x.shape
         (0.2, (2, 16, 2))
