@@ -200,6 +200,12 @@ def compute(quick: bool) -> F.Data:
         quick=quick,
         runs=[],
         seed=SEED,
+        seeds=[SEED, SEED + 1000, *np.unique(two["noise_seeds"]).tolist(), *many["noise_seeds"]],
+        seeds_note=(
+            f"pair starts from default_rng({SEED}); many-token starts from "
+            f"default_rng({SEED + 1000}); a Noise seed per cell (two_tokens.noise_seeds) and "
+            "per sigma^2 (many_tokens.noise_seeds), system i on fold_in(PRNGKey(seed), i)"
+        ),
         Q="identity",
         K="identity",
         V="identity",
