@@ -50,6 +50,7 @@ from ._base import (
     MAX_STEPS_LIMIT,
     PCOEFF,
     SOLVERS,
+    STOCHASTIC,
     AbstractSolver,
     Run,
     Solution,
@@ -69,6 +70,7 @@ __all__ = [
     "Run",
     "SOLVERS",
     "FIXED",
+    "STOCHASTIC",
     "MAX_STEPS_LIMIT",
     "LOG_MARGIN",
     "PCOEFF",
@@ -90,8 +92,8 @@ def make_solver(
 ) -> AbstractSolver:
     """The solver object of ``simulate``'s keyword spellings (``method="euler",
     dt=0.1``): the thin front that builds it, each argument checked by name."""
-    _checks.choice("method", method, (*SOLVERS, *FIXED))
-    if method in FIXED:
+    _checks.choice("method", method, (*SOLVERS, *FIXED, *STOCHASTIC))
+    if method in (*FIXED, *STOCHASTIC):
         if dt is None:
             raise ValueError(f"dt is required for method={method!r}: the layer step, e.g. dt=0.1.")
         dtf = _checks.positive("dt", dt)

@@ -24,6 +24,7 @@ __all__ = [
     "Run",
     "SOLVERS",
     "FIXED",
+    "STOCHASTIC",
     "MAX_STEPS_LIMIT",
     "LOG_MARGIN",
     "PCOEFF",
@@ -44,9 +45,10 @@ SOLVERS = {
     "bosh3": diffrax.Bosh3,
     "heun": diffrax.Heun,
 }
-# the fixed-step methods of ``simulate`` (one step of ``dt`` per layer;
-# "euler-maruyama" only with noise)
-FIXED = ("euler", "euler-ode", "euler-maruyama")
+# the fixed-step methods of ``simulate`` (one step of ``dt`` per layer)
+FIXED = ("euler", "euler-ode")
+# the fixed-step method that needs noise (``simulate(..., noise=...)``)
+STOCHASTIC = ("euler-maruyama",)
 # diffrax counts steps in 32-bit integers.
 MAX_STEPS_LIMIT = 2**31 - 1
 
