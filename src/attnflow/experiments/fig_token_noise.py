@@ -9,14 +9,15 @@ transition is continuous for ``beta <= beta_* = 2.447`` and discontinuous above 
 Rosenzweig, 2026). Two panels, ``beta = 1`` and ``beta = 6``: the order parameter
 ``r = |mean_i e^{i theta_i}|`` at the end of the run (averaged over its last quarter)
 against ``D / D_c``, from a uniform start and from one cluster, every point the mean over
-seeds with the spread across them. Continuous side: both starts meet on one curve that
-leaves 0 at ``D_c``. Discontinuous side: a window above ``D_c`` where the cluster
-survives and the uniform state does too (hysteresis).
+seeds with the spread across them, beside the mean-field equation with its Laplacian
+(``CircleMeanField(beta, diffusion=D)``) from the same two kinds of start. Continuous
+side: both starts meet on one curve that leaves 0 at ``D_c``. Discontinuous side: a
+window above ``D_c`` where the cluster survives and the uniform state does too
+(hysteresis).
 
 What it does not show: finite ``n`` (1,024 tokens: a uniform state has ``r ~ n^{-1/2}``)
 and finite time (``25 / D_c`` time units) blur both the threshold and the edge of the
-hysteresis window; the PDE side of the transition (the Laplacian in the mean field) is
-not drawn.
+hysteresis window.
 
 Run:  python -m attnflow.experiments.fig_token_noise [--quick] [--out figures] [--redraw]
 """
@@ -42,6 +43,15 @@ SEED = 0
 BETAS = (1.0, 6.0)
 STARTS = ("uniform", "cluster")
 CLUSTER_WIDTH = 0.05  # the angles of the clustered start: N(0, CLUSTER_WIDTH^2)
+PDE_KAPPA = 20.0  # the mean field's clustered start: rho0 ~ e^{kappa cos theta} ...
+PDE_FLOOR = 0.01  # ... over this share of the uniform density
+
+
+def _von_mises(theta: np.ndarray) -> np.ndarray:
+    """The von Mises density of concentration ``PDE_KAPPA`` about 0."""
+    from scipy.special import i0e
+
+    return np.exp(PDE_KAPPA * (np.cos(theta) - 1.0)) / (2 * np.pi * i0e(PDE_KAPPA))
 
 
 def _starts(n: int, seeds: int, rng: np.random.Generator) -> np.ndarray:
@@ -56,6 +66,30 @@ def _order(x: np.ndarray, k: int) -> np.ndarray:
     """``|mean_i e^{i k theta_i}|`` over the token axis."""
     z = (x[..., 0] + 1j * x[..., 1]) ** k
     return np.abs(z.mean(axis=-1))
+
+
+def _mean_field(af, beta, D_c, ratios, ts, n, quick) -> dict:
+    """``r = |c_1|`` of the mean-field density with the Laplacian (``CircleMeanField(beta,
+    diffusion=D)``) averaged over the saves ``ts``, from the uniform density with a first
+    mode of the particles' size ``sqrt(pi / 4 n)``, and from a von Mises cluster of
+    concentration ``PDE_KAPPA`` over a uniform floor ``PDE_FLOOR`` (the square-root scheme
+    needs the density away from 0), for every ``D = ratio D_c``."""
+    eps = float(np.sqrt(np.pi / (4 * n)))
+    out: dict = {start: [] for start in STARTS}
+    out["status"] = []
+    modes = 16 if quick else 32
+    saves = np.concatenate([[0.0], ts])
+    for ratio in ratios:
+        model = af.CircleMeanField(beta, modes=modes, diffusion=ratio * D_c)
+        starts = (
+            lambda th: 1.0 + 2.0 * eps * np.cos(th),
+            lambda th: (1 - PDE_FLOOR) * _von_mises(th) + PDE_FLOOR / (2 * np.pi),
+        )
+        for start, rho0 in zip(STARTS, starts, strict=True):
+            sol = af.solve_density(model, rho0, float(ts[-1]), ts=saves)
+            out[start].append(float(np.abs(sol.coefficients(kmax=1)[1:, 1]).mean()))
+            out["status"].append(sol.status)
+    return out
 
 
 def compute(quick: bool) -> F.Data:
@@ -126,6 +160,8 @@ def compute(quick: bool) -> F.Data:
                 max=block.max(axis=1).tolist(),
                 r2_mean=r2[:, s * seeds : (s + 1) * seeds].mean(axis=1).tolist(),
             )
+        pde = _mean_field(af, beta, pred.noise, ratios, ts, n, quick)
+        arrays[f"b{b}_pde"] = np.array([pde[start] for start in STARTS])
         gap = np.asarray(starts["cluster"]["mean"]) - np.asarray(starts["uniform"]["mean"])
         per_beta.append(
             dict(
@@ -139,6 +175,8 @@ def compute(quick: bool) -> F.Data:
                 starts=starts,
                 hysteresis_gap=gap.tolist(),
                 uniform_floor=float(np.sqrt(np.pi / (4 * n))),
+                mean_field={start: pde[start] for start in STARTS},
+                mean_field_status=pde["status"],
             )
         )
     side = H.sidecar(
@@ -218,8 +256,19 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
                         f"{st['mean'][j]:.3f}",
                         f"{st['std'][j]:.3f}",
                         f"{st['min'][j]:.3f} - {st['max'][j]:.3f}",
+                        f"{p['mean_field'][start][j]:.3f}",
                     ]
                 )
+        pde = a[f"b{b}_pde"]
+        for k, start in enumerate(STARTS):
+            ax.plot(
+                ratios,
+                pde[k],
+                "-" if start == "uniform" else "--",
+                color="k",
+                lw=0.8,
+                label=f"mean field, {start} start",
+            )
         ax.axvline(1.0, color="0.4", lw=0.8, ls=":")
         ax.axhline(p["uniform_floor"], color="0.7", lw=0.8, ls="-.")
         ax.set_xlabel(r"$D / D_c$")
@@ -227,7 +276,8 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
         H.panel_label(ax, "ab"[b])
     axes[0].set_ylabel(r"$r = |\langle e^{i\theta} \rangle|$")
     axes[0].legend(loc="upper right", frameon=False)
-    table = H.markdown_table(["beta", "start", "D / D_c", "mean r", "sd", "range"], rows)
+    header = ["beta", "start", "D / D_c", "mean r", "sd", "range", "mean field"]
+    table = H.markdown_table(header, rows)
     return {NAME: fig, NAME + ".md": table}
 
 
