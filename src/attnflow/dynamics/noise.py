@@ -53,6 +53,7 @@ import numpy as np
 from jaxtyping import Array
 
 from .. import _checks
+from .._precision import mm
 from .base import AbstractAttentionSystem, AbstractModel
 from .frames import normalize_rows
 
@@ -232,7 +233,7 @@ class Noise(AbstractNoise):
     def kick(self, model: Any, x: Array, dB: Array) -> Array:
         # sigma dW m_i with W = B / sqrt(d): an (n, d) x (d, d) product
         m = model.attend(x, x)
-        return (self.sigma / math.sqrt(x.shape[-1])) * (m @ dB.T)
+        return (self.sigma / math.sqrt(x.shape[-1])) * mm(m, dB.T)
 
     def ito(self, model: Any, x: Array) -> Array:
         d = x.shape[-1]
@@ -321,7 +322,7 @@ def value_noise_layer(model: Any, x: Array, dt: Any, sigma: Any, dW: Array) -> A
     """``N(x_i + dt F_i + sigma dW m_i)`` for one head, ``m = model.attend(x, x)`` computed
     once for the field and the noise, ``dW`` the increment of ``W = B / sqrt(d)``."""
     m = model.attend(x, x)
-    return normalize_rows(x + model.value_map(dt * m) + sigma * (m @ dW.T))
+    return normalize_rows(x + model.value_map(dt * m) + sigma * mm(m, dW.T))
 
 
 def _one_head(model: Any) -> None:
