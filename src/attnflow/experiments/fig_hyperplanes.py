@@ -122,7 +122,7 @@ def draw(data: F.Data) -> dict[str, Figure]:
         )
         for j, ((_, label), run) in enumerate(zip(CASES, data.sidecar["runs"]))
     ]
-    fig = plt.figure(figsize=(6.5, 4.7))
+    fig = plt.figure(figsize=(6.5, 4.4))
     xs = [0.06, 0.385, 0.71]
     for j, r in enumerate(res):
         z, phi, a, b = r["z"], r["phi"], r["a"], r["b"]
@@ -130,7 +130,7 @@ def draw(data: F.Data) -> dict[str, Figure]:
         lo, hi = AP.data_box(z, pad=0.04)
         levels = (a, 0.0, b)
         if d == 2:
-            ax = fig.add_axes((xs[j], 0.49, 0.26, 0.38))
+            ax = fig.add_axes((xs[j], 0.47, 0.26, 0.41), anchor="N")
             AP.draw_levels(
                 ax, phi, levels, lo, hi, color="C3", lw=0.9, ls="-", zorder=1, zero={"ls": ":"}
             )
@@ -140,7 +140,7 @@ def draw(data: F.Data) -> dict[str, Figure]:
             ax.set_xlabel("$z_1$", labelpad=1)
             ax.set_ylabel("$z_2$", labelpad=0)
         else:
-            ax = H.add_axes3d(fig, (xs[j] - 0.035, 0.44, 0.33, 0.47))
+            ax = H.add_axes3d(fig, (xs[j] - 0.035, 0.44, 0.33, 0.49))
             AP.draw_levels(
                 ax, phi, levels, lo, hi, color="C3", alpha=0.13, lw=0.4, zero={"alpha": 0.06}
             )
@@ -149,10 +149,13 @@ def draw(data: F.Data) -> dict[str, Figure]:
             elev, azim = AP.edge_on_view(phi, lo, hi)
             ax.view_init(elev=14, azim=azim + 28)
             H.axes3d(ax)
-        fig.text(xs[j] + 0.13, 0.9, r["label"], ha="center", va="bottom", fontsize=7)
-        fig.text(xs[j] - 0.045, 0.9, f"({'abc'[j]})", ha="left", va="bottom", fontweight="bold")
+            # upright axis labels at every view (matplotlib turns them with their axis)
+            for axis in (ax.xaxis, ax.yaxis):
+                axis.set_rotate_label(False)
+        fig.text(xs[j] + 0.13, 0.895, r["label"], ha="center", va="bottom", fontsize=7)
+        fig.text(xs[j] - 0.045, 0.895, f"({'abc'[j]})", ha="left", va="bottom", fontweight="bold")
         # bottom row: levels against t
-        ax = fig.add_axes((xs[j], 0.075, 0.26, 0.29))
+        ax = fig.add_axes((xs[j], 0.13, 0.26, 0.25))
         p, ts = r["p"], r["ts"]
         ax.plot(ts, p, color="0.55", lw=0.5)
         ax.plot(ts, p.max(axis=1), color="C0", lw=1.1, label=r"$\max_j$ (never increases)")
@@ -164,13 +167,15 @@ def draw(data: F.Data) -> dict[str, Figure]:
         ax.set_xlabel("$t$", labelpad=1)
         if j == 0:
             ax.set_ylabel(r"$\varphi_1^*(z_i(t))$")
-            ax.legend(
-                loc="center right",
-                bbox_to_anchor=(0.93, 0.58),
-                fontsize=5.5,
+            # the legend below the row, off the data
+            fig.legend(
+                *ax.get_legend_handles_labels(),
+                loc="lower center",
+                bbox_to_anchor=(0.5, 0.0),
+                ncol=2,
+                fontsize=6,
                 frameon=False,
-                borderaxespad=0.1,
-                handlelength=1.2,
+                handlelength=1.6,
             )
         counts = r["counts"]
         ax.set_title(
