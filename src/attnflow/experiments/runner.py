@@ -43,14 +43,8 @@ matplotlib's backend and rcParams as it found them; worker processes, which the 
 starts and owns (``attnflow._parallel.process_pool``: loky's, one BLAS thread each,
 gone when the runner dies or is sent SIGTERM), draw with the Agg backend.
 
-On a GPU, figures are made with XLA's deterministic ops (the same reductions in the same
-order on every run, so that a figure made twice is the same file): the workers start
-with ``--xla_gpu_deterministic_ops=true`` added to the caller's ``XLA_FLAGS``
-(``worker_env``; a GPU option that the CPU ignores), and a run in this process
-(``jobs=1``) adds it to this process's ``XLA_FLAGS`` when JAX has not started its
-backends yet (XLA reads the flags once, when they start). A caller who set the flag
-either way keeps their setting. Every matmul of the fields and analyses asks for full
-float32 precision itself (``attnflow._precision``), not only in figures.
+On a GPU, figures are made with XLA's deterministic ops (``_xla_flags``, in the workers
+and in this process); every matmul asks for full float32 precision (``_precision``).
 """
 
 from __future__ import annotations
@@ -61,7 +55,6 @@ import importlib
 import importlib.util
 import io
 import json
-import os
 import sys
 import time
 import traceback
@@ -73,6 +66,7 @@ from pathlib import Path
 
 from .. import _cache, _parallel
 from ._lock import LOCK, FolderBusy, folder_lock
+from ._xla_flags import deterministic_here, worker_env
 
 __all__ = [
     "find_experiments",
@@ -83,34 +77,6 @@ __all__ = [
     "FolderBusy",
     "LOCK",
 ]
-
-# XLA's deterministic ops on a GPU (reductions and scatters in a fixed order): a figure
-# made twice on a GPU is the same file. A GPU option: the CPU ignores it.
-DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops=true"
-
-
-def _with_deterministic_ops(flags: str) -> str:
-    """``flags`` (an ``XLA_FLAGS`` value) with ``DETERMINISTIC_FLAG`` added, unless
-    they set ``--xla_gpu_deterministic_ops`` either way already."""
-    words = flags.split()
-    if any(w.startswith("--xla_gpu_deterministic_ops") for w in words):
-        return flags
-    return " ".join([*words, DETERMINISTIC_FLAG])
-
-
-def worker_env() -> dict[str, str]:
-    """The variables a figure worker starts with beyond the pool's own: ``XLA_FLAGS``,
-    this process's flags with XLA's deterministic GPU ops."""
-    return {"XLA_FLAGS": _with_deterministic_ops(os.environ.get("XLA_FLAGS", ""))}
-
-
-def _deterministic_here() -> None:
-    """Deterministic GPU ops for scripts run in this process: added to ``XLA_FLAGS``
-    when JAX has not started its backends (afterwards XLA no longer reads them)."""
-    from jax._src import xla_bridge
-
-    if not xla_bridge.backends_are_initialized():
-        os.environ.update(worker_env())
 
 
 def _installed() -> Path:
@@ -600,7 +566,7 @@ def _run_locked(out, exp_dir, names, skipped, quick, progress, jobs, reuse) -> d
         if not order:
             pass
         elif jobs == 1 or len(order) <= 1:
-            _deterministic_here()
+            deterministic_here()
             # rcParams as a fresh worker has them (the caller's own settings must not reach
             # the figures), and as the caller had them again on return
             with matplotlib.rc_context():
