@@ -24,7 +24,7 @@ The look is ``draw`` (matplotlib only, from the saved data); the numbers are ``c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -151,7 +151,7 @@ def draw(data: F.Data) -> dict[str, Figure]:
             H.axes3d(ax)
             # upright axis labels at every view (matplotlib turns them with their axis)
             for axis in (ax.xaxis, ax.yaxis):
-                axis.set_rotate_label(False)
+                cast("Any", axis).set_rotate_label(False)  # an Axis3D method
         fig.text(xs[j] + 0.13, 0.895, r["label"], ha="center", va="bottom", fontsize=7)
         fig.text(xs[j] - 0.045, 0.895, f"({'abc'[j]})", ha="left", va="bottom", fontweight="bold")
         # bottom row: levels against t
