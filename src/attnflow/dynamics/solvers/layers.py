@@ -14,7 +14,8 @@ from jaxtyping import Array
 
 from ... import _checks
 from .. import _devices
-from ..noise import AbstractNoise, brownian_tolerance
+from ..noise import brownian_tolerance
+from ..noise import check_noise as checked_noise
 from ..status import Status
 from ..terms import AbstractTime, Continuous, Layers, NoisyTerm, layer_term
 from ._base import AbstractSolver, Run, Solution, bad_times, log_limit
@@ -120,9 +121,17 @@ class _FixedStep(AbstractSolver):
     dt: eqx.AbstractVar[float]
     ode: ClassVar[bool]
 
+    def __check_init__(self):
+        _checks.positive("dt", self.dt)
+
     @property
     def step_size(self) -> float | None:
         return float(self.dt)
+
+    def discretisation(self) -> AbstractTime:
+        """``Layers(dt)`` for the residual layers, ``Continuous()`` for a step of an ODE or
+        an SDE (``ode``)."""
+        return Continuous() if self.ode else Layers(float(self.dt))
 
     def plan(self, t1: float, ts: np.ndarray, *, chunk: Any = None, cost: Any = None) -> Any:
         if chunk is not None or cost is not None:
@@ -167,13 +176,8 @@ class _FixedStep(AbstractSolver):
         )
 
     def check_noise(self, noise: Any, frame: Any) -> None:
-        if noise is None:
+        if checked_noise(noise) is None:
             return
-        if not isinstance(noise, AbstractNoise):
-            raise ValueError(
-                f"noise must be a noise object of attnflow.dynamics (Noise(sigma, seed), "
-                f"TokenNoise(D, seed)); got {type(noise).__name__}."
-            )
         if not frame.on_sphere or not (self.ode or frame.post_normalised):
             raise ValueError(
                 "noise runs on the sphere: frame='sphere' with the post-layer-norm layers "
@@ -321,17 +325,8 @@ class LayerSolver(_FixedStep):
     name: ClassVar[str] = "euler"
     ode: ClassVar[bool] = False
 
-    def __check_init__(self):
-        _checks.positive("dt", self.dt)
-
-    def discretisation(self) -> AbstractTime:
-        return Layers(float(self.dt))
-
     def check_frame(self, frame: Any, dtype: Any) -> None:
         frame.check_layer_step(float(self.dt), dtype)
-
-    def info(self, plan: Any) -> dict:
-        return super().info(plan)
 
 
 class EulerODESolver(_FixedStep):
@@ -341,12 +336,6 @@ class EulerODESolver(_FixedStep):
     dt: float = eqx.field(static=True, default=0.1)
     name: ClassVar[str] = "euler-ode"
     ode: ClassVar[bool] = True
-
-    def __check_init__(self):
-        _checks.positive("dt", self.dt)
-
-    def discretisation(self) -> AbstractTime:
-        return Continuous()
 
     def check_noise(self, noise: Any, frame: Any) -> None:
         if noise is not None:
@@ -365,12 +354,6 @@ class EulerMaruyamaSolver(_FixedStep):
     dt: float = eqx.field(static=True, default=0.1)
     name: ClassVar[str] = "euler-maruyama"
     ode: ClassVar[bool] = True
-
-    def __check_init__(self):
-        _checks.positive("dt", self.dt)
-
-    def discretisation(self) -> AbstractTime:
-        return Continuous()
 
     def check_noise(self, noise: Any, frame: Any) -> None:
         if noise is None:
