@@ -158,6 +158,19 @@ def test_any_model_takes_token_noise_and_refusals_name_the_argument():
     for kw, what in cases:
         with pytest.raises(ValueError, match=what):
             af.simulate(model, x0, 0.5, noise=TokenNoise(0.1), **kw)
+    # the value noise reads the head's attention average: the dense field serves it, the
+    # circle field is refused by name (in both doors); token noise takes the circle field
+    circle = af.Attention(np.eye(2), np.eye(2), np.eye(2), beta=2.0)
+    on_circle = np.random.default_rng(3).normal(size=(1100, 2))
+    kw: dict[str, Any] = dict(frame="sphere", method="euler", dt=0.25)
+    with pytest.raises(ValueError, match="field='circle' cannot serve Noise"):
+        af.simulate(circle, on_circle, 0.5, noise=Noise(0.1), field="circle", **kw)
+    with pytest.raises(ValueError, match="field='circle' cannot serve Noise"):
+        af.solve(circle, jnp.asarray(on_circle), 0.5, frame="sphere",
+                 solver=af.LayerSolver(0.25), noise=Noise(0.1), field="circle")  # fmt: skip
+    assert af.simulate(circle, on_circle, 0.5, noise=Noise(0.1), **kw).solver["field"] == "dense"
+    token = af.simulate(circle, on_circle, 0.5, noise=TokenNoise(0.1), **kw)
+    assert token.solver["field"] == "circle"
     with pytest.raises(ValueError, match="give noise"):
         af.simulate(model, x0, 0.5, frame="sphere", method="euler-maruyama", dt=0.125)
     x = jnp.asarray(x0[0])

@@ -174,6 +174,20 @@ class AbstractNoise(abc.ABC):
         """``ValueError`` naming what this noise cannot drive (default: nothing)."""
         del model
 
+    def field_preference(self, field: str) -> str:
+        """The sphere's field choice (``"auto"``, ``"circle"``, ``"dense"``) under this
+        noise: ``"dense"`` when it reads the head's attention average, which the circle
+        field does not form (``field="circle"`` is then a ``ValueError``)."""
+        if not self.reads_average:
+            return field
+        if field == "circle":
+            raise ValueError(
+                f"field='circle' cannot serve {type(self).__name__}: it reads the head's "
+                f"attention average, which the circle field does not form; leave "
+                f"field='auto'."
+            )
+        return "dense"
+
     def _path(self, t1: Any, shape: tuple[int, ...], dt: Any, system: int, dtype: Any) -> Any:
         t1f = _checks.positive("t1", t1)
         dtf = _checks.positive("dt", dt)

@@ -264,16 +264,9 @@ def simulate(
                     "weights, shard='tokens' or layernorm='scaled'."
                 )
             field_info = {"field": "dense"}
-        elif noise is not None and noise.reads_average:
-            if field == "circle":
-                raise ValueError(
-                    f"field='circle' cannot serve {type(noise).__name__}: it reads the "
-                    f"head's attention average, which the circle field does not form; "
-                    f"leave field='auto'."
-                )
-            field_info = {"field": "dense"}
         else:
-            fast, field_info = choose_field(model, int(x0.shape[-2]), prefer=field)
+            prefer = field if noise is None else noise.field_preference(field)
+            fast, field_info = choose_field(model, int(x0.shape[-2]), prefer=prefer)
             if fast is not model:
                 fr = frame_of(fast)
     elif field != "auto":

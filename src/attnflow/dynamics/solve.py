@@ -167,14 +167,8 @@ def solve(
     fr = make(model)
     if frame == "sphere":
         _checks.choice("field", field, ("auto", "circle", "dense"))
-        if noise is not None and noise.reads_average:
-            if field == "circle":
-                raise ValueError(
-                    f"field='circle' cannot serve {type(noise).__name__}: it reads the "
-                    f"head's attention average, which the circle field does not form; "
-                    f"leave field='auto'."
-                )
-            field = "dense"
+        if noise is not None:
+            field = noise.field_preference(field)
         fast, _ = choose_field(model, int(x0.shape[-2]), prefer=field)
         if fast is not model:
             fr = make(fast)
