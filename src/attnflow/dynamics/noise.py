@@ -68,7 +68,6 @@ __all__ = [
     "record",
     "check_noise",
     "layer_times",
-    "tangent",
     "value_noise_layer",
 ]
 
@@ -113,11 +112,6 @@ def layer_times(k: Array, n_layers: Array, t1: Array) -> Array:
     t = jnp.where(k == 1, h, t1 * ratio)
     t = jnp.where(k == n_layers, t1, t)
     return jnp.where(k == 0, jnp.zeros_like(t1), t)
-
-
-def tangent(x: Array, v: Array) -> Array:
-    """``Proj_{x_i} v_i = v_i - <x_i, v_i> x_i`` row by row."""
-    return v - jnp.sum(x * v, axis=-1, keepdims=True) * x
 
 
 def check_noise(noise: Any) -> AbstractNoise | None:

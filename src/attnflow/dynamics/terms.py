@@ -38,8 +38,8 @@ import numpy as np
 from jaxtyping import Array
 
 from .._precision import einsum, mm
-from .frames import AbstractFrame, normalize_rows
-from .noise import brownian_tree, layer_times, tangent
+from .frames import AbstractFrame, normalize_rows, tangent
+from .noise import brownian_tree, layer_times
 
 __all__ = [
     "AbstractTime",

@@ -49,6 +49,7 @@ from ._base import (
     Original,
     Unskipped,
     normalize_rows,
+    tangent,
 )
 from .rescaled import (
     AbstractRescaled,
@@ -71,6 +72,7 @@ __all__ = [
     "Unskipped",
     "Sphere",
     "normalize_rows",
+    "tangent",
     "make_frame",
     "FRAMES",
     "LAYERNORMS",

@@ -18,6 +18,7 @@ __all__ = [
     "Original",
     "Unskipped",
     "normalize_rows",
+    "tangent",
     "FRAMES",
     "LAYERNORMS",
     "NGPT_ALPHA",
@@ -162,3 +163,9 @@ def normalize_rows(u: Array) -> Array:
     v = u / jnp.where(zero, 1.0, a)
     r = jnp.sqrt(jnp.sum(v * v, axis=-1, keepdims=True))
     return jnp.where(zero, 0.0, v / jnp.where(zero, 1.0, r)).astype(u.dtype)
+
+
+def tangent(x: Array, v: Array) -> Array:
+    """``Proj_{x_i} v_i = v_i - <x_i, v_i> x_i`` row by row: the part of ``v_i`` tangent
+    to the sphere at the unit token ``x_i``."""
+    return v - jnp.sum(x * v, axis=-1, keepdims=True) * x

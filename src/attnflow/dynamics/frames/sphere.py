@@ -13,7 +13,7 @@ import numpy as np
 from jaxtyping import Array
 
 from ..base import AbstractModel
-from ._base import LAYERNORMS, NGPT_ALPHA, AbstractFrame, normalize_rows
+from ._base import LAYERNORMS, NGPT_ALPHA, AbstractFrame, normalize_rows, tangent
 
 __all__ = ["Sphere"]
 
@@ -130,8 +130,7 @@ class Sphere(AbstractFrame):
         del scale, factor
         x = normalize_rows(y)
         g = self.model.vector_field(x)
-        tangent = g - jnp.sum(x * g, axis=-1, keepdims=True) * x
-        return jnp.linalg.norm(y, axis=-1, keepdims=True) * tangent
+        return jnp.linalg.norm(y, axis=-1, keepdims=True) * tangent(x, g)
 
     def step(self, y: Array, scale: Any, dt: Any, factor: Any) -> Array:
         del factor
