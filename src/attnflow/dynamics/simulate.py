@@ -189,15 +189,7 @@ def simulate(
     model = fresh(model)  # the propagator's cache built from the model's own V
     if noise is not None:
         _check_noise_door(noise, frame, method, solver, dt, devices, shard)
-        adaptive = [
-            name
-            for name, value, default in (
-                ("rtol", rtol, 1e-6),
-                ("atol", atol, 1e-9),
-                ("max_steps", max_steps, 100_000),
-            )
-            if value != default
-        ]
+        adaptive = _given(rtol=rtol, atol=atol, max_steps=max_steps)
         if adaptive:
             raise ValueError(
                 f"{', '.join(adaptive)} set the adaptive solver's steps; a noisy run takes "
@@ -374,6 +366,21 @@ def _check_noise_door(
         )
 
 
+# simulate's defaults of the keywords that spell a solver
+_SOLVER_DEFAULTS: dict[str, Any] = dict(
+    method="adaptive", dt=None, rtol=1e-6, atol=1e-9, max_steps=100_000
+)
+
+
+def _given(**values: Any) -> list[str]:
+    """The names of the solver keywords in ``values`` set away from their defaults."""
+    return [
+        name
+        for name, value in values.items()
+        if value is not _SOLVER_DEFAULTS[name] and value != _SOLVER_DEFAULTS[name]
+    ]
+
+
 def _solver_of(
     solver: Any, method: Any, dt: Any, rtol: Any, atol: Any, max_steps: Any
 ) -> AbstractSolver:
@@ -381,17 +388,7 @@ def _solver_of(
     one the keywords spell (``make_solver``)."""
     if solver is None:
         return make_solver(method, dt, rtol, atol, max_steps)
-    given = [
-        name
-        for name, value, default in (
-            ("method", method, "adaptive"),
-            ("dt", dt, None),
-            ("rtol", rtol, 1e-6),
-            ("atol", atol, 1e-9),
-            ("max_steps", max_steps, 100_000),
-        )
-        if value is not default and value != default
-    ]
+    given = _given(method=method, dt=dt, rtol=rtol, atol=atol, max_steps=max_steps)
     if given:
         raise ValueError(
             f"solver={solver!r} already fixes the solve; leave {', '.join(given)} at the "
