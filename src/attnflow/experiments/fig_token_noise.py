@@ -62,10 +62,12 @@ def _starts(n: int, seeds: int, rng: np.random.Generator) -> np.ndarray:
     return np.stack([np.cos(theta), np.sin(theta)], axis=-1)
 
 
-def _order(x: np.ndarray, k: int) -> np.ndarray:
-    """``|mean_i e^{i k theta_i}|`` over the token axis."""
-    z = (x[..., 0] + 1j * x[..., 1]) ** k
-    return np.abs(z.mean(axis=-1))
+def _moments(x: np.ndarray) -> np.ndarray:
+    """``|c_k|`` for ``k = 0, 1, 2`` of every system and save: ``(b, m, 3)`` from tokens
+    ``(b, m, n, 2)`` on the circle (``attnflow.analysis.fourier_modes`` of their angles)."""
+    from attnflow.analysis import fourier_modes
+
+    return np.stack([np.abs(fourier_modes(np.arctan2(s[..., 1], s[..., 0]), 2)) for s in x])
 
 
 def _mean_field(af, beta, D_c, ratios, ts, n, quick) -> dict:
@@ -146,8 +148,9 @@ def compute(quick: bool) -> F.Data:
             traj.raise_for_status()
             field = traj.solver["field"]
             x = np.asarray(traj.x)  # (2 seeds, m, n, 2)
-            r[j] = _order(x, 1).mean(axis=1)
-            r2[j] = _order(x, 2).mean(axis=1)
+            moments = _moments(x)
+            r[j] = moments[..., 1].mean(axis=1)
+            r2[j] = moments[..., 2].mean(axis=1)
         arrays[f"b{b}_r"] = r
         arrays[f"b{b}_r2"] = r2
         starts = {}
