@@ -121,17 +121,22 @@ def cli_start(repeats: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--cases", nargs="+", choices=("sphere_step", "cli"), default=["sphere_step", "cli"]
+    )
     args = ap.parse_args()
     sizes = dict(systems=32, n=32, d=16, layers=20) if args.quick else {}
-    res = {
-        "machine": machine(),
-        "sphere_step": sphere_step(**({"systems": 256, "n": 32, "d": 128, "layers": 100} | sizes)),
-        "cli": cli_start(2 if args.quick else 5),
-    }
+    res: dict = {"machine": machine()}
+    if "sphere_step" in args.cases:
+        full = {"systems": 256, "n": 32, "d": 128, "layers": 100}
+        res["sphere_step"] = sphere_step(**(full | sizes))
+    if "cli" in args.cases:
+        res["cli"] = cli_start(2 if args.quick else 5)
     print(json.dumps(res, indent=1))
     if not args.quick:
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "engine.json").write_text(json.dumps(res, indent=1) + "\n")
+        name = "engine.json" if len(args.cases) == 2 else f"engine_{'_'.join(args.cases)}.json"
+        (RESULTS / name).write_text(json.dumps(res, indent=1) + "\n")
 
 
 if __name__ == "__main__":

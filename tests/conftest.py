@@ -165,3 +165,50 @@ def pytest_sessionfinish(session, exitstatus):
     if os.environ.get(_OWNER) == str(os.getpid()):  # the controller, after the workers
         if _FRESH:
             shutil.rmtree(_CACHE, ignore_errors=True)
+
+
+# The default suite stays within about five minutes on two cores: these end-to-end checks
+# (each 4-30 s) run with the long checks (`pytest -m slow`), because a cheaper check of
+# the same path stays in the default suite (named after each).
+LONG_END_TO_END = {
+    # five notebooks stay (clustering, leaders, ginibre_curve, heads_census, own_family)
+    "tests/test_notebooks.py::test_notebook_runs_and_states_what_it_computes[metastability]",
+    "tests/test_notebooks.py::test_notebook_runs_and_states_what_it_computes[meanfield]",
+    "tests/test_notebooks.py::test_notebook_runs_and_states_what_it_computes[sphere_phase]",
+    # figure scripts at --quick size: tests/test_figures.py runs the runner on small ones,
+    # and the plateau, Renyi and mean-field numbers have their own unit checks
+    "tests/test_fig_sphere.py::test_fig_modes_quick",
+    "tests/test_fig_sphere.py::test_fig_metastability_quick",
+    "tests/test_lost_middle.py::test_fig_lost_middle_quick",
+    "tests/test_figures.py::test_figures_quick_subset",
+    "tests/test_figures.py::test_exclusive_scripts_run_first_with_nothing_beside_them",
+    "tests/test_critical.py::test_fig_critical_quick",
+    "tests/test_normalization.py::test_fig_normalization_quick",
+    "tests/test_fig_transformer.py::test_fig_rank_collapse_quick",
+    "tests/test_redraw.py::test_cli_redraw_of_installed_figures",
+    "tests/test_causal_sphere.py::test_the_plateau_count_of_a_causal_run_is_the_number_of_renyi_centres",
+    "tests/test_experiments_scripts.py::test_plateau_counts_quick_resumes",
+    "tests/test_gaussian_noise.py::test_particles_follow_the_closure_as_n_grows",
+    # gradients: every frame with the layers, and the rescaled frame adaptive, stay
+    "tests/test_gradients.py::test_every_leaf_matches_finite_differences[sphere-adaptive]",
+    "tests/test_gradients.py::test_every_leaf_matches_finite_differences[original-adaptive]",
+    # the runner's faults: test_runner_faults.py keeps its cheaper kills
+    "tests/test_runner_faults.py::test_a_dead_worker_costs_its_script_alone",
+    "tests/test_runner_faults.py::test_sigterm_stops_the_run_and_nothing_starts_afterwards",
+    # the noise's statistics: test_stochastic.py keeps its moments and the solve's path
+    "tests/test_stochastic.py::test_strong_convergence_on_one_path",
+    "tests/test_stochastic.py::test_antipodal_outcomes_on_both_sides_of_the_threshold",
+    "tests/test_stochastic.py::test_lyapunov_exponent_monte_carlo",
+    "tests/test_sinks.py::test_learned_scales_train_through_the_solve",
+    # the command line in float32: test_cli_guides.py keeps the cast warning's checks
+    "tests/test_cli_guides.py::test_float32_inputs_are_not_warned_about",
+    "tests/test_cli_guides.py::test_no_x64_computes_in_float32_without_the_cast_warning",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark ``LONG_END_TO_END`` slow (before the ``-m`` selection applies)."""
+    del config
+    for item in items:
+        if item.nodeid in LONG_END_TO_END:
+            item.add_marker(pytest.mark.slow)

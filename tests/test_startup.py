@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import attnflow
-from attnflow import _cache
+from attnflow import _cache, _exported
 from attnflow.cli import _options
 
 # Never imported by the command line's help, version and usage errors.
@@ -304,8 +304,11 @@ def test_cli_writes_the_cache_and_no_cache_does_not(tmp_path):
     json.loads(cli(*sim, cache=on))  # the second run reads the programs back
     json.loads(cli("--no-cache", *sim, cache=off))
     assert len(_programs(on)) >= 5
-    # the command line's own process runs equinox's checks as NaN: the solve is kept
-    assert "jit__adaptive_batch" in _programs(on)
+    # the command line's own process runs equinox's checks as NaN: the solve is kept,
+    # traced once into an exported program (attnflow._exported) that XLA compiles as
+    # jit_call_exported
+    assert "jit_call_exported" in _programs(on)
+    assert any(p.name.endswith(_exported.SUFFIX) for p in on.iterdir())
     assert not off.exists()
     info = json.loads(cli("cache", "info", "--json", cache=on))
     assert info["dir"] == str(on) and info["exists"] and info["enabled"]
@@ -378,7 +381,7 @@ def test_cache_quiets_xla_for_child_processes_even_after_jax_is_imported(tmp_pat
     code = f"""
         import subprocess, sys
         import jax
-        from attnflow import _cache
+        from attnflow import _cache, _exported
         _cache.enable_compilation_cache({str(tmp_path)!r}, children=True)
         child = "import os; print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'))"
         print(subprocess.run([sys.executable, "-c", child], capture_output=True,

@@ -163,7 +163,6 @@ def run_metadata() -> dict:
     """Versions and precision of this process, for saved results: attnflow (and its
     ``build_version``, ``"attnflow_build"``), jax, jaxlib, diffrax, equinox, numpy, scipy,
     Python, whether x64 is on, the JAX backend."""
-    import diffrax
     import equinox
     import jax
     import numpy as np
@@ -174,7 +173,7 @@ def run_metadata() -> dict:
         "attnflow_build": build_version(),
         "jax": jax.__version__,
         "jaxlib": version("jaxlib"),
-        "diffrax": diffrax.__version__,
+        "diffrax": version("diffrax"),
         "equinox": equinox.__version__,
         "numpy": np.__version__,
         "scipy": scipy.__version__,

@@ -294,7 +294,10 @@ def simulate_head(
         head = af.Attention(Qm, Km, Vm, beta=beta, kernel=kernel, mask=mask_object(mask))
     except ValueError as exc:
         raise CLIError(f"--kernel {kernel} --mask {mask}: {exc}") from None
-    return af.simulate(head, tokens, t1, **solve)
+    from .. import _exported
+
+    with _exported.allowed():  # programs of the command line's own making
+        return af.simulate(head, tokens, t1, **solve)
 
 
 def mask_object(value: str) -> Any:

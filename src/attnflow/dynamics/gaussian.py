@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import diffrax
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
@@ -70,6 +69,8 @@ def closure_field(Q: Array, K: Array, V: Array, beta: Any, m: Array, S: Array):
 
 @eqx.filter_jit
 def _solve(Q, K, V, beta, m0, S0, ts, rtol, atol):
+    import diffrax  # on first use: importing attnflow does not import diffrax
+
     def field(t, y, args):
         return closure_field(Q, K, V, beta, *y)
 

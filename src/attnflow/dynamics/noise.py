@@ -46,7 +46,6 @@ import math
 import numbers
 from typing import Any, ClassVar
 
-import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -99,6 +98,8 @@ def record(noise: AbstractNoise, t1: float, dt: float) -> dict:
 
 def brownian_tree(key: Array, t1: Array, tol: Array, shape: tuple[int, ...]) -> Any:
     """The standard Brownian motion of ``shape`` on ``[0, t1]`` of ``key`` (dtype of ``t1``)."""
+    import diffrax  # on first use: importing attnflow does not import diffrax
+
     struct = jax.ShapeDtypeStruct(shape, t1.dtype)
     return diffrax.VirtualBrownianTree(jnp.zeros_like(t1), t1, tol, struct, key)
 

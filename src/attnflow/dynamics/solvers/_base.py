@@ -6,10 +6,9 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
-import diffrax
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
@@ -23,6 +22,7 @@ __all__ = [
     "Solution",
     "Run",
     "SOLVERS",
+    "SOLVER_CLASSES",
     "FIXED",
     "STOCHASTIC",
     "MAX_STEPS_LIMIT",
@@ -35,16 +35,42 @@ __all__ = [
     "bad_times",
 ]
 
+
+# simulate's adaptive ``method`` names -> the name of the diffrax solver class
+SOLVER_CLASSES = {
+    "adaptive": "Tsit5",
+    "tsit5": "Tsit5",
+    "dopri5": "Dopri5",
+    "dopri8": "Dopri8",
+    "bosh3": "Bosh3",
+    "heun": "Heun",
+}
+
+
+class _Solvers(Mapping[str, Any]):
+    """name -> diffrax solver class, read from diffrax on first use: importing attnflow
+    does not import diffrax (a sixth of a warm command's start-up), a solve does."""
+
+    _names: ClassVar[dict[str, str]] = SOLVER_CLASSES
+
+    def __getitem__(self, name: str) -> Any:
+        import diffrax
+
+        return getattr(diffrax, self._names[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __repr__(self) -> str:
+        return "{" + ", ".join(f"{k!r}: diffrax.{v}" for k, v in self._names.items()) + "}"
+
+
 # name -> diffrax solver class (adaptive, with an embedded error estimate); simulate's
 # ``method`` names, "adaptive" being Tsit5
-SOLVERS = {
-    "adaptive": diffrax.Tsit5,
-    "tsit5": diffrax.Tsit5,
-    "dopri5": diffrax.Dopri5,
-    "dopri8": diffrax.Dopri8,
-    "bosh3": diffrax.Bosh3,
-    "heun": diffrax.Heun,
-}
+SOLVERS: Mapping[str, Any] = _Solvers()
 # the fixed-step methods of ``simulate`` (one step of ``dt`` per layer)
 FIXED = ("euler", "euler-ode")
 # the fixed-step method that needs noise (``simulate(..., noise=...)``)
@@ -108,6 +134,8 @@ def bad_times(ts: Array, t1: Any, dt: Any = None) -> Array:
 def status_code(result: Any, y_stop: Array) -> Array:
     """The ``Status`` code of a diffrax solve: ok, overflow (the guard's event, finite
     state) or nonfinite (the event, non-finite state), max_steps, failed."""
+    import diffrax
+
     finite = jnp.all(jnp.isfinite(y_stop))
     return jnp.where(
         result == diffrax.RESULTS.successful,

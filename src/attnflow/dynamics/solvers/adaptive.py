@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from ... import _checks
+from ... import _checks, _exported
 from .. import _devices
 from ..status import Status
 from ..terms import AbstractTime, Continuous, FlowTerm
@@ -20,6 +19,7 @@ from ._base import (
     ICOEFF,
     MAX_STEPS_LIMIT,
     PCOEFF,
+    SOLVER_CLASSES,
     SOLVERS,
     AbstractSolver,
     Run,
@@ -77,6 +77,8 @@ def adaptive_solve(
 
 
 def _diffeqsolve(term, y0, ts, t1, rtol, atol, overflow, method, max_steps, progress) -> Any:
+    import diffrax
+
     return diffrax.diffeqsolve(
         diffrax.ODETerm(lambda t, y, args: term.field(t, y)),
         SOLVERS[method](),
@@ -194,7 +196,7 @@ class AdaptiveSolver(AbstractSolver):
         del plan
         return {
             "method": self.method,
-            "solver": SOLVERS[self.method].__name__,
+            "solver": SOLVER_CLASSES[self.method],
             "controller": "PIDController",
             "pcoeff": PCOEFF,
             "icoeff": ICOEFF,
@@ -247,7 +249,8 @@ class AdaptiveSolver(AbstractSolver):
         )
         kw: dict[str, Any] = dict(solver_name=self.method, max_steps=int(self.max_steps))
         if devices is None and not stacked and chunk is None and cost is None:
-            out = _adaptive_batch(*args, progress=bool(progress), **kw)
+            kw["progress"] = bool(progress)
+            out = _exported.call("adaptive", _adaptive_batch, args, kw)
         else:
             out = self._scaled(args, devices, stacked, chunk, cost, kw)
         ys, ts_out, t_stop, y_stop, codes, stats = out
