@@ -49,6 +49,7 @@ from jaxtyping import Array, Float
 
 from ..._precision import mm
 from ..base import AbstractModel
+from ..isotropic import IsotropicAttention
 from ..kernels.masks import Causal
 from ..kernels.softmax import Softmax
 from ..kernels.usa import USA
@@ -88,16 +89,19 @@ def _coefficients(c: Array, K: int, dtype: Any) -> Array:
 
 
 class CircleAttention(AbstractModel):
-    """A one-head ``Attention`` on the unit circle whose field is computed by the O(n K)
-    Fourier moments (see the module docstring); every other method is the head's own.
+    """A one-head ``Attention`` (or ``IsotropicAttention``) on the unit circle whose field
+    is computed by the O(n K) Fourier moments (see the module docstring); every other
+    method is the head's own.
     Built by the engine (``choose_field``), not by hand."""
 
-    inner: Attention
+    inner: Attention | IsotropicAttention
     modes: int = eqx.field(static=True)
     causal: bool = eqx.field(static=True)
     normalised: bool = eqx.field(static=True)
 
-    def __init__(self, inner: Attention, modes: int, causal: bool, normalised: bool):
+    def __init__(
+        self, inner: Attention | IsotropicAttention, modes: int, causal: bool, normalised: bool
+    ):
         self.inner = inner
         self.modes = int(modes)
         self.causal = bool(causal)
@@ -124,7 +128,8 @@ class CircleAttention(AbstractModel):
 
     def _rotation(self) -> tuple[Array, Array]:
         """``(c, phi)`` of the head's logits ``c cos(t_i - t_j - phi)``."""
-        A = mm(self.inner.Q.T, self.inner.K)
+        Q, K = self.inner.query_key_maps()
+        A = mm(Q.T, K)
         a = 0.5 * (A[0, 0] + A[1, 1])
         b = 0.5 * (A[1, 0] - A[0, 1])
         return self.inner.beta * jnp.sqrt(a * a + b * b), jnp.arctan2(b, a)
@@ -206,7 +211,7 @@ def choose_field(model: AbstractModel, n: int, *, prefer: str = "auto") -> tuple
         return model, dense
     why = _why_not(model)
     if why is None:
-        assert isinstance(model, Attention)
+        assert isinstance(model, (Attention, IsotropicAttention))
         Q, K = (np.asarray(m, np.float64) for m in model.query_key_maps())
         A = Q.T @ K
         a, b = 0.5 * (A[0, 0] + A[1, 1]), 0.5 * (A[1, 0] - A[0, 1])
@@ -228,8 +233,8 @@ def choose_field(model: AbstractModel, n: int, *, prefer: str = "auto") -> tuple
 
 def _why_not(model: AbstractModel) -> str | None:
     """Why the circle field does not serve ``model``, or None when it does."""
-    if not isinstance(model, Attention):
-        return f"{type(model).__name__} is not one attnflow.Attention head"
+    if not isinstance(model, (Attention, IsotropicAttention)):
+        return f"{type(model).__name__} is not one attnflow.Attention (or IsotropicAttention) head"
     if model.stack_size is not None:
         return "the weights are stacked"
     if model.d != 2:
