@@ -130,3 +130,24 @@ def test_the_engine_chooses_the_circle_field_and_records_it():
     # solve takes it too
     sol = af.solve(m, jnp.asarray(x0), 0.5, frame="sphere", solver=af.LayerSolver(0.1))
     np.testing.assert_allclose(np.asarray(sol.ys[-1]), np.asarray(auto.x[-1]), atol=1e-12)
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "usa"])
+def test_isotropic_attention_takes_the_circle_field(kernel):
+    """Q = K = V = I on the circle (the metastability studies' model) is served by the
+    circle field, with the numbers of the dense field and of plain numpy."""
+    x = _circle(1300)
+    iso = af.IsotropicAttention(2, beta=9.0, kernel=kernel)
+    fast, info = choose_field(iso, len(x))
+    assert info["field"] == "circle" and info["modes"] == circle_modes(9.0)
+    got = np.asarray(fast.vector_field(jnp.asarray(x)))
+    dense = np.asarray(iso.vector_field(jnp.asarray(x)))
+    np.testing.assert_allclose(got, dense, rtol=0, atol=1e-12 * np.abs(dense).max())
+    rows = [0, 650, 1299]
+    ref = _numpy_average(x, 9.0, np.eye(2), kernel, False, rows)
+    np.testing.assert_allclose(got[rows], ref, rtol=0, atol=1e-12 * np.abs(ref).max())
+    kw = dict(frame="sphere", method="euler", dt=0.1, ts=[0.0, 0.3])
+    auto = af.simulate(iso, x, 0.3, **kw)
+    assert auto.solver["field"] == "circle"
+    dense_run = af.simulate(iso, x, 0.3, field="dense", **kw)
+    np.testing.assert_allclose(np.asarray(auto.x), np.asarray(dense_run.x), atol=1e-12)
