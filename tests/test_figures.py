@@ -703,3 +703,55 @@ def test_a_rerun_writes_the_same_bytes(tmp_path):
     assert {".png", ".pdf", ".json"} <= {Path(f).suffix for f in files}
     for name in files:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_a_figure_whose_numbers_are_unchanged_keeps_its_files(tmp_path, monkeypatch):
+    """A rerun whose numbers equal, to rounding, those of the sidecar already in the
+    folder keeps every file there as it is (a fresh clone's main job on another machine
+    leaves the checkout clean); a change beyond rounding, a missing file or REWRITE
+    draws and writes again."""
+    import matplotlib.pyplot as plt
+
+    from attnflow.experiments import _figure as F
+    from attnflow.experiments import _plotting as H
+
+    value = {"v": 0.5, "err": 8.0195e-13, "dtype": "float64"}
+
+    def compute(quick):
+        return F.Data(sidecar=H.sidecar(script="t", quick=quick, runs=[], seeds=[0], **value))
+
+    def draw(data):
+        fig, ax = plt.subplots()
+        ax.plot([0, 1], [0, data.sidecar["v"]])
+        return {"fig_t": fig}
+
+    make = F.figure("fig_t", compute, draw)
+    first = make(tmp_path)
+    assert "unchanged" not in first
+    files = sorted(p for p in tmp_path.iterdir() if p.suffix in (".png", ".pdf", ".json"))
+    stamp = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in files}
+
+    def same_files() -> bool:
+        return all((p.read_bytes(), p.stat().st_mtime_ns) == stamp[p] for p in files)
+
+    value["err"] = 8.0199e-13  # a rounding-level error estimate moved
+    value["v"] = 0.5 * (1 + 3e-16)
+    again = make(tmp_path)
+    assert again["unchanged"] is True and same_files()
+    assert sorted(map(str, again["figures"])) == sorted(
+        str(tmp_path / f) for f in json.loads((tmp_path / "fig_t.json").read_text())["figures"]
+    )
+    value["v"] = 0.5 * (1 + 1e-9)  # beyond float64 rounding: drawn and written
+    assert "unchanged" not in make(tmp_path)
+    assert json.loads((tmp_path / "fig_t.json").read_text())["v"] == value["v"]
+    stamp = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in files}
+    monkeypatch.setenv(F.REWRITE, "1")
+    assert "unchanged" not in make(tmp_path)
+    monkeypatch.delenv(F.REWRITE)
+    (tmp_path / "fig_t.pdf").unlink()  # a listed file is missing: written again
+    assert "unchanged" not in make(tmp_path) and (tmp_path / "fig_t.pdf").is_file()
+    # float32 figures: the float32 tolerance
+    value.update(dtype="float32", v=0.25)
+    make(tmp_path)
+    value["v"] = 0.25 * (1 + 1e-7)
+    assert make(tmp_path)["unchanged"] is True

@@ -155,6 +155,13 @@ def setup_cache(*, children: bool = False) -> None:
         sys.stderr.write(f"attnflow: note: compilation cache off: {exc}\n")
 
 
+def set_env(name: str, value: str) -> None:
+    """Set an environment variable for the command (and the worker processes it starts);
+    ``restore_jax`` puts the previous value back when the command returns."""
+    STATE["restore_env"].setdefault(name, os.environ.get(name))
+    os.environ[name] = value
+
+
 def restore_jax() -> None:
     """Put back the JAX options, and the environment variables handing them to worker
     processes, that the command changed (``main`` calls it on return)."""

@@ -45,6 +45,14 @@ def figures(
         "a worker process (default: one per core; 1: "
         "all in this process)",
     ),
+    rewrite: bool = typer.Option(
+        False,
+        "--rewrite",
+        help="draw and write every figure computed, even one whose numbers equal those of "
+        "its files already in --out (to rounding; those are kept by default, so that a "
+        "run that changes no number leaves a checkout clean), e.g. after changing a "
+        "script's draw()",
+    ),
     redraw: bool = typer.Option(
         False,
         "--redraw",
@@ -59,8 +67,10 @@ def figures(
     Figures are always computed in float64. A script that fails is reported and the
     others still run; the exit status is then 1. A script whose inputs are unchanged
     since the last run into the same folder is not run again (its files are kept;
-    --force runs it). --redraw only draws, from the data a run saved in --out: a
-    figure without such data fails, saying what to run."""
+    --force runs it). A figure whose numbers equal, to rounding, those of its files
+    already in --out keeps those files (--rewrite draws and writes it). --redraw only
+    draws, from the data a run saved in --out: a figure without such data fails, saying
+    what to run."""
     from ..experiments.runner import FolderBusy, find_experiments, list_figures, run_figures
 
     if list_only:
@@ -80,6 +90,10 @@ def figures(
         )
     if not redraw:  # --redraw computes nothing: no JAX, no compilation cache
         common.setup_cache(children=True)  # this process and the worker processes
+    if rewrite:  # read by every figure script, here and in the worker processes
+        from ..experiments._figure import REWRITE
+
+        common.set_env(REWRITE, "1")
     try:
         index = run_figures(
             out,
@@ -99,6 +113,11 @@ def figures(
         for name, res in index["figures"].items():
             if res.get("reused"):
                 typer.echo(f"{name}: {len(res['figures'])} files, inputs unchanged: reused")
+            elif res.get("unchanged"):
+                typer.echo(
+                    f"{name}: numbers unchanged (to rounding), its {len(res['figures'])} "
+                    f"files kept as they were ({res['seconds']} s)"
+                )
             elif res.get("redrawn"):
                 typer.echo(f"{name}: {len(res['figures'])} files redrawn in {res['seconds']} s")
             else:

@@ -44,6 +44,13 @@ Contracts of ``make = figure(name, compute, draw)``:
   ``seconds``, ``*_seconds`` or ``seconds_*``), which ``make`` returns under
   ``"timings"`` (the runner's ``index.json`` keeps them). So a rerun of unchanged code
   writes the same sidecar, PNG and PDF bytes (the PDF carries no creation date).
+- A figure already in the output folder is kept as it is when its sidecar there lists
+  files that all exist and holds the same numbers as this run's (``_compare.same_numbers``:
+  1e-12 relative, 1e-5 for float32 figures, absolute below 1): nothing is drawn or
+  written but the data file, and ``make`` returns ``"unchanged": True``. A run on another
+  machine or commit that moves numbers only at rounding level so leaves a checkout clean.
+  With ``ATTNFLOW_FIGURES_REWRITE=1`` in the environment (``attnflow figures --rewrite``)
+  every figure is drawn and written; ``redraw`` always writes.
 
 A script that needs an optional package declares it: ``REQUIRES = ("tokenizers", ...)``,
 top-level module names. ``missing(REQUIRES)`` says why the script cannot run here (found
@@ -86,6 +93,8 @@ __all__ = [
 ]
 
 _META = "__meta__"
+# in the environment: draw and write every figure, even one whose numbers are unchanged
+REWRITE = "ATTNFLOW_FIGURES_REWRITE"
 
 
 class MissingData(FileNotFoundError):
@@ -304,6 +313,9 @@ class FigureScript:
             path = data_path(out, self.name, quick)
             out.mkdir(parents=True, exist_ok=True)
             write_data(path, data.arrays, meta)
+            kept = self._kept(data, out, path, time.perf_counter() - t0)
+            if kept is not None:
+                return kept
             figures = self._draw(data, out)
             gifs = [
                 g
@@ -357,6 +369,42 @@ class FigureScript:
             figures = self._draw(data, out)
         seconds = meta["compute_seconds"] + time.perf_counter() - t0
         return self._record(data, out, figures, gifs, seconds, path)
+
+    def _kept(self, data: Data, out: Path, path: Path, seconds: float) -> dict[str, Any] | None:
+        """The record of the files already in ``out`` when they hold this figure: its
+        sidecar there lists files that all exist and holds the same numbers
+        (``_compare.same_numbers``: the same to rounding). Then nothing is drawn or
+        written again, so a run on another machine or commit that changes no number
+        leaves a checkout as it was. ``REWRITE`` set in the environment (``attnflow
+        figures --rewrite``) draws and writes every figure; ``redraw`` always does."""
+        from attnflow.experiments._compare import same_numbers
+
+        if os.environ.get(REWRITE, "").strip() not in ("", "0"):
+            return None
+        stem = self.name if self.sidecar_stem is None else self.sidecar_stem(data.quick)
+        jpath = out / f"{stem}.json"
+        try:
+            old = json.loads(jpath.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        files = old.get("figures") if isinstance(old, dict) else None
+        if not isinstance(files, list) or not files:
+            return None
+        if not all(isinstance(f, str) and (out / f).is_file() for f in files):
+            return None
+        side, timings = split_timings(dict(data.sidecar))
+        side.pop("runtime_seconds", None)
+        if not same_numbers(old, H.jsonable(side)):
+            return None
+        timings["runtime_seconds"] = round(seconds, 2)
+        return {
+            "figures": [out / f for f in files],
+            "json": str(jpath),
+            "data": str(path),
+            "timings": H.jsonable(timings),
+            "unchanged": True,
+            **data.result,
+        }
 
     def _draw(self, data: Data, out: Path) -> list[Path]:
         paths = []
