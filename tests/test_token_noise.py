@@ -220,3 +220,38 @@ def test_fig_token_noise_quick(tmp_path):
     high = cont["ratios"].index(max(cont["ratios"]))
     for start in ("uniform", "cluster"):
         assert cont["starts"][start]["mean"][high] < 4 * cont["uniform_floor"]
+
+
+@pytest.mark.parametrize("kind", ["value", "token"])
+def test_a_new_strength_or_seed_is_a_new_value_not_a_new_program(kind, monkeypatch):
+    """The noise's strength and seed enter the compiled loop as values: a sweep over
+    sigma (or D) and seeds traces the stochastic step once."""
+    from attnflow.dynamics import Noise, TokenNoise
+    from attnflow.dynamics.terms import NoisyTerm
+
+    traces = []
+    step = NoisyTerm.carry_step
+
+    def counted(self, *args):
+        traces.append(1)
+        return step(self, *args)
+
+    monkeypatch.setattr(NoisyTerm, "carry_step", counted)
+    model = af.IsotropicAttention(3, beta=1.5)
+    x0 = np.random.default_rng(5).normal(size=(2, 7, 3))
+    make = Noise if kind == "value" else TokenNoise
+    finals = []
+    for i, level in enumerate((0.31, 0.62, 0.93)):
+        traj = af.simulate(
+            model, x0, 0.5, frame="sphere", method="euler", dt=0.125, noise=make(level, seed=i)
+        )
+        finals.append(np.asarray(traj.x[:, -1]))
+        if i == 0:
+            first = len(traces)
+    assert first >= 1 and len(traces) == first
+    assert not np.allclose(finals[0], finals[1]) and not np.allclose(finals[1], finals[2])
+    # the same strength and seed again: the same numbers
+    again = af.simulate(
+        model, x0, 0.5, frame="sphere", method="euler", dt=0.125, noise=make(0.93, seed=2)
+    )
+    np.testing.assert_array_equal(np.asarray(again.x[:, -1]), finals[2])

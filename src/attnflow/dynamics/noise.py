@@ -41,10 +41,11 @@ The path of system ``i`` of a batch is the ``diffrax.VirtualBrownianTree`` of ke
 from __future__ import annotations
 
 import abc
+import copy
 import dataclasses
 import math
 import numbers
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import jax
 import jax.numpy as jnp
@@ -139,10 +140,30 @@ class AbstractNoise(abc.ABC):
 
     seed: int  # declared by each concrete noise (a dataclass field there)
     name: ClassVar[str]
+    # the field that scales the noise (``"sigma"``, ``"D"``): a traced value in the loop
+    strength: ClassVar[str]
     shape_name: ClassVar[str]
     # whether the noise reads the attention average m = P x of an attention head (then
     # the engine keeps the head's own field, which computes it)
     reads_average: ClassVar[bool] = False
+
+    def level(self) -> float:
+        """The value of the field named by ``strength``."""
+        return float(getattr(self, self.strength))
+
+    def template(self) -> Self:
+        """This noise with strength 1 and seed 0: what a compiled loop keeps as its static
+        part, so that another strength or seed is another value (``with_strength``, keys
+        passed in), not another program."""
+        new = self.with_strength(1.0)
+        object.__setattr__(new, "seed", 0)
+        return new
+
+    def with_strength(self, value: Any) -> Self:
+        """A copy whose strength is ``value`` (inside a trace, a 0-d array), unchecked."""
+        new = copy.copy(self)
+        object.__setattr__(new, self.strength, value)
+        return new
 
     def key(self, system: Any = 0) -> Array:
         """The key of system ``system``'s path (an integer, or an integer array inside
@@ -216,6 +237,7 @@ class Noise(AbstractNoise):
     sigma: float
     seed: int = 0
     name: ClassVar[str] = "value"
+    strength: ClassVar[str] = "sigma"
     shape_name: ClassVar[str] = "(d, d), W = B / sqrt(d)"
     reads_average: ClassVar[bool] = True
 
@@ -291,6 +313,7 @@ class TokenNoise(AbstractNoise):
     D: float
     seed: int = 0
     name: ClassVar[str] = "token"
+    strength: ClassVar[str] = "D"
     shape_name: ClassVar[str] = "(n, d), one path per token"
 
     def __post_init__(self) -> None:
@@ -317,7 +340,7 @@ class TokenNoise(AbstractNoise):
 
     def kick(self, model: Any, x: Array, dB: Array) -> Array:
         del model
-        return math.sqrt(2.0 * self.D) * dB
+        return jnp.sqrt(2.0 * self.D) * dB
 
     def ito(self, model: Any, x: Array) -> Array:
         del model

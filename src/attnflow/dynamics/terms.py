@@ -373,7 +373,8 @@ class NoisyTerm(_AbstractLayerTerm):
     frame: AbstractFrame
     dt: Array
     base: Any  # the deterministic LayerTerm or EulerTerm of ``frame``, step ``dt``
-    noise: Any = eqx.field(static=True)
+    noise: Any = eqx.field(static=True)  # the noise's template(): strength 1, seed 0
+    level: Array  # the noise's strength (sigma, D): a new value is not a new program
     t1: Array
     n_layers: Array
     tol: Array
@@ -405,12 +406,13 @@ class NoisyTerm(_AbstractLayerTerm):
         B_next = path.evaluate(layer_times(k + 1, self.n_layers, self.t1))
         dB = B_next - B_k
         model = self.frame.model
+        noise = self.noise.with_strength(self.level)
         if not self.ode:
-            return self.noise.layer(model, y, self.dt, dB), (key, B_next)
+            return noise.layer(model, y, self.dt, dB), (key, B_next)
         r = jnp.linalg.norm(y, axis=-1, keepdims=True)
         x = normalize_rows(y)
-        drift = self.frame.field(y, None, None) - r * self.noise.ito(model, x) * x
-        kick = r * tangent(x, self.noise.kick(model, x, dB))
+        drift = self.frame.field(y, None, None) - r * noise.ito(model, x) * x
+        kick = r * tangent(x, noise.kick(model, x, dB))
         return y + self.dt * drift + kick, (key, B_next)
 
 
