@@ -41,8 +41,9 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -61,14 +62,14 @@ WINDOWS = ((1.0, 2.0), (2.0, 4.0), (4.0, 8.0))
 PEAK_BINS = 512
 MF_BETA, MF_T1, MF_TIMES, MF_SEED0 = 5.0, 3.0, (1.0, 2.0, 3.0), 1000
 
-FULL = dict(
+FULL: dict[str, Any] = dict(
     betas=[2.0, 5.0, 10.0, 20.0, 32.0],
     ns=[400, 4000, 20000, 100000],
     seeds=16,
     mf_ns=[316, 1000, 3162, 10000, 31623, 100000],
     mf_seeds=8,
 )
-QUICK = dict(betas=[5.0], ns=[400, 2000], seeds=2, mf_ns=[256, 1024], mf_seeds=2)
+QUICK: dict[str, Any] = dict(betas=[5.0], ns=[400, 2000], seeds=2, mf_ns=[256, 1024], mf_seeds=2)
 
 
 def _rho0(th: np.ndarray) -> np.ndarray:
@@ -87,7 +88,7 @@ def peak_count(angles: np.ndarray, bins: int) -> int:
     return int(np.count_nonzero((peaks >= bins) & (peaks < 2 * bins)))
 
 
-def _cells(cfg: dict) -> list[dict]:
+def _cells(cfg: Mapping[str, Any]) -> list[dict]:
     """Every run of the sweep, in index order: the plateau runs, then the mean-field ones."""
     out = []
     for beta in cfg["betas"]:
@@ -99,7 +100,7 @@ def _cells(cfg: dict) -> list[dict]:
     return out
 
 
-def _saves(cfg: dict) -> int:
+def _saves(cfg: Mapping[str, Any]) -> int:
     return int(END_T * PER_T) + 1
 
 
@@ -169,7 +170,7 @@ def _meanfield_run(cell: dict, sol, ts) -> dict:
     )
 
 
-def kernel(config: dict, start: int, stop: int, seed: int) -> dict:
+def kernel(config: Mapping[str, Any], start: int, stop: int, seed: int) -> dict[str, np.ndarray]:
     """The sweep's kernel: runs ``start .. stop - 1`` of ``_cells(config)``; every run
     returns the same arrays (unused ones filled with -1), so that shards concatenate."""
     del seed  # every run draws from its own stated stream
