@@ -340,7 +340,7 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
     side = data.sidecar
     runs = side["runs"]
     betas = sorted({r["beta"] for r in runs})
-    fig, (ax_f, ax_k, ax_w) = plt.subplots(1, 3, figsize=(10.5, 3.2))
+    fig, (ax_f, ax_k, ax_w) = plt.subplots(1, 3, figsize=(11.5, 3.4), gridspec_kw={"wspace": 0.34})
     j = 1 if len(WINDOWS) > 1 else 0  # the window [2T, 4T]
     for c, beta in enumerate(betas):
         rs = [r for r in runs if r["beta"] == beta]
@@ -379,7 +379,9 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
         ax.set_xlabel("tokens n")
     ax_f.set_ylim(-0.03, 1.03)
     ax_f.set_ylabel(rf"fraction of starts counting $k^*$ in $[{w0:g}T, {w1:g}T]$")
-    ax_f.legend(fontsize=5, ncol=2, loc="lower left")
+    # below the panels, off the data
+    handles, labels = ax_f.get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=6, ncol=5, loc="upper center", bbox_to_anchor=(0.37, 0.0))
     ax_k.set_ylabel(r"count (mean, 95%); dotted: $k^*(\beta)$")
     mf = side["meanfield"]
     ns_mf = np.array([r["n"] for r in mf["runs"]], float)
