@@ -54,8 +54,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 NAME = "fig_large_n"
-SECONDS = {"quick": 60, "full": 3600}
-LONG = "about an hour of particle runs up to n = 100,000 tokens"
+SECONDS = {"quick": 45, "full": 2820}
+LONG = "about 50 minutes of particle runs up to n = 100,000 tokens"
 THRESHOLD, RTOL, ATOL = 0.99, 1e-6, 1e-9
 PER_T, END_T = 10, 8.0
 WINDOWS = ((1.0, 2.0), (2.0, 4.0), (4.0, 8.0))
