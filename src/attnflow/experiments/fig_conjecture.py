@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 NAME = "fig_conjecture"
 # seconds on a 2-core machine (two jobs), quick and full: the runner starts the longest first
-SECONDS = {"quick": 5, "full": 2}
+SECONDS = {"quick": 5, "full": 1}
 SEED, N, T, DT = 0, 20, 30.0, 0.1
 SAVES = 121  # every 2.5 layers (the same shapes as the other figures: one compile)
 

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 NAME = "fig_modes"
 # seconds on a 2-core machine (two jobs), quick and full: the runner starts the longest first
-SECONDS = {"quick": 14, "full": 158}
+SECONDS = {"quick": 14, "full": 141}
 SEED, THRESHOLD, RTOL, ATOL, SAVES = 0, 0.99, 1e-8, 1e-10, 61
 # the windows [a T, 2 a T]: the doubling family [T, 2T] .. [8T, 16T] and the windows
 # halfway between (the single window of earlier versions was [3T, 6T])
