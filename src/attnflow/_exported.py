@@ -42,6 +42,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from ._meta import source_digest
+
 __all__ = ["allowed", "call", "SUFFIX"]
 
 SUFFIX = "-attnflow-export-cache"
@@ -59,15 +61,8 @@ def allowed() -> Iterator[None]:
         _STATE["allowed"] -= 1
 
 
-@cache
-def _source_digest() -> str:
-    """sha256 over the path and bytes of every ``.py`` file of the installed package."""
-    root = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*.py")):
-        h.update(str(p.relative_to(root)).encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()
+# the package's source, read once per process (its code does not change under it)
+_source_digest = cache(source_digest)
 
 
 @cache

@@ -40,6 +40,19 @@ def _package_dir() -> Path:
     return Path(__file__).resolve().parent
 
 
+def source_digest() -> str:
+    """sha256 of the attnflow package's Python sources (relative names and bytes), in name
+    order: what identifies the code that computed something, commit or not."""
+    import hashlib
+
+    pkg = _package_dir()
+    h = hashlib.sha256()
+    for p in sorted(pkg.rglob("*.py")):
+        h.update(str(p.relative_to(pkg)).encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
 def _checkout(package: Path) -> tuple[Path, Path] | None:
     """``(work tree, git dir)`` of the git checkout the package runs from, or ``None``
     (an installed copy: a path through ``site-packages``, or no ``.git`` above it)."""

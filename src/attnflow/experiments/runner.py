@@ -65,6 +65,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from .. import _cache, _parallel
+from .._meta import source_digest
 from ._lock import LOCK, FolderBusy, folder_lock
 from ._xla_flags import deterministic_here, worker_env
 
@@ -157,16 +158,6 @@ def _run_one(exp_dir: str, name: str, out: str, quick: bool) -> tuple:
         # a worker runs script after script: keep its compiled programs under the
         # process's memory-map limit (attnflow._cache.MAX_MEMORY_REGIONS)
         _cache.release_compiled_programs()
-
-
-def _package_digest() -> str:
-    """sha256 of the attnflow package's Python sources (names and bytes), in name order."""
-    pkg = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for p in sorted(pkg.rglob("*.py")):
-        h.update(str(p.relative_to(pkg)).encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 def input_key(exp_dir: Path, name: str, quick: bool, package: str, versions: dict) -> str:
@@ -502,7 +493,7 @@ def _run_locked(out, exp_dir, names, skipped, quick, progress, jobs, reuse) -> d
     from ._progress import WorkProgress
 
     versions = run_metadata()
-    package = _package_digest()
+    package = source_digest()
     keys = {n: input_key(exp_dir, n, quick, package, versions) for n in names}
     previous = _previous_index(out, quick)  # read once: reuse and the order
     reused = _reusable(previous, keys) if reuse else {}
