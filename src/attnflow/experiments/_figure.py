@@ -392,11 +392,9 @@ class FigureScript:
             return None
         if not all(isinstance(f, str) and (out / f).is_file() for f in files):
             return None
-        side, timings = split_timings(dict(data.sidecar))
-        side.pop("runtime_seconds", None)
+        side, timings = _split(data, seconds)
         if not same_numbers(old, H.jsonable(side)):
             return None
-        timings["runtime_seconds"] = round(seconds, 2)
         return {
             "figures": [out / f for f in files],
             "json": str(jpath),
@@ -428,9 +426,7 @@ class FigureScript:
         seconds: float,
         path: Path,
     ) -> dict[str, Any]:
-        side, timings = split_timings(dict(data.sidecar))
-        side.pop("runtime_seconds", None)
-        timings["runtime_seconds"] = round(seconds, 2)
+        side, timings = _split(data, seconds)
         # the files by their path inside the output folder: the same wherever it is
         side["figures"] = [_relative(p, out) for p in [*figures, *gifs]]
         if gifs:
@@ -444,6 +440,15 @@ class FigureScript:
             "timings": H.jsonable(timings),
             **data.result,
         }
+
+
+def _split(data: Data, seconds: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The sidecar without its measured durations, and those durations with the run's
+    ``runtime_seconds``."""
+    side, timings = split_timings(dict(data.sidecar))
+    side.pop("runtime_seconds", None)
+    timings["runtime_seconds"] = round(seconds, 2)
+    return side, timings
 
 
 def _relative(path: str | os.PathLike[str], out: Path) -> str:
