@@ -164,8 +164,6 @@ def density_clusters(traj: Any, *, level: float = 2.0, refine: int = 4) -> Float
         >>> density_clusters(sol).tolist()
         [2, 2]
     """
-    from scipy.signal import find_peaks
-
     if not _is_density(traj):
         raise ValueError(
             f"traj must be a DensityTrajectory (attnflow.solve_density); got "
@@ -175,10 +173,20 @@ def density_clusters(traj: Any, *, level: float = 2.0, refine: int = 4) -> Float
     refine = _checks.integer("refine", refine, lo=1)
     n = traj.model.grid_size * refine
     theta = 2.0 * np.pi * np.arange(n) / n
-    u = 1.0 / (2.0 * np.pi)
     out = np.full(len(traj.ts), -1, np.int64)
     for k in np.flatnonzero(traj.reached):
-        rho = traj.density_at(theta, int(k))
-        peaks, _ = find_peaks(np.tile(rho, 3), height=level * u, prominence=u)
-        out[k] = int(np.count_nonzero((peaks >= n) & (peaks < 2 * n)))
+        out[k] = periodic_peaks(traj.density_at(theta, int(k)), level)
     return out
+
+
+def periodic_peaks(rho: Float[np.ndarray, " N"], level: float = 2.0) -> int:
+    """The peaks of a density on the circle sampled at ``N`` equally spaced angles: local
+    maxima at least ``level / (2 pi)`` high with a prominence (``scipy.signal.find_peaks``,
+    the circle unrolled three times) of at least ``1 / (2 pi)``, the rule of
+    ``density_clusters``."""
+    from scipy.signal import find_peaks
+
+    n = len(rho)
+    u = 1.0 / (2.0 * np.pi)
+    peaks, _ = find_peaks(np.tile(rho, 3), height=level * u, prominence=u)
+    return int(np.count_nonzero((peaks >= n) & (peaks < 2 * n)))

@@ -79,13 +79,10 @@ def _rho0(th: np.ndarray) -> np.ndarray:
 def peak_count(angles: np.ndarray, bins: int) -> int:
     """Peaks of the tokens' histogram on the circle (``bins`` bins): local maxima at least
     twice the uniform density high with a prominence of at least the uniform density."""
-    from scipy.signal import find_peaks
+    from attnflow.analysis.density import periodic_peaks
 
     h, _ = np.histogram(np.mod(angles, 2 * math.pi), bins=bins, range=(0.0, 2 * math.pi))
-    rho = h / (angles.size * 2 * math.pi / bins)  # density, uniform = 1 / (2 pi)
-    u = 1.0 / (2 * math.pi)
-    peaks, _ = find_peaks(np.tile(rho, 3), height=2 * u, prominence=u)
-    return int(np.count_nonzero((peaks >= bins) & (peaks < 2 * bins)))
+    return periodic_peaks(h / (angles.size * 2 * math.pi / bins))  # uniform: 1 / (2 pi)
 
 
 def _cells(cfg: Mapping[str, Any]) -> list[dict]:
