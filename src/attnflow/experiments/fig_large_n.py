@@ -58,6 +58,7 @@ SECONDS = {"quick": 45, "full": 2820}
 LONG = "about 50 minutes of particle runs up to n = 100,000 tokens"
 THRESHOLD, RTOL, ATOL = 0.99, 1e-6, 1e-9
 PER_T, END_T = 10, 8.0
+SAVES = int(END_T * PER_T) + 1  # every T / PER_T from 0 to END_T * T
 WINDOWS = ((1.0, 2.0), (2.0, 4.0), (4.0, 8.0))
 PEAK_BINS = 512
 MF_BETA, MF_T1, MF_TIMES, MF_SEED0 = 5.0, 3.0, (1.0, 2.0, 3.0), 1000
@@ -97,17 +98,13 @@ def _cells(cfg: Mapping[str, Any]) -> list[dict]:
     return out
 
 
-def _saves(cfg: Mapping[str, Any]) -> int:
-    return int(END_T * PER_T) + 1
-
-
 def _plateau_run(cell: dict) -> dict:
     import attnflow as af
 
     beta, n, seed = cell["beta"], cell["n"], cell["seed"]
     pred = af.predict_metastable(beta)
     T = pred.growth_time * math.log(math.sqrt(n))
-    ts = np.linspace(0.0, END_T * T, int(END_T * PER_T) + 1)
+    ts = np.linspace(0.0, END_T * T, SAVES)
     th = np.random.default_rng(seed).uniform(0.0, 2 * math.pi, n)
     x0 = np.stack([np.cos(th), np.sin(th)], axis=-1)
     traj = af.simulate(
@@ -175,7 +172,7 @@ def kernel(config: Mapping[str, Any], start: int, stop: int, seed: int) -> dict[
 
     jax.config.update("jax_enable_x64", True)
     cells = _cells(config)
-    m = _saves(config)
+    m = SAVES
     rows = []
     sol = ts = None
     for i in range(start, stop):
@@ -247,7 +244,7 @@ def compute(quick: bool) -> F.Data:
     where = _sweep_dir(config)
     S.run(sw, where, progress=True)
     data = S.merge(where, expect=sw)
-    ts_over_T = np.linspace(0.0, END_T, int(END_T * PER_T) + 1)
+    ts_over_T = np.linspace(0.0, END_T, SAVES)
     arrays: dict[str, np.ndarray] = {"ts_over_T": ts_over_T}
     runs, statuses = [], []
     for beta in cfg["betas"]:
