@@ -235,36 +235,74 @@ def test_fit_line_r2_against_a_closed_form():
     assert LC.fit_line([1, 1, 1], [0, 1, 2])["r2"] is None
 
 
-def _table(base, qk, cand):
-    return {
-        "softmax": {1024: (base[0], 1000), 4096: (base[1], 1000)},
-        "qknorm": {1024: (qk[0], 1000), 4096: (qk[1], 1000)},
-        "qknorm+sink": {1024: (cand[0], 1000), 4096: (cand[1], 1000)},
-    }
+def test_seed_intervals_against_the_textbook_formulas():
+    """The mean's t interval and Welch's interval of a difference, from their formulas
+    (Welch-Satterthwaite degrees of freedom) with scipy's t quantile only."""
+    from scipy import stats
+
+    from attnflow._stats import mean_interval, welch_difference
+
+    x = np.array([0.61, 0.55, 0.70, 0.58, 0.64])
+    y = np.array([0.40, 0.52, 0.31, 0.45])
+    r = mean_interval(x)
+    half = stats.t.ppf(0.975, 4) * x.std(ddof=1) / math.sqrt(5)
+    assert r["interval"] == pytest.approx([x.mean() - half, x.mean() + half], abs=1e-14)
+    vx, vy = x.var(ddof=1) / 5, y.var(ddof=1) / 4
+    df = (vx + vy) ** 2 / (vx**2 / 4 + vy**2 / 3)
+    half = stats.t.ppf(0.975, df) * math.sqrt(vx + vy)
+    d = x.mean() - y.mean()
+    w = welch_difference(x, y)
+    assert w["difference"] == pytest.approx(d, abs=1e-15)
+    assert w["interval"] == pytest.approx([d - half, d + half], abs=1e-12)
+    # no spread: the point itself; one value: no interval
+    assert mean_interval([1.0, 1.0])["interval"] == [1.0, 1.0]
+    assert mean_interval([0.3])["interval"] is None
+    assert welch_difference([1.0, 1.0], [0.0, 0.0])["interval"] == [1.0, 1.0]
+    assert welch_difference([1.0], [0.0, 0.1])["interval"] is None
+    # across seeds clips to [0, 1]
+    assert LC.across_seeds([1.0, 0.9, 1.0])["interval"][1] == 1.0
+    with pytest.raises(ValueError, match="finite"):
+        mean_interval([0.1, float("nan")])
+
+
+def _table(base, qk, cand, *, lengths=(256, 1024)):
+    """Per-seed accuracies: each argument gives, per length, the mean of three seeds
+    spread by -+0.01."""
+
+    def seeds(means):
+        return {n: [m - 0.01, m, m + 0.01] for n, m in zip(lengths, means)}
+
+    return {"softmax": seeds(base), "qknorm": seeds(qk), "qknorm+sink": seeds(cand)}
 
 
 def test_the_rule_passes_and_fails_where_it_must():
-    def run(cand):
-        return LC.decide(
-            _table((800, 700), (400, 300), cand), baseline="softmax", candidates=("qknorm+sink",)
-        )
+    def run(cand, base=(0.8, 0.7), qk=(0.4, 0.3)):
+        return LC.decide(_table(base, qk, cand), baseline="softmax", candidates=("qknorm+sink",))
 
-    within = run((790, 690))  # inside the baseline's interval at both lengths
-    assert within["goes_away"] and within["passed_by"] == ["qknorm+sink"]
-    assert not within["no_cost"] and all(c["below"] for c in within["cost"])
-    closes = run((710, 610))  # below the interval, but 77.5% of both gaps closed
+    closes = run((0.71, 0.61))  # 77.5% of both gaps, well above QK norm
+    assert closes["cost_lengths"] == [256, 1024] and not closes["no_cost"]
+    assert closes["goes_away"] and closes["passed_by"] == ["qknorm+sink"]
     row = closes["candidates"]["qknorm+sink"]["per_length"]
-    assert [r["within"] for r in row] == [False, False]
-    assert row[0]["closed_fraction"] == pytest.approx(310 / 400)
-    assert closes["goes_away"]
-    assert not run((690, 590))["goes_away"]  # 72.5%: short of 75% and of the interval
-    assert not run((800, 300))["goes_away"]  # at 16x only: both lengths are required
-    none = LC.decide(
-        _table((800, 700), (795, 700), (795, 700)), baseline="softmax", candidates=("qknorm+sink",)
-    )
-    assert none["no_cost"]
+    assert row[0]["closed_fraction"] == pytest.approx(0.31 / 0.4)
+    assert not run((0.69, 0.59))["goes_away"]  # 72.5%: short of 75%
+    short = run((0.8, 0.3))  # closed at 4x only: every length with a cost is required
+    assert not short["goes_away"]
+    assert short["candidates"]["qknorm+sink"]["closed_at"] == [256]
+    # a length without a cost (QK norm within noise of the baseline) is not judged
+    partial = run((0.8, 0.3), qk=(0.4, 0.695))
+    assert partial["cost_lengths"] == [256] and partial["goes_away"]
+    # 75% of a gap in the means is not enough when the seeds scatter over it
+    t = _table((0.8, 0.7), (0.4, 0.3), (0.71, 0.61))
+    t["qknorm+sink"][256] = [0.2, 0.71, 1.0, 0.93]
+    assert not LC.decide(t, baseline="softmax", candidates=("qknorm+sink",))["goes_away"]
+    none = run((0.8, 0.7), qk=(0.795, 0.7))
+    assert none["no_cost"] and not none["goes_away"]
     with pytest.raises(ValueError, match="qknorm\\+gate"):
         LC.decide(_table((1, 1), (1, 1), (1, 1)), baseline="softmax")
+    one = _table((0.8, 0.7), (0.4, 0.3), (0.7, 0.6))
+    one["qknorm"][256] = [0.4]
+    with pytest.raises(ValueError, match="two per variant"):
+        LC.decide(one, baseline="softmax", candidates=("qknorm+sink",))
 
 
 # --------------------------------------------------------------------- training
@@ -333,8 +371,9 @@ def test_config_checks():
         T.NeedleConfig(keys=1)
     assert TINY.key() != dataclasses.replace(TINY, seed=1).key()
     assert T.NeedleConfig(variant="qknorm+sink+gate").kernel_name == "qknorm_sink"
-    with pytest.raises(ValueError, match="seeds"):
-        LC.run_study(("A",), seeds=0, cache_dir="unused")
+    for bad in (0, [], [1, 1], [-1], True):
+        with pytest.raises(ValueError, match="seeds"):
+            LC.run_study(("A",), seeds=bad, cache_dir="unused")
     with pytest.raises(ValueError, match="tiers"):
         LC.run_study(("C",), cache_dir="unused")
 
@@ -368,6 +407,24 @@ def test_quick_cli_end_to_end(quick_models, tmp_path, capsys):
     back = LC.LongContextResult.load(tmp_path / "longcontext.json")
     assert back.data == res
     assert [m["reused"] for m in res["models"]] == [True, True]
+    # the second run reads nothing again: the kept readings are the same numbers
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0, again.output
+    twice = json.loads(again.stdout)
+    assert [m["readings_reused"] for m in twice["models"]] == [True, True]
+    assert [m["readings"] for m in twice["models"]] == [m["readings"] for m in res["models"]]
+    assert twice["tiers"] == res["tiers"]
+    # the rule's readings only: softmax's reading is as it was (it has no scaled one); for
+    # the QK-norm model it is another reading, read afresh, with the same plain numbers
+    plain = CliRunner().invoke(app, [*args, "--descriptive-seeds", "0", "--file", "plain.json"])
+    assert plain.exit_code == 0, plain.output
+    only = json.loads(plain.stdout)
+    assert [m["readings_reused"] for m in only["models"]] == [True, False]
+    assert [list(m["readings"]) for m in only["models"]] == [["plain"], ["plain"]]
+    assert [m["readings"]["plain"] for m in only["models"]] == [
+        m["readings"]["plain"] for m in res["models"]
+    ]
+    assert (tmp_path / "plain.json").exists()
     tier = res["tiers"]["A"]
     assert tier["decision"] is None and "qknorm" in tier["verdict"]
     lengths = res["settings"]["tier_A"]["lengths"]
@@ -386,9 +443,12 @@ def test_quick_cli_end_to_end(quick_models, tmp_path, capsys):
 @pytest.mark.slow
 def test_quick_study_of_every_tier_a_variant_decides(tmp_path):
     res = LC.run_study(
-        ("A",), quick=True, seeds=1, cache_dir=tmp_path / "m", out=tmp_path, progress=False
+        ("A",), quick=True, seeds=2, cache_dir=tmp_path / "m", out=tmp_path, progress=False
     )
     d = res.data["tiers"]["A"]["decision"]
+    acc = res.data["tiers"]["A"]["summary"]["plain"]["softmax"]["present"]
+    assert acc["seeds"] == [0, 1] and len(acc["per_seed"][0]) == 2
+    assert acc["accuracy"][1] == pytest.approx(np.mean(acc["per_seed"][1]), abs=1e-15)
     assert set(d) == {"all", "present", "absent"}
     assert set(d["all"]["candidates"]) == {"qknorm+sink", "qknorm+gate"}
     assert isinstance(res.verdict("A"), str)

@@ -4,7 +4,10 @@ Contract: ``binomial_interval`` returns confidence intervals ``(low, high)`` for
 successes in ``samples`` trials, with ``0 <= low <= count/samples <= high <= 1``, exactly
 0 for ``count = 0`` and 1 for ``count = samples``, for the Wilson score interval (no
 continuity correction) or the exact Clopper-Pearson interval (beta quantiles, to the last
-bits); arguments are checked first (``ValueError`` naming the argument). ``loglog_slope``
+bits); arguments are checked first (``ValueError`` naming the argument). ``mean_interval``
+gives the mean of a few independent values (seeds) with its Student t interval, and
+``welch_difference`` the difference of two such means with Welch's interval; with no
+spread the interval is the point itself, with one value it is ``None``. ``loglog_slope``
 fits ``log y`` against ``log x`` by least squares and returns the slope with its standard
 error. scipy is imported on the first call only. Below every layer: imports no module of
 attnflow's layers.
@@ -18,7 +21,15 @@ import numpy as np
 
 from . import _checks
 
-__all__ = ["INTERVALS", "binomial_interval", "check_level", "interval_name", "loglog_slope"]
+__all__ = [
+    "INTERVALS",
+    "binomial_interval",
+    "check_level",
+    "interval_name",
+    "loglog_slope",
+    "mean_interval",
+    "welch_difference",
+]
 
 INTERVALS = ("wilson", "clopper-pearson")
 
@@ -110,3 +121,71 @@ def loglog_slope(x: Any, y: Any) -> tuple[float, float]:
 
     fit: Any = stats.linregress(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)))
     return float(fit.slope), float(fit.stderr)
+
+
+def mean_interval(values: Any, *, level: float = 0.95) -> dict[str, Any]:
+    """The mean of independent ``values`` (one per seed, say) with its two-sided Student t
+    interval ``mean -+ t_{(1+level)/2, m-1} s / sqrt(m)`` (``scipy.stats.t``).
+
+    Returns:
+        ``{"mean", "sd" (ddof 1), "interval" ([low, high]; the point itself when every
+        value is equal, ``None`` for a single value), "values", "m"}``.
+
+    Examples:
+        >>> r = mean_interval([0.5, 0.7, 0.6])
+        >>> round(r["mean"], 12), [round(x, 4) for x in r["interval"]]
+        (0.6, [0.3516, 0.8484])
+    """
+    from scipy import stats
+
+    level = check_level(level)
+    x = np.asarray(values, np.float64).ravel()
+    if x.size == 0 or not np.all(np.isfinite(x)):
+        raise ValueError(f"values must be one or more finite numbers; got {values!r}.")
+    mean = float(x.mean())
+    if x.size == 1:
+        return dict(mean=mean, sd=None, interval=None, values=x.tolist(), m=1)
+    sd = float(x.std(ddof=1))
+    if sd == 0.0:
+        return dict(mean=mean, sd=0.0, interval=[mean, mean], values=x.tolist(), m=int(x.size))
+    half = float(stats.t.ppf(0.5 + level / 2, x.size - 1)) * sd / np.sqrt(x.size)
+    return dict(
+        mean=mean,
+        sd=sd,
+        interval=[float(mean - half), float(mean + half)],
+        values=x.tolist(),
+        m=int(x.size),
+    )
+
+
+def welch_difference(a: Any, b: Any, *, level: float = 0.95) -> dict[str, Any]:
+    """``mean(a) - mean(b)`` with Welch's two-sided interval (unequal variances,
+    Welch-Satterthwaite degrees of freedom; ``scipy.stats.ttest_ind(a, b,
+    equal_var=False)``), for two groups of independent values (seeds).
+
+    Returns:
+        ``{"difference", "interval" ([low, high]; the point itself when neither group
+        has spread, ``None`` when a group has one value), "p" (two-sided; 1 or 0 without
+        spread)}``.
+
+    Examples:
+        >>> r = welch_difference([0.9, 0.8, 0.85], [0.5, 0.6, 0.55])
+        >>> round(r["difference"], 12), [round(x, 4) for x in r["interval"]]
+        (0.3, [0.1867, 0.4133])
+    """
+    from scipy import stats
+
+    level = check_level(level)
+    x = np.asarray(a, np.float64).ravel()
+    y = np.asarray(b, np.float64).ravel()
+    for name, v in (("a", x), ("b", y)):
+        if v.size == 0 or not np.all(np.isfinite(v)):
+            raise ValueError(f"{name} must be one or more finite numbers.")
+    d = float(x.mean() - y.mean())
+    if x.size < 2 or y.size < 2:
+        return dict(difference=d, interval=None, p=None)
+    if x.std() == 0.0 and y.std() == 0.0:
+        return dict(difference=d, interval=[d, d], p=1.0 if d == 0.0 else 0.0)
+    res: Any = stats.ttest_ind(x, y, equal_var=False)
+    ci = res.confidence_interval(confidence_level=level)
+    return dict(difference=d, interval=[float(ci.low), float(ci.high)], p=float(res.pvalue))

@@ -29,7 +29,16 @@ def longcontext(
         help="A: one head, needle or null; B: the small causal decoder; both",
     ),
     seeds: int = typer.Option(
-        2, "--seeds", callback=opt.checked(_checks.integer, lo=1), help="seeds per variant"
+        5,
+        "--seeds",
+        callback=opt.checked(_checks.integer, lo=1),
+        help="seeds per variant (the rule's intervals are across seeds: two or more)",
+    ),
+    first_seed: int = typer.Option(
+        0,
+        "--first-seed",
+        callback=opt.checked(_checks.integer, lo=0),
+        help="the seeds are first-seed, first-seed + 1, ... (fresh seeds for a confirmatory run)",
     ),
     variants: str | None = typer.Option(
         None,
@@ -47,13 +56,23 @@ def longcontext(
     retrain: bool = typer.Option(
         False, "--retrain", help="train again even where a finished model is cached"
     ),
+    descriptive_seeds: int = typer.Option(
+        2,
+        "--descriptive-seeds",
+        callback=opt.checked(_checks.integer, lo=0),
+        help="how many of the seeds (the first) also get the readings outside the rule: "
+        "QK-norm logits scaled by log(n)/log(n0), tier B's heads through the dynamics "
+        "(0: the rule's readings only)",
+    ),
+    file: str = typer.Option("longcontext.json", "--file", help="the result's file name in --out"),
     as_json: bool = opt.as_json(),
 ):
     """Train each variant (softmax or plain, qknorm, qknorm+sink, qknorm+gate,
     qknorm+sink+gate; tier A also ssmax) at one length, read it at 1x to 256x that length
-    (QK-norm variants also with their logits times log(n)/log(n_train)), pool the seeds,
-    and apply the pre-registered rule of docs/longcontext.md: does a sink or a gate take
-    away the QK-norm cost? Writes <out>/longcontext.json. Arithmetic is float32.
+    (QK-norm variants also with their logits times log(n)/log(n_train)), summarise across
+    seeds (mean, 95% t interval), and apply the rule of docs/longcontext.md: does a sink
+    or a gate take away the QK-norm cost? Writes <out>/longcontext.json. Arithmetic is
+    float32.
 
     \b
     Example:
@@ -64,6 +83,8 @@ def longcontext(
         raise common.CLIError("--variants must be a comma list of variant names.")
     if cache is not None:
         _checks.output_dir("--cache", cache)
+    if not file.endswith(".json") or "/" in file or "\\" in file:
+        raise common.CLIError(f"--file must be a file name ending in .json; got {file!r}.")
     common.setup_cache()  # before JAX is imported: the quiet XLA log level
     from ..studies import longcontext as LC
 
@@ -71,10 +92,12 @@ def longcontext(
         res = LC.run_study(
             tiers,
             quick=quick,
-            seeds=seeds,
+            seeds=list(range(first_seed, first_seed + seeds)),
             cache_dir=cache if cache is not None else Path(out) / "longcontext_models",
             out=out,
+            filename=file,
             variants=names,
+            descriptive_seeds=descriptive_seeds,
             retrain=retrain,
             progress=not as_json,
         )
@@ -88,7 +111,10 @@ def longcontext(
     for t in tiers:
         summary = res.data["tiers"][t]["summary"]["plain"]
         lengths = res.data["settings"][f"tier_{t}"]["lengths"]
-        typer.echo(f"tier {t}: accuracy % (present / absent) at n = {lengths}")
+        k = len(res.data["settings"]["seeds"])
+        typer.echo(
+            f"tier {t}: accuracy % (present / absent), mean of {k} seed(s), at n = {lengths}"
+        )
         for variant, s in summary.items():
             cells = [
                 f"{_pct(p)}/{_pct(a)}"
@@ -98,7 +124,7 @@ def longcontext(
         typer.echo(f"  verdict: {res.verdict(t)}")
     if quick:
         typer.echo("--quick: tiny models; these numbers say nothing about the variants.")
-    typer.echo(f"wrote {Path(out) / 'longcontext.json'}")
+    typer.echo(f"wrote {Path(out) / file}")
 
 
 def _pct(x: float | None) -> str:

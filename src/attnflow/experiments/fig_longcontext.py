@@ -2,8 +2,9 @@
 against the length read, per variant, for each tier of ``attnflow.studies.longcontext``.
 
   fig_longcontext.{png,pdf}  one row per tier: (a) accuracy against n (log axis) for
-                             present (solid, 95% Wilson band) and absent (dashed)
-                             queries; (b) the entropy of the answer rows over log n;
+                             present (solid; mean of the seeds with its 95% t
+                             interval across seeds) and absent (dashed) queries;
+                             (b) the entropy of the answer rows over log n;
                              (c) the sink mass (first token plus learned sink column);
                              (d) accuracy against sink mass over every model and length,
                              with the R^2 of accuracy on sink mass and on entropy
@@ -12,7 +13,8 @@ against the length read, per variant, for each tier of ``attnflow.studies.longco
 
 The trained models are kept in ``<out>/longcontext_models/`` (reused when their
 configuration matches). Tier B is drawn when ``attnflow.networks._decoder`` is installed.
-``--quick``: tier A's tiny configurations, one seed.
+Five training seeds per variant (``SEEDS``); ``--quick``: tier A's tiny configurations,
+two seeds.
 
 Run:  python -m attnflow.experiments.fig_longcontext [--quick] [--out figures] [--redraw]
 """
@@ -36,7 +38,8 @@ if TYPE_CHECKING:
 NAME = "fig_longcontext"
 # seconds on a 2-core machine (two jobs), quick and full: the runner starts the longest first
 SECONDS = {"quick": 40, "full": 1800}
-LONG = "trains the long-context models of both tiers, about half an hour on two cores"
+LONG = "trains the long-context models of both tiers, five seeds each, over an hour on two cores"
+SEEDS = {"quick": 2, "full": 5}
 
 
 def _tiers() -> tuple[str, ...]:
@@ -61,7 +64,11 @@ def arrays_of(data: dict[str, Any], tiers: Sequence[str]) -> dict[str, Any]:
         arrays[f"{t}_acc_present"] = col("present", "accuracy")
         arrays[f"{t}_acc_absent"] = col("absent", "accuracy")
         arrays[f"{t}_iv_present"] = np.asarray(
-            [plain[v]["present"]["interval"] for v in names], float
+            [
+                [[np.nan, np.nan] if iv is None else iv for iv in plain[v]["present"]["interval"]]
+                for v in names
+            ],
+            float,
         )
         arrays[f"{t}_entropy"] = col("all", "entropy_norm")
         arrays[f"{t}_sink"] = col("all", "total_sink")
@@ -95,7 +102,7 @@ def compute(quick: bool, out_dir: str | os.PathLike[str] = "figures") -> F.Data:
     # --quick draws tier A only: the decoder's quick models take minutes, not seconds
     # (their path is tested in tests/test_longcontext.py and tests/test_decoder.py)
     tiers = ("A",) if quick else _tiers()
-    seeds = 1 if quick else 2
+    seeds = SEEDS["quick" if quick else "full"]
     res = LC.run_study(
         tiers,
         quick=quick,
@@ -109,8 +116,9 @@ def compute(quick: bool, out_dir: str | os.PathLike[str] = "figures") -> F.Data:
         script="attnflow.experiments.fig_longcontext",
         quick=quick,
         runs=[],
-        seeds=seeds,
-        seeds_note="training seeds per variant (the study's settings.seeds in longcontext.json)",
+        seeds=res.data["settings"]["seeds"],
+        seeds_note="training seeds of every variant (intervals are across them); every model "
+        "is read on the same sets (settings.eval_seed in longcontext.json)",
         study=str(out / "longcontext.json"),
         verdicts={t: res.verdict(t) for t in tiers},
         cap={t: res.data["tiers"][t]["cap"] for t in tiers},
@@ -169,7 +177,8 @@ def draw(data: F.Data) -> dict[str, Figure]:
     H.headline(
         fig,
         "QK norm at long context, with a sink or a gate",
-        "trained at one length, read at 1x-256x it; present queries solid (95% band), "
+        "trained at one length, read at 1x-256x it; present queries solid (mean of "
+        f"{len(data.sidecar['seeds'])} seeds, 95% t band across seeds), "
         f"absent dashed; {'quick run' if data.quick else 'full run'}",
         sub_y=1 - 0.3 / height,
     )

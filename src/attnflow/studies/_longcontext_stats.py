@@ -1,8 +1,9 @@
-"""The long-context study's statistics and its pre-registered decision rule (both tiers).
+"""The long-context study's statistics of one reading: one trained model at one length
+(both tiers). The statistics across seeds and the decision rule are in
+``_longcontext_rule``.
 
-Contract. Every function takes plain numbers or an ``AttentionReadout`` and returns
-JSON-ready values (``None`` where a number does not exist: a halving length not
-reached, a fit of a constant):
+Contract. ``readout_stats`` takes an ``AttentionReadout`` and returns JSON-ready values
+(``None`` where a number does not exist):
 
 - ``readout_stats(readout)``: per half (``"all"``, ``"present"``, ``"absent"``) the
   count, accuracy and 95% Wilson interval (``attnflow._stats.binomial_interval``); per
@@ -18,18 +19,10 @@ reached, a fit of a constant):
   (``CAP_TOLERANCE`` of the cap); the fraction of heads whose mean first-token mass
   (``first_heads``, Gu et al. 2025's threshold) and total sink mass (``sink_heads``)
   exceed ``SINK_THRESHOLD``.
-- ``halving_length(lengths, accuracy)``: the length at which the accuracy first falls
-  to half its value at the first length, linear in ``log n`` between the measured
-  lengths; ``None`` when it does not.
-- ``fit_line(x, y)``: ``scipy.stats.linregress`` with ``r2 = rvalue^2``.
-- ``pooled(counts)``: correct and total summed over seeds, with the interval.
-- ``decide(table, ...)``: the rule of docs/longcontext.md (see its docstring).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,27 +30,11 @@ import numpy as np
 from .._stats import binomial_interval
 from ..networks._readout import ROW_FIELDS, AttentionReadout
 
-__all__ = [
-    "HALVES",
-    "SINK_THRESHOLD",
-    "CAP_TOLERANCE",
-    "readout_stats",
-    "halving_length",
-    "fit_line",
-    "pooled",
-    "decide",
-    "RULE",
-]
+__all__ = ["HALVES", "SINK_THRESHOLD", "CAP_TOLERANCE", "readout_stats"]
 
 HALVES = ("all", "present", "absent")
 SINK_THRESHOLD = 0.3
 CAP_TOLERANCE = 1e-5  # relative: float32 rounding of a row's weights and logits
-RULE = (
-    "The QK-norm cost goes away when QK norm + sink or QK norm + gate, at 16x and at 64x "
-    "the training length, has an accuracy within or above the 95% interval of the model "
-    "without QK norm, or closes at least 75% of the gap between QK norm and the model "
-    "without it (at both lengths). Judged on all queries, then on each half."
-)
 
 
 def _mean(x: np.ndarray) -> float | None:
@@ -139,141 +116,3 @@ def readout_stats(r: AttentionReadout) -> dict[str, Any]:
     out["first_heads"] = float(np.mean(first > SINK_THRESHOLD))
     out["sink_heads"] = float(np.mean(total > SINK_THRESHOLD))
     return out
-
-
-def halving_length(lengths: Sequence[float], accuracy: Sequence[float | None]) -> float | None:
-    """The length at which ``accuracy`` first falls to half its first value, linear in
-    ``log n`` between measured lengths; ``None`` when it never does (or the first value is
-    missing or 0).
-
-    Examples:
-        >>> halving_length([64, 256, 1024], [0.9, 0.6, 0.3])  # 0.45 halfway, on log n
-        512.0
-    """
-    if len(lengths) != len(accuracy) or not len(lengths):
-        raise ValueError("lengths and accuracy must be sequences of the same nonzero length.")
-    a0 = accuracy[0]
-    if a0 is None or a0 <= 0:
-        return None
-    target = a0 / 2
-    for i in range(1, len(lengths)):
-        a, b = accuracy[i - 1], accuracy[i]
-        if a is None or b is None:
-            return None
-        if b <= target:
-            x0, x1 = math.log(lengths[i - 1]), math.log(lengths[i])
-            t = 1.0 if a == b else (a - target) / (a - b)
-            return float(round(math.exp(x0 + t * (x1 - x0)), 9))
-    return None
-
-
-def fit_line(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> dict[str, Any]:
-    """Least-squares line of ``y`` on ``x`` (``scipy.stats.linregress``): slope,
-    intercept, ``r2``, ``p``, ``points``; ``r2`` is ``None`` (with ``why``) for fewer than
-    three points or a constant ``x`` or ``y``."""
-    from scipy import stats
-
-    xa, ya = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    keep = np.isfinite(xa) & np.isfinite(ya)
-    xa, ya = xa[keep], ya[keep]
-    base: dict[str, Any] = dict(points=int(xa.size))
-    if xa.size < 3 or np.ptp(xa) == 0 or np.ptp(ya) == 0:
-        return dict(
-            base,
-            slope=None,
-            intercept=None,
-            r2=None,
-            p=None,
-            why="fewer than three points, or a constant x or y",
-        )
-    fit: Any = stats.linregress(xa, ya)
-    return dict(
-        base,
-        slope=float(fit.slope),
-        intercept=float(fit.intercept),
-        r2=float(fit.rvalue) ** 2,
-        p=float(fit.pvalue),
-    )
-
-
-def pooled(counts: Sequence[tuple[int, int]]) -> dict[str, Any]:
-    """``(correct, total)`` pairs (one per seed) summed: correct, total, accuracy and the
-    95% Wilson interval."""
-    k = sum(int(c) for c, _ in counts)
-    t = sum(int(n) for _, n in counts)
-    if t == 0:
-        return dict(correct=0, total=0, accuracy=None, interval=None)
-    return dict(correct=k, total=t, accuracy=k / t, interval=list(binomial_interval(k, t)))
-
-
-def decide(
-    table: Mapping[str, Mapping[int, tuple[int, int]]],
-    *,
-    baseline: str,
-    qknorm: str = "qknorm",
-    candidates: Sequence[str] = ("qknorm+sink", "qknorm+gate"),
-    train_length: int = 64,
-    factors: Sequence[int] = (16, 64),
-    closure: float = 0.75,
-) -> dict[str, Any]:
-    """The pre-registered rule on pooled counts: ``table`` maps each variant to a mapping
-    of lengths to ``(correct, total)``.
-
-    A candidate passes at a length when its accuracy is at least the lower end of the
-    baseline's 95% Wilson interval, or when it closes at least ``closure`` of the gap
-    ``baseline - qknorm`` (a positive gap); it passes the rule when it passes at every
-    length ``factor * train_length``. The cost goes away when any candidate passes. A
-    cost exists at a length when QK norm is below the baseline's interval there.
-
-    Returns:
-        ``{"rule", "lengths", "cost" (per length: gap, qknorm below the interval),
-        "candidates" (per candidate: per length numbers, passes), "goes_away",
-        "passed_by", "no_cost"}``; ``ValueError`` naming a missing variant or length.
-
-    Examples:
-        >>> t = {"softmax": {1024: (90, 100), 4096: (80, 100)},
-        ...      "qknorm": {1024: (50, 100), 4096: (20, 100)},
-        ...      "qknorm+sink": {1024: (85, 100), 4096: (70, 100)}}
-        >>> decide(t, baseline="softmax", candidates=("qknorm+sink",))["goes_away"]
-        True
-    """
-    lengths = [int(f) * int(train_length) for f in factors]
-    for name in (baseline, qknorm, *candidates):
-        if name not in table:
-            raise ValueError(f"table has no variant {name!r}; it has {sorted(table)}.")
-        missing = [n for n in lengths if n not in table[name]]
-        if missing:
-            raise ValueError(f"table[{name!r}] has no length {missing[0]} (needed by the rule).")
-    base = {n: pooled([table[baseline][n]]) for n in lengths}
-    qk = {n: pooled([table[qknorm][n]]) for n in lengths}
-    cost = []
-    for n in lengths:
-        gap = base[n]["accuracy"] - qk[n]["accuracy"]
-        cost.append(dict(length=n, gap=gap, below=qk[n]["accuracy"] < base[n]["interval"][0]))
-    result: dict[str, Any] = dict(rule=RULE, lengths=lengths, cost=cost, candidates={})
-    for cand in candidates:
-        rows, ok = [], True
-        for n, c in zip(lengths, cost):
-            acc = pooled([table[cand][n]])["accuracy"]
-            within = acc >= base[n]["interval"][0]
-            frac = (acc - qk[n]["accuracy"]) / c["gap"] if c["gap"] > 0 else None
-            closes = frac is not None and frac >= closure
-            rows.append(
-                dict(
-                    length=n,
-                    accuracy=acc,
-                    baseline=base[n]["accuracy"],
-                    baseline_interval=base[n]["interval"],
-                    qknorm=qk[n]["accuracy"],
-                    closed_fraction=frac,
-                    within=bool(within),
-                    closes=bool(closes),
-                    passes=bool(within or closes),
-                )
-            )
-            ok = ok and (within or closes)
-        result["candidates"][cand] = dict(per_length=rows, passes=bool(ok))
-    result["passed_by"] = [c for c, v in result["candidates"].items() if v["passes"]]
-    result["goes_away"] = bool(result["passed_by"])
-    result["no_cost"] = not any(c["below"] for c in cost)
-    return result

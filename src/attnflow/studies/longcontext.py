@@ -4,24 +4,27 @@ QK norm bounds a head's logit spread by its weights, and with it the logit gap a
 can have over ``n`` keys and the height a sink can stand above them. The study trains
 models with and without QK norm, and with QK norm plus a learned sink, an output gate or
 both, at one length, reads them at 1x to 256x that length, and applies the decision
-rule of docs/longcontext.md (written before the study was run; ``decide``).
+rule of docs/longcontext.md (``decide``, ``RULE``).
 
 Tier A (``attnflow.networks._longcontext_task``): one head over a set of key-value
 items, the query present once or absent (answer NULL); variants ``VARIANTS``. Tier B
 (``attnflow.networks._decoder``): a small causal decoder, its ``VARIANTS``, read through
 ``evaluate_decoder`` and ``heads_through_dynamics`` (``_decoder_dynamics``). Both return
-``AttentionReadout``s (``attnflow.networks._readout``), summarised by
-``_longcontext_stats``.
+``AttentionReadout``s (``attnflow.networks._readout``), summarised per reading by
+``_longcontext_stats`` and across seeds by ``_longcontext_rule``.
 
 Contract. ``run_study`` trains or reuses every model (cached under ``cache_dir``, an
 interrupted training resumed bit for bit), reads each at every length of its tier
 (``reading="plain"``; QK-norm variants also ``"scaled"``: logits times
-``log(n)/log(n_train)``), and returns a ``LongContextResult``: per model its config,
-training record, learned parameters (tier B: its heads through the dynamics) and
-per-length statistics; per tier and reading the seeds pooled per variant and half
-(accuracy, interval, halving length, entropy, sink and needle masses); the fits of
-accuracy on sink mass and on entropy; the dispersion-cap check; the rule's decision.
-``LongContextResult.save`` writes it as JSON and ``load`` reads it back.
+``log(n)/log(n_train)``; a model's readings are kept beside it and reused while the
+model, the reading settings and the reading code are the same), and returns a
+``LongContextResult``: per model its seed, config, training record, learned parameters
+(tier B: its heads through the dynamics) and per-length statistics; per tier and reading,
+per variant and half, the accuracy of every seed, their mean with its 95% t interval
+across seeds, the pooled rows (a description), the halving length and the mean
+entropy, sink and needle masses; the fits of accuracy on sink mass and on entropy; the
+dispersion-cap check; the rule's decision. ``LongContextResult.save`` writes it as JSON
+and ``load`` reads it back.
 """
 
 from __future__ import annotations
@@ -46,15 +49,15 @@ from ..networks._longcontext_task import (
     train,
     validation,
 )
-from ._longcontext_stats import (
-    HALVES,
+from ._longcontext_rule import (
     RULE,
+    across_seeds,
     decide,
     fit_line,
     halving_length,
     pooled,
-    readout_stats,
 )
+from ._longcontext_stats import HALVES, readout_stats
 
 __all__ = [
     "VARIANTS",
@@ -70,6 +73,7 @@ __all__ = [
     "halving_length",
     "fit_line",
     "decide",
+    "across_seeds",
     "RULE",
     "FACTORS",
     "LongContextResult",
@@ -196,9 +200,46 @@ def learned(model: NeedleModel) -> dict[str, Any]:
     return out
 
 
+# bump when the entry that ``_read`` builds changes shape or meaning
+READING_FORMAT = 2
+EVAL_SEED = 12345  # the sets every model is read on (the same for every variant and seed)
+# package sources that do not compute a reading: a change there keeps the kept readings
+_NOT_READING = ("experiments/", "cli/", "studies/longcontext.py", "studies/_longcontext_rule.py")
+
+
+def _reading_digest() -> str:
+    """sha256 of the package's sources that compute a reading (training, the forward
+    passes, the statistics of a reading, the dynamics of the heads)."""
+    import hashlib
+
+    from .._meta import _package_dir
+
+    pkg = _package_dir()
+    h = hashlib.sha256()
+    for f in sorted(pkg.rglob("*.py")):
+        rel = f.relative_to(pkg).as_posix()
+        if not rel.startswith(_NOT_READING):
+            h.update(rel.encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
 def _train_and_read(
-    tier: str, setup: dict, variant: str, seed: int, cache: Path, *, retrain: bool, progress: bool
+    tier: str,
+    setup: dict,
+    variant: str,
+    seed: int,
+    cache: Path,
+    *,
+    retrain: bool,
+    progress: bool,
+    scaled: bool,
+    dynamics: bool,
+    code: str,
 ) -> dict[str, Any]:
+    from .._meta import run_metadata
+    from ..io.files import read_json, write_text
+
     cfg = setup["make"](variant, seed)
     n0, lengths, m = setup["train_length"], setup["lengths"], setup["sequences"]
     entry: dict[str, Any] = dict(
@@ -210,25 +251,61 @@ def _train_and_read(
     if tier == "A":
         model, record, reused = load_or_train(cfg, cache / "A", progress=progress, retrain=retrain)
         entry.update(record=record, reused=reused, learned=learned(model))
+        folder = cache / "A" / cfg.key()
 
         def read(n: int, scale: float):
-            return evaluate(model, cfg, n, sequences=m, seed=12345, logit_scale=scale)
+            return evaluate(model, cfg, n, sequences=m, seed=EVAL_SEED, logit_scale=scale)
     else:
         D = _decoder()
         model, record = D.load_or_train_decoder(
             cfg, cache / "B", retrain=retrain, progress=progress
         )
-        from ._decoder_dynamics import heads_through_dynamics
-
-        entry.update(record=record, heads=heads_through_dynamics(model, cfg))
+        folder = cache / "B" / cfg.key()
 
         def read(n: int, scale: float):
-            return D.evaluate_decoder(model, cfg, n, sequences=m, seed=12345, logit_scale=scale)
+            return D.evaluate_decoder(model, cfg, n, sequences=m, seed=EVAL_SEED, logit_scale=scale)
 
+        entry.update(record=record)
+    kinds = ["plain"] + (["scaled"] if scaled and variant.startswith("qknorm") else [])
+    versions = run_metadata()
+    key = dict(
+        format=READING_FORMAT,
+        model_sha256=record.get("model_sha256"),
+        lengths=list(lengths),
+        sequences=m,
+        eval_seed=EVAL_SEED,
+        readings=kinds,
+        dynamics=bool(dynamics and tier == "B"),
+        code=code,
+        versions={k: versions.get(k) for k in ("jax", "jaxlib", "numpy", "x64")},
+    )
+    import hashlib
+
+    key = json.loads(json.dumps(key, sort_keys=True, default=str))
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    kept = folder / f"readings-{name[:16]}.json"
+    if kept.exists() and not retrain and key["model_sha256"] is not None:
+        try:
+            saved = read_json(kept, kind="kept readings")
+        except ValueError:
+            saved = None
+        if isinstance(saved, dict) and saved.get("key") == key:
+            entry.update(saved["entry"], readings_reused=True)
+            return entry
+    new: dict[str, Any] = {}
+    if tier == "B" and dynamics:
+        from ._decoder_dynamics import heads_through_dynamics
+
+        new["heads"] = heads_through_dynamics(model, cfg)
     readings = {"plain": [readout_stats(read(n, 1.0)) for n in lengths]}
-    if variant.startswith("qknorm"):
+    if "scaled" in kinds:
         readings["scaled"] = [readout_stats(read(n, math.log(n) / math.log(n0))) for n in lengths]
-    entry["readings"] = readings
+    new["readings"] = readings
+    new = json.loads(json.dumps(new, allow_nan=False))
+    if key["model_sha256"] is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_text(kept, json.dumps(dict(key=key, entry=new)) + "\n")
+    entry.update(new, readings_reused=False)
     return entry
 
 
@@ -248,6 +325,14 @@ def _summarise(models: list[dict], setup: dict, tier: str) -> dict[str, Any]:
                 continue
             per[variant] = {}
             for half in HALVES:
+                per_seed = [
+                    [e["readings"][reading][i]["accuracy"][half] for e in runs]
+                    for i in range(len(lengths))
+                ]
+                seeds_stats = [
+                    across_seeds([float(x) for x in col]) if None not in col else None
+                    for col in per_seed
+                ]
                 rows = [
                     pooled(
                         [
@@ -260,11 +345,16 @@ def _summarise(models: list[dict], setup: dict, tier: str) -> dict[str, Any]:
                     )
                     for i in range(len(lengths))
                 ]
-                acc = [r["accuracy"] for r in rows]
+                acc = [None if st is None else st["mean"] for st in seeds_stats]
                 out: dict[str, Any] = dict(
                     lengths=lengths,
+                    seeds=[e["seed"] for e in runs],
                     accuracy=acc,
-                    interval=[r["interval"] for r in rows],
+                    interval=[None if st is None else st["interval"] for st in seeds_stats],
+                    sd=[None if st is None else st["sd"] for st in seeds_stats],
+                    per_seed=per_seed,
+                    pooled_accuracy=[r["accuracy"] for r in rows],
+                    pooled_interval=[r["interval"] for r in rows],
                     correct=[r["correct"] for r in rows],
                     total=[r["total"] for r in rows],
                     halving_length=halving_length(lengths, acc),
@@ -322,17 +412,18 @@ def _summarise(models: list[dict], setup: dict, tier: str) -> dict[str, Any]:
             decision=None,
             verdict=f"the rule needs the variants {missing}, not trained here",
         )
+    few = [v for v in wanted - {COMBINED} if len(summary["plain"][v]["all"]["seeds"]) < 2]
+    if few:
+        return dict(
+            summary=summary,
+            fits=fits,
+            cap=cap,
+            decision=None,
+            verdict=f"the rule needs at least two seeds per variant ({sorted(few)[0]} has one)",
+        )
     for half in HALVES:
         table = {
-            v: {
-                n: (c, t)
-                for n, c, t in zip(
-                    lengths,
-                    summary["plain"][v][half]["correct"],
-                    summary["plain"][v][half]["total"],
-                )
-            }
-            for v in wanted & available
+            v: dict(zip(lengths, summary["plain"][v][half]["per_seed"])) for v in wanted & available
         }
         decision[half] = decide(table, baseline=base, candidates=CANDIDATES, train_length=n0)
         if COMBINED in available:
@@ -344,14 +435,27 @@ def _summarise(models: list[dict], setup: dict, tier: str) -> dict[str, Any]:
     )
 
 
+def _closed(h: dict[str, Any]) -> str:
+    parts = [
+        f"{c} at n = {', '.join(str(n) for n in v['closed_at'])}"
+        for c, v in h["candidates"].items()
+        if v["closed_at"] and not v["passes"]
+    ]
+    return f", closed only by {' and by '.join(parts)}" if parts else ""
+
+
 def _verdict(decision: dict[str, Any], base: str) -> str:
     d = decision["all"]
     if d["no_cost"]:
-        head = f"no QK-norm cost at 16x and 64x (QK norm within the {base} interval)"
+        head = f"no QK-norm cost at any length read (QK norm not below {base})"
     elif d["goes_away"]:
         head = f"the QK-norm cost goes away with {' and '.join(d['passed_by'])}"
     else:
-        head = "the QK-norm cost does not go away with a sink or a gate"
+        lengths = ", ".join(str(n) for n in d["cost_lengths"])
+        head = (
+            f"the QK-norm cost (at n = {lengths}) does not go away with a sink or a gate"
+            + _closed(d)
+        )
     parts = []
     for half in ("absent", "present"):
         h = decision[half]
@@ -360,7 +464,7 @@ def _verdict(decision: dict[str, Any], base: str) -> str:
         elif h["goes_away"]:
             parts.append(f"{half} half: closed by {' and '.join(h['passed_by'])}")
         else:
-            parts.append(f"{half} half: not closed")
+            parts.append(f"{half} half: not closed{_closed(h)}")
     return f"{head} ({'; '.join(parts)})."
 
 
@@ -368,10 +472,12 @@ def run_study(
     tiers: Sequence[str] = ("A", "B"),
     *,
     quick: bool = False,
-    seeds: int = 2,
+    seeds: int | Sequence[int] = 5,
     cache_dir: str | Path,
     out: str | Path | None = None,
+    filename: str = "longcontext.json",
     variants: Sequence[str] | None = None,
+    descriptive_seeds: int | None = 2,
     retrain: bool = False,
     progress: bool = True,
 ) -> LongContextResult:
@@ -380,12 +486,21 @@ def run_study(
     Args:
         tiers: ``"A"`` (one head, needle or null) and/or ``"B"`` (the decoder).
         quick: tiny configurations (seconds a model; for tests).
-        seeds: seeds per variant (0, 1, ...).
+        seeds: the training seeds of every variant: a count ``k`` (seeds ``0 .. k-1``)
+            or the seeds themselves (distinct whole numbers >= 0). The rule needs two or
+            more; its intervals are across seeds.
         cache_dir: where trained models are kept (``A/`` and ``B/``), reused when their
-            configuration matches, resumed when their training was interrupted.
-        out: when given, the result is written to ``out/longcontext.json``.
+            configuration matches, resumed when their training was interrupted; each
+            model's readings are kept beside it and reused while the model, the reading
+            settings and the reading code are unchanged.
+        out: when given, the result is written to ``out/<filename>``.
+        filename: the result's file name in ``out``.
         variants: a subset of the tier's variants (default: all; the rule needs its
             baseline, ``qknorm`` and the candidates).
+        descriptive_seeds: how many of the seeds (the first ones) also get the readings
+            outside the rule: the QK-norm variants read with their logits times
+            ``log(n)/log(n_train)``, and tier B's trained heads run as particle systems
+            (``heads_through_dynamics``); ``None``: every seed, ``0``: none.
         retrain: train again even where a finished model is cached.
         progress: progress bars.
 
@@ -410,8 +525,16 @@ def run_study(
     tiers = tuple(dict.fromkeys(tiers))
     if not tiers or any(t not in ("A", "B") for t in tiers):
         raise ValueError(f"tiers must be a non-empty selection of 'A' and 'B'; got {tiers!r}.")
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise ValueError(f"seeds must be a whole number >= 1; got {seeds!r}.")
+    seed_list = _seed_list(seeds)
+    if descriptive_seeds is not None and (
+        isinstance(descriptive_seeds, bool)
+        or not isinstance(descriptive_seeds, int)
+        or descriptive_seeds < 0
+    ):
+        raise ValueError(
+            f"descriptive_seeds must be None or a whole number >= 0; got {descriptive_seeds!r}."
+        )
+    described = set(seed_list if descriptive_seeds is None else seed_list[:descriptive_seeds])
     cache = Path(cache_dir)
     setups = {t: tier_setup(t, quick) for t in tiers}
     if variants is not None:
@@ -423,17 +546,31 @@ def run_study(
                     f"(its variants: {', '.join(s['variants'])})."
                 )
             s["variants"] = tuple(v for v in s["variants"] if v in variants)
-    jobs = [(t, v, s) for t in tiers for v in setups[t]["variants"] for s in range(seeds)]
+    jobs = [(t, v, s) for t in tiers for v in setups[t]["variants"] for s in seed_list]
+    code = _reading_digest()
     models = []
     for t, v, s in tqdm(jobs, desc="long-context models", disable=not progress):
         models.append(
-            _train_and_read(t, setups[t], v, s, cache, retrain=retrain, progress=progress)
+            _train_and_read(
+                t,
+                setups[t],
+                v,
+                s,
+                cache,
+                retrain=retrain,
+                progress=progress,
+                scaled=s in described,
+                dynamics=s in described,
+                code=code,
+            )
         )
     data: dict[str, Any] = dict(
         settings=dict(
             quick=bool(quick),
-            seeds=seeds,
+            seeds=seed_list,
             tiers=list(tiers),
+            descriptive_seeds=sorted(described),
+            eval_seed=EVAL_SEED,
             rule=RULE,
             **{
                 f"tier_{t}": dict(
@@ -452,5 +589,24 @@ def run_study(
     )
     result = LongContextResult(json.loads(json.dumps(data, allow_nan=False)))
     if out is not None:
-        result.save(Path(out) / "longcontext.json")
+        result.save(Path(out) / filename)
     return result
+
+
+def _seed_list(seeds: int | Sequence[int]) -> list[int]:
+    if isinstance(seeds, bool):
+        raise ValueError(f"seeds must be a count >= 1 or a list of seeds; got {seeds!r}.")
+    if isinstance(seeds, (int, np.integer)):
+        if seeds < 1:
+            raise ValueError(f"seeds must be a count >= 1 or a list of seeds; got {seeds!r}.")
+        return list(range(int(seeds)))
+    out = list(seeds)
+    if (
+        not out
+        or any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 0 for x in out)
+        or len(set(out)) != len(out)
+    ):
+        raise ValueError(
+            f"seeds must be a count >= 1 or distinct whole numbers >= 0; got {seeds!r}."
+        )
+    return [int(x) for x in out]
