@@ -236,8 +236,8 @@ def test_fit_line_r2_against_a_closed_form():
 
 
 def test_seed_intervals_against_the_textbook_formulas():
-    """The mean's t interval and Welch's interval of a difference, from their formulas
-    (Welch-Satterthwaite degrees of freedom) with scipy's t quantile only."""
+    """The mean's t interval from its formula, Welch's interval of a difference against
+    scipy's own Welch test, and the cases without spread."""
     from scipy import stats
 
     from attnflow._stats import mean_interval, welch_difference
@@ -247,13 +247,14 @@ def test_seed_intervals_against_the_textbook_formulas():
     r = mean_interval(x)
     half = stats.t.ppf(0.975, 4) * x.std(ddof=1) / math.sqrt(5)
     assert r["interval"] == pytest.approx([x.mean() - half, x.mean() + half], abs=1e-14)
-    vx, vy = x.var(ddof=1) / 5, y.var(ddof=1) / 4
-    df = (vx + vy) ** 2 / (vx**2 / 4 + vy**2 / 3)
-    half = stats.t.ppf(0.975, df) * math.sqrt(vx + vy)
-    d = x.mean() - y.mean()
+    ci = stats.ttest_ind(x, y, equal_var=False).confidence_interval(0.95)  # pyright: ignore
     w = welch_difference(x, y)
-    assert w["difference"] == pytest.approx(d, abs=1e-15)
-    assert w["interval"] == pytest.approx([d - half, d + half], abs=1e-12)
+    assert w["difference"] == pytest.approx(x.mean() - y.mean(), abs=1e-15)
+    assert w["interval"] == pytest.approx([ci.low, ci.high], abs=1e-12)
+    # one group without spread: the other's spread alone, on m - 1 degrees of freedom
+    w = welch_difference(x, [0.2, 0.2, 0.2])
+    half = stats.t.ppf(0.975, 4) * x.std(ddof=1) / math.sqrt(5)
+    assert w["interval"] == pytest.approx([x.mean() - 0.2 - half, x.mean() - 0.2 + half], abs=1e-12)
     # no spread: the point itself; one value: no interval
     assert mean_interval([1.0, 1.0])["interval"] == [1.0, 1.0]
     assert mean_interval([0.3])["interval"] is None

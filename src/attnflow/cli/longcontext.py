@@ -64,6 +64,12 @@ def longcontext(
         "QK-norm logits scaled by log(n)/log(n0), tier B's heads through the dynamics "
         "(0: the rule's readings only)",
     ),
+    eval_seed: int = typer.Option(
+        12345,
+        "--eval-seed",
+        callback=opt.checked(_checks.integer, lo=0),
+        help="the seed of the sets every model is read on",
+    ),
     file: str = typer.Option("longcontext.json", "--file", help="the result's file name in --out"),
     as_json: bool = opt.as_json(),
 ):
@@ -98,6 +104,7 @@ def longcontext(
             filename=file,
             variants=names,
             descriptive_seeds=descriptive_seeds,
+            eval_seed=eval_seed,
             retrain=retrain,
             progress=not as_json,
         )

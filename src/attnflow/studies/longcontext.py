@@ -202,7 +202,7 @@ def learned(model: NeedleModel) -> dict[str, Any]:
 
 # bump when the entry that ``_read`` builds changes shape or meaning
 READING_FORMAT = 2
-EVAL_SEED = 12345  # the sets every model is read on (the same for every variant and seed)
+EVAL_SEED = 12345  # the default sets every model is read on (the same for every variant and seed)
 # package sources that do not compute a reading: a change there keeps the kept readings
 _NOT_READING = ("experiments/", "cli/", "studies/longcontext.py", "studies/_longcontext_rule.py")
 
@@ -236,6 +236,7 @@ def _train_and_read(
     scaled: bool,
     dynamics: bool,
     code: str,
+    eval_seed: int,
 ) -> dict[str, Any]:
     from .._meta import run_metadata
     from ..io.files import read_json, write_text
@@ -254,7 +255,7 @@ def _train_and_read(
         folder = cache / "A" / cfg.key()
 
         def read(n: int, scale: float):
-            return evaluate(model, cfg, n, sequences=m, seed=EVAL_SEED, logit_scale=scale)
+            return evaluate(model, cfg, n, sequences=m, seed=eval_seed, logit_scale=scale)
     else:
         D = _decoder()
         model, record = D.load_or_train_decoder(
@@ -263,7 +264,7 @@ def _train_and_read(
         folder = cache / "B" / cfg.key()
 
         def read(n: int, scale: float):
-            return D.evaluate_decoder(model, cfg, n, sequences=m, seed=EVAL_SEED, logit_scale=scale)
+            return D.evaluate_decoder(model, cfg, n, sequences=m, seed=eval_seed, logit_scale=scale)
 
         entry.update(record=record)
     kinds = ["plain"] + (["scaled"] if scaled and variant.startswith("qknorm") else [])
@@ -273,7 +274,7 @@ def _train_and_read(
         model_sha256=record.get("model_sha256"),
         lengths=list(lengths),
         sequences=m,
-        eval_seed=EVAL_SEED,
+        eval_seed=eval_seed,
         readings=kinds,
         dynamics=bool(dynamics and tier == "B"),
         code=code,
@@ -478,6 +479,7 @@ def run_study(
     filename: str = "longcontext.json",
     variants: Sequence[str] | None = None,
     descriptive_seeds: int | None = 2,
+    eval_seed: int = EVAL_SEED,
     retrain: bool = False,
     progress: bool = True,
 ) -> LongContextResult:
@@ -501,6 +503,8 @@ def run_study(
             outside the rule: the QK-norm variants read with their logits times
             ``log(n)/log(n_train)``, and tier B's trained heads run as particle systems
             (``heads_through_dynamics``); ``None``: every seed, ``0``: none.
+        eval_seed: the seed of the sets every model is read on (the same sets for every
+            variant and training seed; another seed, other sets).
         retrain: train again even where a finished model is cached.
         progress: progress bars.
 
@@ -534,6 +538,8 @@ def run_study(
         raise ValueError(
             f"descriptive_seeds must be None or a whole number >= 0; got {descriptive_seeds!r}."
         )
+    if isinstance(eval_seed, bool) or not isinstance(eval_seed, int) or eval_seed < 0:
+        raise ValueError(f"eval_seed must be a whole number >= 0; got {eval_seed!r}.")
     described = set(seed_list if descriptive_seeds is None else seed_list[:descriptive_seeds])
     cache = Path(cache_dir)
     setups = {t: tier_setup(t, quick) for t in tiers}
@@ -562,6 +568,7 @@ def run_study(
                 scaled=s in described,
                 dynamics=s in described,
                 code=code,
+                eval_seed=eval_seed,
             )
         )
     data: dict[str, Any] = dict(
@@ -570,7 +577,7 @@ def run_study(
             seeds=seed_list,
             tiers=list(tiers),
             descriptive_seeds=sorted(described),
-            eval_seed=EVAL_SEED,
+            eval_seed=eval_seed,
             rule=RULE,
             **{
                 f"tier_{t}": dict(
