@@ -377,6 +377,13 @@ def test_config_checks():
             LC.run_study(("A",), seeds=bad, cache_dir="unused")
     with pytest.raises(ValueError, match="tiers"):
         LC.run_study(("C",), cache_dir="unused")
+    with pytest.raises(ValueError, match="'plain'"):  # tier B's baseline, not tier A's
+        LC.run_study(("A",), variants=("softmax", "plain"), cache_dir="unused")
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="eval_seed"):
+            LC.run_study(("A",), eval_seed=bad, cache_dir="unused")  # pyright: ignore
+        with pytest.raises(ValueError, match="descriptive_seeds"):
+            LC.run_study(("A",), descriptive_seeds=bad, cache_dir="unused")  # pyright: ignore
 
 
 def test_quick_cli_end_to_end(quick_models, tmp_path, capsys):

@@ -497,8 +497,8 @@ def run_study(
             settings and the reading code are unchanged.
         out: when given, the result is written to ``out/<filename>``.
         filename: the result's file name in ``out``.
-        variants: a subset of the tier's variants (default: all; the rule needs its
-            baseline, ``qknorm`` and the candidates).
+        variants: the variants to train (default: all); each tier keeps those it has
+            (the rule needs its baseline, ``qknorm`` and the candidates).
         descriptive_seeds: how many of the seeds (the first ones) also get the readings
             outside the rule: the QK-norm variants read with their logits times
             ``log(n)/log(n_train)``, and tier B's trained heads run as particle systems
@@ -544,14 +544,17 @@ def run_study(
     cache = Path(cache_dir)
     setups = {t: tier_setup(t, quick) for t in tiers}
     if variants is not None:
+        known = {v for s in setups.values() for v in s["variants"]}
+        bad = [v for v in variants if v not in known]
+        if bad:
+            raise ValueError(
+                f"variants: no tier here has a variant {bad[0]!r} (their variants: "
+                f"{', '.join(sorted(known))})."
+            )
         for t, s in setups.items():
-            bad = [v for v in variants if v not in s["variants"]]
-            if bad:
-                raise ValueError(
-                    f"variants: tier {t} has no variant {bad[0]!r} "
-                    f"(its variants: {', '.join(s['variants'])})."
-                )
             s["variants"] = tuple(v for v in s["variants"] if v in variants)
+            if not s["variants"]:
+                raise ValueError(f"variants: none of {list(variants)} is a variant of tier {t}.")
     jobs = [(t, v, s) for t in tiers for v in setups[t]["variants"] for s in seed_list]
     code = _reading_digest()
     models = []
