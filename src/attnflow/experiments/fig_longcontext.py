@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 
 NAME = "fig_longcontext"
 # seconds on a 2-core machine (two jobs), quick and full: the runner starts the longest first
-SECONDS = {"quick": 40, "full": 1800}
-LONG = "trains the long-context models of both tiers, five seeds each, over an hour on two cores"
+SECONDS = {"quick": 60, "full": 4200}
+LONG = "trains the long-context models of both tiers, five seeds each: about 70 min on two cores"
 SEEDS = {"quick": 2, "full": 5}
 
 
@@ -70,6 +70,16 @@ def arrays_of(data: dict[str, Any], tiers: Sequence[str]) -> dict[str, Any]:
             ],
             float,
         )
+        arrays[f"{t}_seeds_present"] = np.asarray(
+            [
+                [
+                    [np.nan if x is None else x for x in row]
+                    for row in plain[v]["present"]["per_seed"]
+                ]
+                for v in names
+            ],
+            float,
+        )
         arrays[f"{t}_entropy"] = col("all", "entropy_norm")
         arrays[f"{t}_sink"] = col("all", "total_sink")
         fits = tier["fits"]["all"]
@@ -90,7 +100,9 @@ def compute(quick: bool, out_dir: str | os.PathLike[str] = "figures") -> F.Data:
     Returns:
         the sidecar (versions, the verdicts, the study's path) and, for ``draw``, per
         tier ``t``: ``t_variants``, ``t_lengths``, ``t_acc_present``, ``t_acc_absent``
-        (variants x lengths), ``t_iv_present`` (variants x lengths x 2),
+        (variants x lengths; the mean of the seeds), ``t_iv_present`` (variants x
+        lengths x 2; the 95% t interval across seeds), ``t_seeds_present`` (variants x
+        lengths x seeds),
         ``t_entropy``, ``t_sink`` (all queries), ``t_points`` (sink mass, normalised
         entropy, accuracy of every model and length) and ``t_r2`` (of accuracy on sink
         mass and on entropy; NaN where undefined).
@@ -148,6 +160,10 @@ def draw(data: F.Data) -> dict[str, Figure]:
             ax[0].plot(n, 100 * a[f"{t}_acc_present"][i], "-o", ms=2.5, lw=1, color=c, label=v)
             iv = a[f"{t}_iv_present"][i]
             ax[0].fill_between(n, 100 * iv[:, 0], 100 * iv[:, 1], color=c, alpha=0.15, lw=0)
+            seeds = a[f"{t}_seeds_present"][i]  # one dot per seed, offset per variant
+            shift = 2.0 ** (0.07 * (i - (len(a[f"{t}_variants"]) - 1) / 2))
+            xs = np.repeat(n[:, None] * shift, seeds.shape[1], axis=1)
+            ax[0].plot(xs.ravel(), 100 * seeds.ravel(), ".", ms=2, color=c, alpha=0.6)
             ax[0].plot(n, 100 * a[f"{t}_acc_absent"][i], "--", lw=1, color=c)
             ax[1].plot(n, a[f"{t}_entropy"][i], "-o", ms=2.5, lw=1, color=c)
             ax[2].plot(n, a[f"{t}_sink"][i], "-o", ms=2.5, lw=1, color=c)
@@ -157,9 +173,9 @@ def draw(data: F.Data) -> dict[str, Figure]:
         ax[3].set_title(f"$R^2$: sink {_r2(r2[0])}, entropy {_r2(r2[1])}", fontsize=7)
         for k in range(3):
             ax[k].set_xscale("log", base=2)
-            ax[k].set_xlabel("length n")
+            ax[k].set_xlabel("length $n$")
         ax[0].set_ylabel(f"tier {t}: accuracy (%)")
-        ax[1].set_ylabel("entropy / log n")
+        ax[1].set_ylabel(r"entropy / $\log n$")
         ax[2].set_ylabel("sink mass")
         ax[3].set_xlabel("sink mass")
         ax[3].set_ylabel("accuracy (%)")
@@ -178,7 +194,7 @@ def draw(data: F.Data) -> dict[str, Figure]:
         fig,
         "QK norm at long context, with a sink or a gate",
         "trained at one length, read at 1x-256x it; present queries solid (mean of "
-        f"{len(data.sidecar['seeds'])} seeds, 95% t band across seeds), "
+        f"{len(data.sidecar['seeds'])} seeds, dots the seeds, 95% t band across seeds), "
         f"absent dashed; {'quick run' if data.quick else 'full run'}",
         sub_y=1 - 0.3 / height,
     )
