@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -249,6 +249,7 @@ def _train_and_read(
         seed=seed,
         config=cfg.to_dict() if hasattr(cfg, "to_dict") else dataclasses.asdict(cfg),
     )
+    heads: Callable[[], list[dict]] | None = None  # tier B: its heads through the dynamics
     if tier == "A":
         model, record, reused = load_or_train(cfg, cache / "A", progress=progress, retrain=retrain)
         entry.update(record=record, reused=reused, learned=learned(model))
@@ -266,6 +267,12 @@ def _train_and_read(
         def read(n: int, scale: float):
             return D.evaluate_decoder(model, cfg, n, sequences=m, seed=eval_seed, logit_scale=scale)
 
+        def through_dynamics(decoder=model) -> list[dict]:
+            from ._decoder_dynamics import heads_through_dynamics
+
+            return heads_through_dynamics(decoder, cfg)
+
+        heads = through_dynamics
         entry.update(record=record)
     kinds = ["plain"] + (["scaled"] if scaled and variant.startswith("qknorm") else [])
     versions = run_metadata()
@@ -276,7 +283,7 @@ def _train_and_read(
         sequences=m,
         eval_seed=eval_seed,
         readings=kinds,
-        dynamics=bool(dynamics and tier == "B"),
+        dynamics=bool(dynamics and heads is not None),
         code=code,
         versions={k: versions.get(k) for k in ("jax", "jaxlib", "numpy", "x64")},
     )
@@ -294,10 +301,8 @@ def _train_and_read(
             entry.update(saved["entry"], readings_reused=True)
             return entry
     new: dict[str, Any] = {}
-    if tier == "B" and dynamics:
-        from ._decoder_dynamics import heads_through_dynamics
-
-        new["heads"] = heads_through_dynamics(model, cfg)
+    if heads is not None and dynamics:
+        new["heads"] = heads()
     readings = {"plain": [readout_stats(read(n, 1.0)) for n in lengths]}
     if "scaled" in kinds:
         readings["scaled"] = [readout_stats(read(n, math.log(n) / math.log(n0))) for n in lengths]
