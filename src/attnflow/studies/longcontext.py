@@ -17,7 +17,8 @@ Contract. ``run_study`` trains or reuses every model (cached under ``cache_dir``
 interrupted training resumed bit for bit), reads each at every length of its tier
 (``reading="plain"``; QK-norm variants also ``"scaled"``: logits times
 ``log(n)/log(n_train)``; a model's readings are kept beside it and reused while the
-model, the reading settings and the reading code are the same), and returns a
+model, the reading settings and the reading code are the same; the whole study runs
+with JAX's x64 mode off, whatever the caller's, as its models are float32), and returns a
 ``LongContextResult``: per model its seed, config, training record, learned parameters
 (tier B: its heads through the dynamics) and per-length statistics; per tier and reading,
 per variant and half, the accuracy of every seed, their mean with its 95% t interval
@@ -36,6 +37,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from ..dynamics import kernels as _kernels
@@ -563,22 +565,27 @@ def run_study(
     jobs = [(t, v, s) for t in tiers for v in setups[t]["variants"] for s in seed_list]
     code = _reading_digest()
     models = []
-    for t, v, s in tqdm(jobs, desc="long-context models", disable=not progress):
-        models.append(
-            _train_and_read(
-                t,
-                setups[t],
-                v,
-                s,
-                cache,
-                retrain=retrain,
-                progress=progress,
-                scaled=s in described,
-                dynamics=s in described,
-                code=code,
-                eval_seed=eval_seed,
+    # float32 models: the study runs with x64 off whatever the caller's mode (the mode
+    # changes how Python numbers promote, so the last bits), so that the command line
+    # and the figure script compute, and reuse, the same readings
+    with jax.enable_x64(False):
+        for t, v, s in tqdm(jobs, desc="long-context models", disable=not progress):
+            models.append(
+                _train_and_read(
+                    t,
+                    setups[t],
+                    v,
+                    s,
+                    cache,
+                    retrain=retrain,
+                    progress=progress,
+                    scaled=s in described,
+                    dynamics=s in described,
+                    code=code,
+                    eval_seed=eval_seed,
+                )
             )
-        )
+        versions = run_metadata()
     data: dict[str, Any] = dict(
         settings=dict(
             quick=bool(quick),
@@ -597,7 +604,7 @@ def run_study(
                 )
                 for t, s in setups.items()
             },
-            versions=run_metadata(),
+            versions=versions,
         ),
         models=models,
         tiers={t: _summarise([e for e in models if e["tier"] == t], setups[t], t) for t in tiers},
