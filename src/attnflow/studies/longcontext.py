@@ -411,24 +411,19 @@ def _summarise(models: list[dict], setup: dict, tier: str) -> dict[str, Any]:
     base, n0 = BASELINE[tier], setup["train_length"]
     available = set(summary["plain"])
     wanted = {base, "qknorm", *CANDIDATES, COMBINED}
-    if not wanted - {COMBINED} <= available:
-        missing = sorted(wanted - {COMBINED} - available)
-        return dict(
-            summary=summary,
-            fits=fits,
-            cap=cap,
-            decision=None,
-            verdict=f"the rule needs the variants {missing}, not trained here",
+    missing = sorted(wanted - {COMBINED} - available)
+    few = sorted(
+        v
+        for v in wanted - {COMBINED} - set(missing)
+        if len(summary["plain"][v]["all"]["seeds"]) < 2
+    )
+    if missing or few:
+        why = (
+            f"the rule needs the variants {missing}, not trained here"
+            if missing
+            else f"the rule needs at least two seeds per variant ({few[0]} has one)"
         )
-    few = [v for v in wanted - {COMBINED} if len(summary["plain"][v]["all"]["seeds"]) < 2]
-    if few:
-        return dict(
-            summary=summary,
-            fits=fits,
-            cap=cap,
-            decision=None,
-            verdict=f"the rule needs at least two seeds per variant ({sorted(few)[0]} has one)",
-        )
+        return dict(summary=summary, fits=fits, cap=cap, decision=None, verdict=why)
     for half in HALVES:
         table = {
             v: dict(zip(lengths, summary["plain"][v][half]["per_seed"])) for v in wanted & available
