@@ -15,6 +15,10 @@ interval from a single seed):
   lengths; ``None`` when it does not.
 - ``fit_line(x, y)``: ``scipy.stats.linregress`` with ``r2 = rvalue^2``.
 - ``decide(table, ...)``: the rule ``RULE`` on per-seed accuracies (see its docstring).
+- ``summarise(models, setup, tier)``: one tier of a study from its model entries: the
+  per-seed accuracies and their summary per reading, variant and half, the fits, the
+  cap check, the decision on all queries and on each half, and the verdict in a
+  sentence.
 """
 
 from __future__ import annotations
@@ -26,8 +30,35 @@ from typing import Any
 import numpy as np
 
 from .._stats import binomial_interval, mean_interval, welch_difference
+from ._longcontext_stats import HALVES
 
-__all__ = ["RULE", "CLOSURE", "across_seeds", "pooled", "halving_length", "fit_line", "decide"]
+__all__ = [
+    "RULE",
+    "CLOSURE",
+    "BASELINE",
+    "CANDIDATES",
+    "COMBINED",
+    "across_seeds",
+    "pooled",
+    "halving_length",
+    "fit_line",
+    "decide",
+    "summarise",
+]
+
+BASELINE = {"A": "softmax", "B": "plain"}
+CANDIDATES = ("qknorm+sink", "qknorm+gate")
+COMBINED = "qknorm+sink+gate"
+_MEANS = (
+    "entropy",
+    "entropy_norm",
+    "total_sink",
+    "sink_mass",
+    "first_mass",
+    "logit_spread",
+    "gate",
+)
+_PRESENT_MEANS = ("needle_mass", "needle_gap", "cap")
 
 CLOSURE = 0.75
 RULE = (
@@ -216,3 +247,163 @@ def decide(
     result["goes_away"] = bool(result["passed_by"])
     result["no_cost"] = not with_cost
     return result
+
+
+def _head_mean(stats: dict, half: str, name: str) -> float | None:
+    vals = [v for row in stats["heads"][half].get(name, []) for v in row if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def summarise(models: list[dict], setup: dict, tier: str) -> dict[str, Any]:
+    """One tier of a study from its model entries (``run_study``'s, with their
+    ``readings``) and its ``setup`` (``variants``, ``lengths``, ``train_length``): per
+    reading, variant and half the accuracy of every seed, their mean and interval, the
+    pooled rows, the halving length and the mean row statistics; the fits of accuracy on
+    sink mass and on entropy; the cap check; the rule's decision and its verdict (no
+    decision when the rule's variants or a second seed are missing)."""
+    lengths = setup["lengths"]
+    summary: dict[str, Any] = {}
+    for reading in ("plain", "scaled"):
+        per: dict[str, Any] = {}
+        for variant in setup["variants"]:
+            runs = [e for e in models if e["variant"] == variant and reading in e["readings"]]
+            if not runs:
+                continue
+            per[variant] = {}
+            for half in HALVES:
+                per_seed = [
+                    [e["readings"][reading][i]["accuracy"][half] for e in runs]
+                    for i in range(len(lengths))
+                ]
+                seeds_stats = [
+                    across_seeds([float(x) for x in col]) if None not in col else None
+                    for col in per_seed
+                ]
+                rows = [
+                    pooled(
+                        [
+                            (
+                                e["readings"][reading][i]["correct"][half],
+                                e["readings"][reading][i]["count"][half],
+                            )
+                            for e in runs
+                        ]
+                    )
+                    for i in range(len(lengths))
+                ]
+                acc = [None if st is None else st["mean"] for st in seeds_stats]
+                out: dict[str, Any] = dict(
+                    lengths=lengths,
+                    seeds=[e["seed"] for e in runs],
+                    accuracy=acc,
+                    interval=[None if st is None else st["interval"] for st in seeds_stats],
+                    sd=[None if st is None else st["sd"] for st in seeds_stats],
+                    per_seed=per_seed,
+                    pooled_accuracy=[r["accuracy"] for r in rows],
+                    pooled_interval=[r["interval"] for r in rows],
+                    correct=[r["correct"] for r in rows],
+                    total=[r["total"] for r in rows],
+                    halving_length=halving_length(lengths, acc),
+                )
+                names = _MEANS + (_PRESENT_MEANS if half == "present" else ())
+                for name in names:
+                    col = []
+                    for i in range(len(lengths)):
+                        v = [_head_mean(e["readings"][reading][i], half, name) for e in runs]
+                        v = [x for x in v if x is not None]
+                        col.append(sum(v) / len(v) if v else None)
+                    out[name] = col
+                per[variant][half] = out
+            per[variant]["sink_heads"] = [
+                sum(e["readings"][reading][i]["sink_heads"] for e in runs) / len(runs)
+                for i in range(len(lengths))
+            ]
+            per[variant]["first_heads"] = [
+                sum(e["readings"][reading][i]["first_heads"] for e in runs) / len(runs)
+                for i in range(len(lengths))
+            ]
+        summary[reading] = per
+    fits: dict[str, Any] = {}
+    for half in HALVES:
+        pts: list[tuple[float, float, float]] = []
+        for st in (st for e in models for st in e["readings"]["plain"]):
+            a, b = st["accuracy"][half], _head_mean(st, half, "total_sink")
+            c = _head_mean(st, half, "entropy_norm")
+            if a is not None and b is not None and c is not None:
+                pts.append((float(a), b, c))
+        fits[half] = dict(
+            sink_mass=fit_line([p[1] for p in pts], [p[0] for p in pts]),
+            entropy_norm=fit_line([p[2] for p in pts], [p[0] for p in pts]),
+            points=[[p[1], p[2], p[0]] for p in pts],
+        )
+    checks = [st["cap_check"] for e in models for r in e["readings"].values() for st in r]
+    excess = [c["max_excess"] for c in checks if c["max_excess"] is not None]
+    shortfall = [c["max_floor_shortfall"] for c in checks if c["max_floor_shortfall"] is not None]
+    cap = dict(
+        cap_ok=all(c["cap_ok"] for c in checks),
+        floor_ok=all(c["floor_ok"] for c in checks),
+        max_excess=max(excess) if excess else None,
+        max_floor_shortfall=max(shortfall) if shortfall else None,
+    )
+    decision = {}
+    base, n0 = BASELINE[tier], setup["train_length"]
+    available = set(summary["plain"])
+    wanted = {base, "qknorm", *CANDIDATES, COMBINED}
+    missing = sorted(wanted - {COMBINED} - available)
+    few = sorted(
+        v
+        for v in wanted - {COMBINED} - set(missing)
+        if len(summary["plain"][v]["all"]["seeds"]) < 2
+    )
+    if missing or few:
+        why = (
+            f"the rule needs the variants {missing}, not trained here"
+            if missing
+            else f"the rule needs at least two seeds per variant ({few[0]} has one)"
+        )
+        return dict(summary=summary, fits=fits, cap=cap, decision=None, verdict=why)
+    for half in HALVES:
+        table = {
+            v: dict(zip(lengths, summary["plain"][v][half]["per_seed"])) for v in wanted & available
+        }
+        decision[half] = decide(table, baseline=base, candidates=CANDIDATES, train_length=n0)
+        if COMBINED in available:
+            decision[half]["combined"] = decide(
+                table, baseline=base, candidates=(COMBINED,), train_length=n0
+            )["candidates"][COMBINED]
+    return dict(
+        summary=summary, fits=fits, cap=cap, decision=decision, verdict=_verdict(decision, base)
+    )
+
+
+def _closed(h: dict[str, Any]) -> str:
+    parts = [
+        f"{c} at n = {', '.join(str(n) for n in v['closed_at'])}"
+        for c, v in h["candidates"].items()
+        if v["closed_at"] and not v["passes"]
+    ]
+    return f", closed only by {' and by '.join(parts)}" if parts else ""
+
+
+def _verdict(decision: dict[str, Any], base: str) -> str:
+    d = decision["all"]
+    if d["no_cost"]:
+        head = f"no QK-norm cost at any length read (QK norm not below {base})"
+    elif d["goes_away"]:
+        head = f"the QK-norm cost goes away with {' and '.join(d['passed_by'])}"
+    else:
+        lengths = ", ".join(str(n) for n in d["cost_lengths"])
+        head = (
+            f"the QK-norm cost (at n = {lengths}) does not go away with a sink or a gate"
+            + _closed(d)
+        )
+    parts = []
+    for half in ("absent", "present"):
+        h = decision[half]
+        if h["no_cost"]:
+            parts.append(f"{half} half: no cost")
+        elif h["goes_away"]:
+            parts.append(f"{half} half: closed by {' and '.join(h['passed_by'])}")
+        else:
+            parts.append(f"{half} half: not closed{_closed(h)}")
+    return f"{head} ({'; '.join(parts)})."
