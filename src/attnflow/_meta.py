@@ -40,15 +40,19 @@ def _package_dir() -> Path:
     return Path(__file__).resolve().parent
 
 
-def source_digest() -> str:
+def source_digest(exclude: tuple[str, ...] = ()) -> str:
     """sha256 of the attnflow package's Python sources (relative names and bytes), in name
-    order: what identifies the code that computed something, commit or not."""
+    order: what identifies the code that computed something, commit or not. Files whose
+    relative path (with ``/``) starts with one of ``exclude`` are left out."""
     import hashlib
 
     pkg = _package_dir()
     h = hashlib.sha256()
     for p in sorted(pkg.rglob("*.py")):
-        h.update(str(p.relative_to(pkg)).encode())
+        rel = p.relative_to(pkg)
+        if exclude and rel.as_posix().startswith(exclude):
+            continue
+        h.update(str(rel).encode())
         h.update(p.read_bytes())
     return h.hexdigest()
 

@@ -31,6 +31,7 @@ and ``load`` reads it back.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -200,18 +201,9 @@ _NOT_READING = ("experiments/", "cli/", "studies/longcontext.py", "studies/_long
 def _reading_digest() -> str:
     """sha256 of the package's sources that compute a reading (training, the forward
     passes, the statistics of a reading, the dynamics of the heads)."""
-    import hashlib
+    from .._meta import source_digest
 
-    from .._meta import _package_dir
-
-    pkg = _package_dir()
-    h = hashlib.sha256()
-    for f in sorted(pkg.rglob("*.py")):
-        rel = f.relative_to(pkg).as_posix()
-        if not rel.startswith(_NOT_READING):
-            h.update(rel.encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()
+    return source_digest(exclude=_NOT_READING)
 
 
 def _train_and_read(
@@ -257,12 +249,9 @@ def _train_and_read(
         def read(n: int, scale: float):
             return D.evaluate_decoder(model, cfg, n, sequences=m, seed=eval_seed, logit_scale=scale)
 
-        def through_dynamics(decoder=model) -> list[dict]:
-            from ._decoder_dynamics import heads_through_dynamics
+        from ._decoder_dynamics import heads_through_dynamics
 
-            return heads_through_dynamics(decoder, cfg)
-
-        heads = through_dynamics
+        heads = functools.partial(heads_through_dynamics, model, cfg)
         entry.update(record=record)
     kinds = ["plain"] + (["scaled"] if scaled and variant.startswith("qknorm") else [])
     versions = run_metadata()
