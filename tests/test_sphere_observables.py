@@ -220,6 +220,43 @@ def test_phase_diagram_skips_clustered_systems_exactly():
         assert c > 0 and (y @ y.T).min() >= c - 1e-12
 
 
+@pytest.mark.parametrize("layernorm", ["post", "pre", "ngpt"])
+def test_phase_diagram_in_the_span_of_the_start_equals_the_run_in_rd(layernorm):
+    """d > n with Q = K = V = I: the run in the n-dimensional span of each start (the
+    default there) gives the fractions of the run in R^d; the invariants it rests on are
+    checked in numpy (the layer keeps the tokens in the span of the start and commutes
+    with a rotation)."""
+    from attnflow.studies.sphere import phase_diagram
+
+    betas = np.array([0.5, 3.0, 9.0])
+    kw = dict(n=6, d=40, systems=24, t1=20.0, dt=0.1, save_every=20, threshold=0.99)
+    kw["layernorm"] = layernorm
+    full = phase_diagram(betas, **kw, in_span=False)
+    span = phase_diagram(betas, **kw)
+    np.testing.assert_array_equal(span.fraction, full.fraction)
+    np.testing.assert_array_equal(span.one_cluster, full.one_cluster)
+    # partly clustered runs, where a miscounted pair would show
+    assert np.any((full.fraction > 0) & (full.fraction < 1)) and full.fraction.max() == 1
+    with pytest.raises(ValueError, match="in_span=True needs Q = K = V = I"):
+        phase_diagram(betas, **kw, V=np.eye(40), in_span=True)
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(6, 40))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    R = np.linalg.qr(rng.normal(size=(40, 40)))[0]
+
+    def layer(x):
+        L = 3.0 * x @ x.T
+        P = np.exp(L - L.max(1, keepdims=True))
+        y = x + 0.1 * (P / P.sum(1, keepdims=True)) @ x
+        return y / np.linalg.norm(y, axis=1, keepdims=True)
+
+    np.testing.assert_allclose(layer(x @ R), layer(x) @ R, atol=1e-14)
+    U = np.linalg.qr(x.T)[0]  # an orthonormal basis of the start's span
+    y = layer(layer(x))
+    np.testing.assert_allclose(y @ U @ U.T, y, atol=1e-14)
+
+
 def test_wendel_at_large_n_against_the_binomial_tail():
     """The sum is the binomial tail P(Bin(n - 1, 1/2) <= d - 1): against scipy's
     incomplete-beta form at sizes where the exact sum has 20,000 terms."""

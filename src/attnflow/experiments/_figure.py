@@ -333,12 +333,47 @@ class FigureScript:
         """
         import matplotlib
 
+        out = Path(out_dir)
+        t0 = time.perf_counter()
+        data, meta, path = self._saved(out, quick)
+        gifs = [str(out / "movies" / f"{case}.gif") for case, _ in meta["movies"]]
+        lost = [g for g in gifs if not Path(g).is_file()]
+        if lost:
+            raise MissingData(
+                f"{self.name}: the movie {lost[0]} is missing; {self._again(out, quick)}."
+            )
+        with matplotlib.rc_context(dict(self._style())):  # pyright: ignore[reportArgumentType]
+            figures = self._draw(data, out)
+        seconds = meta["compute_seconds"] + time.perf_counter() - t0
+        return self._record(data, out, figures, gifs, seconds, path)
+
+    def drawn(self, out_dir: str | os.PathLike[str], quick: bool = False) -> dict[str, Any]:
+        """The figures ``draw`` makes from the data saved in ``out_dir``, as they are
+        written (``_style.tidy`` applied) but not written: ``{stem: Figure or text}``
+        (for checks of the look, ``_style.problems``). The caller closes them. Raises ``MissingData`` as ``redraw`` does."""
+        import matplotlib
+
+        from attnflow.experiments._style import tidy
+
+        data, _, _ = self._saved(Path(out_dir), quick)
+        with matplotlib.rc_context(dict(self._style())):  # pyright: ignore[reportArgumentType]
+            figs = dict(self.draw(data))
+        for fig in figs.values():
+            if not isinstance(fig, str):
+                tidy(fig)  # as saving does
+        return figs
+
+    def _again(self, out: Path, quick: bool) -> str:
+        again = f"run it without --redraw: attnflow figures{' --quick' if quick else ''} "
+        return again + f"--only {self.script.removeprefix('fig_')} --out {out}"
+
+    def _saved(self, out: Path, quick: bool) -> tuple[Data, dict[str, Any], Path]:
+        """The ``Data`` saved in ``out`` by a run with this ``quick``, its metadata and
+        its file; ``MissingData`` when there is none this version can use."""
         from attnflow._meta import attnflow_version
 
-        out = Path(out_dir)
         path = data_path(out, self.name, quick)
-        again = f"run it without --redraw: attnflow figures{' --quick' if quick else ''} "
-        again += f"--only {self.script.removeprefix('fig_')} --out {out}"
+        again = self._again(out, quick)
         if not path.is_file():
             other = data_path(out, self.name, not quick)
             hint = f" (there is {other.name}: {'drop' if quick else 'add'} --quick)"
@@ -346,7 +381,6 @@ class FigureScript:
                 f"{self.name}: no saved data of a {'quick' if quick else 'full'} run in "
                 f"{out} ({path.name} is missing){hint if other.is_file() else ''}; {again}."
             )
-        t0 = time.perf_counter()
         try:
             meta, arrays = read_data(path)
         except ValueError as exc:
@@ -360,15 +394,8 @@ class FigureScript:
                 f"(quick={meta.get('quick')}); this is attnflow {attnflow_version()} "
                 f"(quick={bool(quick)}); {again}."
             )
-        gifs = [str(out / "movies" / f"{case}.gif") for case, _ in meta["movies"]]
-        lost = [g for g in gifs if not Path(g).is_file()]
-        if lost:
-            raise MissingData(f"{self.name}: the movie {lost[0]} is missing; {again}.")
         data = Data(sidecar=meta["sidecar"], arrays=arrays, result=meta["result"], quick=quick)
-        with matplotlib.rc_context(dict(self._style())):  # pyright: ignore[reportArgumentType]
-            figures = self._draw(data, out)
-        seconds = meta["compute_seconds"] + time.perf_counter() - t0
-        return self._record(data, out, figures, gifs, seconds, path)
+        return data, meta, path
 
     def _kept(self, data: Data, out: Path, path: Path, seconds: float) -> dict[str, Any] | None:
         """The record of the files already in ``out`` when they hold this figure: its

@@ -176,8 +176,13 @@ def save(
     """Write ``stem.png`` and ``stem.pdf`` into ``out_dir``; close the figure.
 
     ``quick``: the low-resolution PNG of quick runs. ``tight``: crop to the drawn
-    content (``bbox_inches="tight"``)."""
+    content (``bbox_inches="tight"``). The house style's typography (sentence case,
+    symbols in mathtext: ``attnflow.experiments._style.tidy``) is applied first."""
     import matplotlib.pyplot as plt
+
+    from attnflow.experiments._style import tidy
+
+    tidy(fig)
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -360,6 +365,53 @@ def panel_label(ax: Axes, letter: str, *, x: float = -0.02, y: float = 1.02, **k
         va="bottom",
         **kw,
     )
+
+
+def label_line(
+    ax: Axes,
+    x: Any,
+    y: Any,
+    text: str,
+    *,
+    at: float = 0.5,
+    offset: tuple[float, float] = (4, 0),
+    **kw: Any,
+) -> None:
+    """Name a curve where it is drawn instead of in a legend: ``text`` beside the point
+    of ``(x, y)`` at the fraction ``at`` of its points, ``offset`` points away (6-pt
+    text on a translucent white box; ``kw``: more text properties)."""
+    xs, ys = np.asarray(x, float), np.asarray(y, float)
+    ok = np.flatnonzero(np.isfinite(xs) & np.isfinite(ys))
+    if ok.size == 0:
+        return
+    i = ok[min(int(round(at * (ok.size - 1))), ok.size - 1)]
+    style = {
+        "fontsize": 6,
+        "va": "center",
+        "bbox": {"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7},
+    }
+    ax.annotate(text, (xs[i], ys[i]), xytext=offset, textcoords="offset points", **{**style, **kw})
+
+
+def panel_letters(groups: Iterable[Any], first: str = "a", **kw: Any) -> None:
+    """Letter panels in order: each item of ``groups`` is one panel, an axes or a
+    sequence of axes (a row of small multiples); the first axes of a group gets the
+    letter (``panel_label``, ``kw``: its position), the others share it
+    (``part_of_panel``)."""
+    for k, group in enumerate(groups):
+        axes = list(np.ravel(np.asarray(group, dtype=object)))
+        panel_label(axes[0], chr(ord(first) + k), **kw)
+        part_of_panel(*axes[1:])
+
+
+def part_of_panel(*axes: Axes) -> None:
+    """Mark ``axes`` as part of another axes' panel (small multiples of one panel, a
+    marginal histogram): they share its letter and get none of their own
+    (``_style``'s rule 1)."""
+    from attnflow.experiments._style import PART_OF_PANEL
+
+    for ax in axes:
+        ax.set_gid(PART_OF_PANEL)
 
 
 def axes3d(

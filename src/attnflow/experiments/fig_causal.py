@@ -190,6 +190,7 @@ def draw(data: F.Data) -> dict[str, Figure]:
     regimes = list(dict.fromkeys(r["regime"] for r in runs))
     fig = plt.figure(figsize=(6.5, 1.2 + 1.55 * len(MASKS)))
     nr, nc = len(MASKS), len(regimes)
+    rows: list[list] = [[] for _ in MASKS]  # a panel per mask: its row of regimes
     for r, mask_name in enumerate(MASKS):
         for c, regime in enumerate(regimes):
             name = f"{regime}, {mask_name}"
@@ -203,6 +204,7 @@ def draw(data: F.Data) -> dict[str, Figure]:
                     0.86 / nr - 0.08,
                 )
             )
+            rows[r].append(ax)
             ax.plot(st[0, :, 0], st[0, :, 1], "o", ms=2, mfc="none", mec="0.6", mew=0.4)
             for i in range(N):
                 ax.plot(st[:, i, 0], st[:, i, 1], "-", lw=0.3, color=f"C{c}", alpha=0.5)
@@ -218,12 +220,13 @@ def draw(data: F.Data) -> dict[str, Figure]:
             ax.tick_params(labelsize=5)
             if c == 0:
                 ax.set_ylabel("$z_2$" if regime != "origin" else "$x_2$", labelpad=0, fontsize=6)
+    H.panel_letters(rows)
     H.headline(
         fig,
         "Causal and windowed masks: token 0 (star) follows its own linear flow; "
         "the others cluster on it or on leaders of their own",
-        f"n = {N}, x0 uniform in [-5, 5]^d, Q = K = I, discrete transformer dt = {DT}, "
-        f"T = {T:g}; rescaled tokens z (origin: x); grey: start",
+        rf"$n = {N}$, $x_0$ uniform in $[-5, 5]^d$, $Q = K = I$, discrete transformer "
+        rf"$\mathrm{{d}}t = {DT}$, $T = {T:g}$; rescaled tokens $z$ (origin: $x$); grey: start",
         sub_y=0.965,
         size=7.5,
     )

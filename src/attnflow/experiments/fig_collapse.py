@@ -303,7 +303,7 @@ PAPER = (
     "Wu, Ajorlou, Wang, Jegelka and Jadbabaie (2024), On the role of attention "
     "masks and LayerNorm in transformers"
 )
-ROW_TITLES = {"random": "random Q, K, V ~ N(0, 1/d)"}
+ROW_TITLES = {"random": r"random $Q, K, V \sim N(0, 1/d)$"}
 
 
 def draw_rows(
@@ -335,9 +335,13 @@ def draw_rows(
             low = max(float(np.min(ratio)), 1e-40)
             ax.set_ylim(low / 3, max(float(np.max(ratio)) * 3, 3.0))
             ax.set_title(f"{titles[row]}: {label}", fontsize=7)
-            ax.set_xlabel("layer k")
+            ax.set_xlabel("Layer $k$")
             ax.set_ylabel(r"$\mu(X_k) / \mu(X_0)$")
-    grid[0, 0].legend(fontsize=5.5, ncol=2)
+    # below the figure: the bands fill every panel
+    fig.legend(
+        *grid[0, 0].get_legend_handles_labels(), fontsize=6, ncol=4, loc="outside lower center"
+    )
+    H.panel_letters(grid.ravel())
     fig.suptitle("Pure attention by mask: distance to consensus against depth", fontsize=9)
     head = ["mask"] + [f"{titles[r]}, {label}" for r in rows for _, label in PANELS]
     ref_head = "V = I near consensus: abs(lambda_2(D^-1 A))"

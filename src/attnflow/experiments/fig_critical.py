@@ -263,7 +263,8 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
     ax.set_ylabel(r"critical ssmax scale $s_c = \beta_c / \log n$")
     ax.set_title(r"dotted: simplex tokens, $1/(1-\rho)$ for $\rho$ = 1/4, 1/2, 3/4", fontsize=8)
     ax.legend(fontsize=6)
-    fig.suptitle("Critical attention scaling: one layer, Q = K = V = I", fontsize=9)
+    H.panel_letters(grid.ravel())
+    fig.suptitle("Critical attention scaling: one layer, $Q = K = V = I$", fontsize=9)
     rows = [
         "| gamma | phase | n | cosine (attnflow) | cosine (closed form) | limit |",
         "|---|---|---|---|---|---|",

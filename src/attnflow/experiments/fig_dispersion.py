@@ -321,6 +321,16 @@ def _sink(cfg: dict) -> dict:
 
 
 # ------------------------------------------------------------------ plotting
+# the panels' titles: the kernels' names as prose
+TITLES = {
+    "softmax": "Softmax",
+    "qknorm": "QK norm",
+    "ssmax": "SSMax",
+    "adaptive": "Adaptive temperature",
+    "sigmoid": "Sigmoid",
+}
+
+
 def _plot_max(data: dict) -> Figure:
     import matplotlib.pyplot as plt
 
@@ -339,7 +349,7 @@ def _plot_max(data: dict) -> Figure:
         )
         ax.plot(ns, np.minimum(r["bound_loose"], 2.0), "k:", lw=0.9, label=r"$e^{\delta}/n$")
         if r["effective_bound"] is not None:
-            ax.plot(
+            (own,) = ax.plot(
                 ns,
                 r["effective_bound"],
                 "-.",
@@ -347,11 +357,15 @@ def _plot_max(data: dict) -> Figure:
                 lw=0.9,
                 label=r["effective_bound_label"],
             )
-        title = kern + (rf" ($\beta$={r['beta']:.3g})" if kern == "qknorm" else "")
+        title = TITLES.get(kern, kern)
+        title += rf" ($\beta = {r['beta']:.3g}$)" if kern == "qknorm" else ""
         if kern == "ssmax":
             title += rf" ($s=1/\log {N_TRAIN}$)"
         ax.set_title(title)
-        ax.legend(fontsize=5, loc="lower left")
+        if ax is axes[0]:  # the same four curves in every panel: named once
+            ax.legend(fontsize=5, loc="lower left")
+        elif r["effective_bound"] is not None:  # and what a panel adds
+            ax.legend(handles=[own], fontsize=5, loc="lower left")
     ax = axes[-1]
     for kern in KERNEL_ORDER:
         ax.plot(
@@ -360,18 +374,19 @@ def _plot_max(data: dict) -> Figure:
     for kern, r in data.get("kernels_extra", {}).items():
         ax.plot(ns, r["max"], "s--", color=EXTRA_COLORS[kern], ms=2, lw=0.8, label=kern)
     ax.plot(ns, 1 / ns, color="0.6", lw=0.8, label="$1/n$")
-    ax.set_title("all kernels")
+    ax.set_title("All kernels")
     ax.legend(fontsize=5, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     for ax in axes:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_ylim(3e-5, 1.5)
+        ax.set_ylim(2e-6, 1.5)  # room below the curves for the legends
         ax.grid(alpha=0.25, lw=0.4)
         ax.tick_params(labelsize=6)
     for ax in axes[3:]:
         ax.set_xlabel("$n$ (keys)")
     for ax in axes[::3]:
         ax.set_ylabel(r"$\max_{i,j} P_{ij}$ over 16 queries")
+    H.panel_letters(axes)
     fig.suptitle(
         rf"Largest attention coefficient against $n$ (fixed weights, tokens on "
         rf"$S^{{7}}$, $\beta$={data['beta']:g}); bounds from each row's logit "
@@ -455,8 +470,7 @@ def _plot_leaders(data: dict, t1: float, qk_limit: float | None = None) -> Figur
     ax.set_ylim(-0.1, t1 * 1.25)
     ax.set_xlabel("$n$ (tokens)")
     ax.set_ylabel("first time a token holds $>1/2$ of a row")
-    ax.set_title("(a) time to a leader (median, min-max over seeds)")
-    ax.legend(fontsize=5.5, loc="center right")
+    ax.set_title("(a) time to a leader (median, min-max over seeds)")  # legend: in (b)
     ax2.axhline(0.5, color="0.6", lw=0.6)
     ax2.set_xlabel("$t$ (layers of $dt$ = 0.05)")
     ax2.set_ylabel(r"$\max_i \max_j P_{ij}/\sum_j P_{ij}$")
@@ -502,7 +516,6 @@ def _plot_sink(data: dict) -> Figure:
     ax.set_yscale("log")
     ax.set_ylabel("sink mass (mean over 256 queries of $P_{i0}$)")
     ax.set_title("(a) attention on the sink token")
-    ax.legend(fontsize=5, loc="lower left")
     ax2.set_ylabel(r"mean entropy / $\log n$")
     ax2.set_title("(b) normalised entropy")
     for a in (ax, ax2):
@@ -516,6 +529,9 @@ def _plot_sink(data: dict) -> Figure:
         fontsize=7,
     )
     fig.tight_layout()
+    # below both panels: the curves fill the first
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=5.5, ncol=4, loc="upper center", bbox_to_anchor=(0.5, 0.0))
     return fig
 
 

@@ -141,7 +141,7 @@ def draw(data: F.Data) -> dict[str, Figure]:
 
     a, runs = data.arrays, data.sidecar["runs"]
     ns = a["n"]
-    fig, axes = plt.subplots(1, 2, figsize=(6.5, 2.6))
+    fig, axes = plt.subplots(1, 2, figsize=(6.5, 3.2))
     ax = axes[0]
     for i, run in enumerate(r for r in runs if "gap" in r):
         (line,) = ax.semilogx(ns, run["closed_form"], lw=1.0, label=run["name"])
@@ -150,7 +150,7 @@ def draw(data: F.Data) -> dict[str, Figure]:
     ax.set_ylabel("needle share")
     ax.set_ylim(-0.03, 1.05)
     ax.set_title("a needle of logit gap $g$: kernels (dots) and closed forms", pad=3)
-    ax.legend(fontsize=5.5, frameon=False, loc="lower left")
+    ax.legend(fontsize=5.5, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     H.panel_label(ax, "a", x=-0.12)
     ax = axes[1]
     for j, run in enumerate(r for r in runs if "gap" not in r):
@@ -161,7 +161,7 @@ def draw(data: F.Data) -> dict[str, Figure]:
     ax.set_ylabel("sink share")
     ax.set_ylim(-0.03, 1.05)
     ax.set_title(r"a learned sink of logit $b$: $1/(1 + n e^{-b})$", pad=3)
-    ax.legend(fontsize=5.5, frameon=False, loc="lower left")
+    ax.legend(fontsize=5.5, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     H.panel_label(ax, "b", x=-0.12)
     worst = data.result["max_relative_difference"]
     H.headline(
@@ -172,7 +172,7 @@ def draw(data: F.Data) -> dict[str, Figure]:
         y=0.995,
         sub_y=0.93,
     )
-    fig.subplots_adjust(top=0.8, bottom=0.17, left=0.08, right=0.98, wspace=0.3)
+    fig.subplots_adjust(top=0.83, bottom=0.3, left=0.08, right=0.98, wspace=0.3)
     return {NAME: fig}
 
 

@@ -316,7 +316,7 @@ def draw(data: F.Data) -> dict[str, Figure]:
     fig = plt.figure(figsize=(6.5, 4.6))
     lim = 1.15 * max(np.abs(panels[k][-1]).max() for k in ("attention", "+ tanh"))
     for j, (name, z) in enumerate(panels.items()):
-        ax = fig.add_axes((0.06 + 0.33 * j, 0.56, 0.25, 0.33))
+        ax = fig.add_axes((0.06 + 0.33 * j, 0.5, 0.25, 0.32))
         r = runs[j]
         zz = z[-1]
         ax.plot(x0[:, 0], x0[:, 1], "o", ms=2.5, mfc="none", mec="0.6", mew=0.5)
@@ -339,16 +339,17 @@ def draw(data: F.Data) -> dict[str, Figure]:
         ax.set_title(
             f"{name}: {obs['label']}"
             + (f", {obs['n_clusters']}" if obs["n_clusters"] is not None else "")
-            + f"\n{r['clusters']} level cluster(s), x/max|x|: {r['normalised_token_clusters']}",
+            + f"\n{r['clusters']} level cluster(s), "
+            + rf"$x / \max|x|$: {r['normalised_token_clusters']}",
             pad=3,
             fontsize=6,
         )
         H.panel_label(ax, "abc"[j])
     # (d) survival in the sweep
-    ax = fig.add_axes((0.08, 0.08, 0.88, 0.3))
+    ax = fig.add_axes((0.08, 0.12, 0.88, 0.26))
     labels, frac, colours = [], [], []
     for r in rows:
-        labels.append(f"{r['family'][:5]}\n{r['activation']} {r['eps']:g}")
+        labels.append(f"{r['family'][:5]}\n{r['activation']}\n{r['eps']:g}")
         base = r["attention_as_predicted"]
         frac.append(r["survives"] / base if base else np.nan)
         colours.append("C1" if r["activation"] == "relu" else "C2")
@@ -358,8 +359,8 @@ def draw(data: F.Data) -> dict[str, Figure]:
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("fraction where the\nregime survives", labelpad=1)
     ax.set_title(
-        f"random feed-forward weights ({per_cell} per bar; orange relu, green tanh; "
-        "eps = scale of W2)",
+        f"random feed-forward weights ({per_cell} per bar; orange ReLU, green tanh; "
+        r"$\varepsilon$ = scale of $W_2$)",
         pad=3,
     )
     H.panel_label(ax, "d")
@@ -367,10 +368,11 @@ def draw(data: F.Data) -> dict[str, Figure]:
         fig,
         "A bounded (tanh) feed-forward layer keeps the attention's clusters; "
         "an unbounded (ReLU) one need not",
-        f"(a-c) n = {N}, d = 2, x0 uniform in [-5, 5]^2, Q = K = I, the paper's V, "
-        f"discrete transformer dt = {DT}, T = {T:g}, z = (I + dt V)^(-k) x; "
-        f"m = {M} hidden units",
+        rf"(a-c) $n = {N}$, $d = 2$, $x_0$ uniform in $[-5, 5]^2$, $Q = K = I$, the paper's "
+        rf"$V$, discrete transformer $\mathrm{{d}}t = {DT}$, $T = {T:g}$, "
+        rf"$z = (I + \mathrm{{d}}t\, V)^{{-k}} x$; $m = {M}$ hidden units",
         sub_y=0.95,
+        sub_size=6,
     )
     return {NAME: fig}
 

@@ -182,32 +182,35 @@ def draw(data: F.Data) -> dict[str, Figure]:
     n, moved, t_anti = special["n"], special["antipodal_pair_max_move"], special["antipodal_t1"]
     gap = special["orthogonal_start_max_gap_to_equiangular_curve"]
 
-    fig, axes = plt.subplots(1, 3, figsize=(6.5, 2.3))
+    fig, axes = plt.subplots(1, 3, figsize=(6.5, 2.8))
     ax = axes[0]
     for d, (one, hemi, wendel) in curves.items():
         c = "C0" if d == 2 else "C1"
         ax.plot(ns, one, "o-", color=c, ms=3, lw=1, label=f"one cluster, d={d}")
         ax.plot(ns, wendel, "--", color=c, lw=1, label=f"Wendel, d={d}")
         ax.plot(ns, hemi, "x", color=c, ms=4)
-    ax.set_xlabel("n")
+    ax.set_xlabel("$n$")
     ax.set_ylabel("fraction of starts")
-    ax.set_title(f"one cluster at t = {t1:g}; x: in a hemisphere", pad=3, fontsize=6)
-    ax.legend(fontsize=5, frameon=False)
-    H.panel_label(ax, "a")
+    ax.set_title(rf"One cluster at $t = {t1:g}$ ($\times$: hemisphere)", pad=3, fontsize=6)
+    ax.legend(fontsize=5, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2)
+    H.panel_label(ax, "a", x=-0.12)
     ax = axes[1]
-    ax.bar(list(moved), [max(v, 1e-17) for v in moved.values()], color="0.5")
+    names = [rf"$\beta = {k.removeprefix('beta=')}$" for k in moved]
+    ax.bar(names, [max(v, 1e-17) for v in moved.values()], color="0.5")
     ax.set_yscale("log")
     ax.set_ylim(1e-17, 1e-8)
     ax.set_title(f"antipodal pair: move by t = {t_anti:g}", pad=3, fontsize=6)
     H.panel_label(ax, "b")
     ax = axes[2]
     ax.plot(ts, gamma, "k-", lw=1, label="equiangular curve")
-    ax.plot(ts[::4], G[::4, 0], "o", ms=2.5, color="C3", label="simulated <x_1, x_2>")
-    ax.set_xlabel("t")
+    ax.plot(
+        ts[::4], G[::4, 0], "o", ms=2.5, color="C3", label=r"simulated $\langle x_1, x_2\rangle$"
+    )
+    ax.set_xlabel("$t$")
     ax.set_title(f"orthogonal, n = d = {n}: gap {gap:.1e}", pad=3, fontsize=6)
     ax.legend(fontsize=6, frameon=False)
     H.panel_label(ax, "c")
-    fig.subplots_adjust(top=0.85, bottom=0.18, left=0.08, right=0.98, wspace=0.4)
+    fig.subplots_adjust(top=0.87, bottom=0.32, left=0.08, right=0.98, wspace=0.4)
     return {NAME: fig}
 
 

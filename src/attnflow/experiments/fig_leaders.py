@@ -208,6 +208,7 @@ def _fig_heatmaps(show: list[tuple[dict, dict]]) -> Figure:
             if col == 0:
                 ax.set_ylabel(case["title"], fontsize=7)
     assert im is not None
+    H.panel_letters(axes)  # a row per case
     cb = fig.colorbar(im, ax=axes, shrink=0.6, aspect=30, pad=0.01)
     cb.set_label(r"$P_{ij}(t)$", fontsize=7)
     cb.ax.tick_params(labelsize=6)
@@ -288,10 +289,13 @@ def _fig_rank(cases: list[tuple[dict, dict]]) -> Figure:
             fontsize=6,
         )
         ax.set_ylabel(r"$\log(-\log D)$", fontsize=7)
-        if r == 0:
-            ax.legend(fontsize=5.5, loc="center right")
+        if r == 0:  # below the figure: the curves of this panel fill it
+            fig.legend(
+                *ax.get_legend_handles_labels(), fontsize=6, loc="outside lower center", ncol=2
+            )
     for ax in axes[-1]:
         ax.set_xlabel("$t$", fontsize=7)
+    H.panel_letters(axes)  # a row per case
     for ax in axes.ravel():
         ax.tick_params(labelsize=6)
     fig.suptitle(
@@ -369,7 +373,8 @@ def _fig_tokens(show: list[tuple[dict, dict]]) -> Figure:
             ax.set_ylabel("$z_2$", fontsize=7)
         ax.set_title(case["title"] + f": leaders {leaders}", fontsize=7)
         ax.tick_params(labelsize=6)
-        ax.legend(fontsize=5.5, loc="best")
+        ax.legend(fontsize=5.5, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+    H.panel_letters(axes)
     fig.suptitle(
         "Token trajectories (rescaled frame), coloured by the leader they attend "
         "at the end; dashed: the hyperplanes "
@@ -432,7 +437,8 @@ def _fig_clusters(two: dict, rvc: dict) -> Figure:
     ax.set_xlabel("$z_1$", fontsize=7)
     ax.set_ylabel("$z_2$", fontsize=7)
     ax.set_title(
-        f"(a) two tokens, V = diag(1, 1/2): {two['observed']}, {two['n_clusters']} cluster",
+        rf"(a) Two tokens, $V = \mathrm{{diag}}(1, 1/2)$: {two['observed']}, "
+        f"{two['n_clusters']} cluster",
         fontsize=6.5,
     )
     ax = axes[1]
@@ -441,10 +447,11 @@ def _fig_clusters(two: dict, rvc: dict) -> Figure:
     ax2 = ax.twinx()
     ax2.step(two["ts"], two["rank"], where="post", color="C2", lw=1)
     ax2.set_ylim(0, 3)
-    ax2.set_ylabel("rank of P(t)", fontsize=7, color="C2")
+    ax2.set_ylabel("Rank of $P(t)$", fontsize=7, color="C2")
+    H.part_of_panel(ax2)
     ax.set_xlabel("$t$", fontsize=7)
     ax.set_ylabel("$P_{12}(t)$", fontsize=7)
-    ax.set_title(f"(b) P(t) -> I: rank {two['final_rank']}, one hyperplane", fontsize=6.5)
+    ax.set_title(rf"(b) $P(t) \to I$: rank {two['final_rank']}, one hyperplane", fontsize=6.5)
     ax = axes[2]
     for j, (key, v) in enumerate(rvc.items()):
         pr = np.array([[p[0] if p[0] is not None else -1, p[1]] for p in v["pairs"]], float)
@@ -452,7 +459,7 @@ def _fig_clusters(two: dict, rvc: dict) -> Figure:
         ax.plot(pr[:, 1] + jit, pr[:, 0], "o", ms=3, alpha=0.6, label=f"{key} ({v['equal']})")
     lim = max([max(p[1] for p in v["pairs"]) for v in rvc.values()] + [2]) + 1
     ax.plot([0, lim], [0, lim], "k:", lw=0.7)
-    ax.set_xlabel("final rank of P", fontsize=7)
+    ax.set_xlabel("Final rank of $P$", fontsize=7)
     ax.set_ylabel("clusters (observe_limit)", fontsize=7)
     ax.set_title("(c) random starts: clusters against rank", fontsize=6.5)
     ax.legend(fontsize=5, loc="upper left")

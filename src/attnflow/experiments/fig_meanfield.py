@@ -356,6 +356,7 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
         f"{c['slope_quantile']:.3f} ± {c['slope_quantile_stderr']:.3f} | "
         f"{c['slope_iid']:.3f} ± {c['slope_iid_stderr']:.3f} |",
     ]
+    H.panel_letters(axes)
     return {NAME: fig, NAME + ".md": "\n".join(rows) + "\n"}
 
 

@@ -173,6 +173,7 @@ def draw(data: F.Data) -> dict[str, Figure]:
         sub_y=0.94,
     )
     fig.subplots_adjust(top=0.85, bottom=0.1, left=0.09, right=0.98, hspace=0.25, wspace=0.25)
+    H.panel_letters(axes.ravel())
     return {NAME: fig}
 
 

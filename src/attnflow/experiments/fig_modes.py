@@ -272,7 +272,16 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
         ax.set_xlabel(r"$\beta$")
     ax_f.set_ylim(-0.03, 1.03)
     ax_f.set_ylabel(r"fraction of starts with count $= k^*$")
-    ax_f.legend(fontsize=6, loc="upper right", title="window", title_fontsize=6)
+    ax_f.legend(
+        fontsize=6,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.2),
+        ncol=4,
+        title="Window",
+        title_fontsize=6,
+        columnspacing=0.8,
+        handletextpad=0.3,
+    )
     ax_k.set_ylabel("count in the window (mean, 95%)")
     ax_k.legend(fontsize=6, loc="upper left")
     for i, r in enumerate(runs):
@@ -282,7 +291,8 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
     ax_t.set_yscale("log")
     ax_t.set_xlabel(r"$t / T$, $T = \log\sqrt{n} / \lambda_{k^*}$")
     ax_t.set_ylabel("clusters (start 0)")
-    ax_t.legend(fontsize=5, ncol=2)
+    ax_t.set_ylim(top=ax_t.get_ylim()[1] * 6)  # a band above the curves for the legend
+    ax_t.legend(fontsize=5, ncol=3, loc="upper center", columnspacing=0.8)
     starts = len(runs[0]["windows"][0]["counts"])
     fig.suptitle(
         f"n = {runs[0]['n']} tokens uniform on the circle, SA, Q = K = V = I, "
@@ -324,6 +334,7 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
                 f"| {r['beta']:g} | {r['predicted_clusters']} | [{a0:g}T, {a1:g}T] | {dist} | "
                 f"{w['mean']:.2f} | [{lo:.2f}, {hi:.2f}] |"
             )
+    H.panel_letters((ax_f, ax_k, ax_t))
     return {NAME: fig, NAME + ".md": "\n".join(rows) + "\n"}
 
 

@@ -248,7 +248,8 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
     mesh = ax.pcolormesh(de, se, share.T, cmap="viridis", vmin=0, vmax=1)
     line_d, line_s = np.asarray(two["line_d"]), np.asarray(two["line_sigma2"], float)
     ok = np.isfinite(line_s)
-    ax.plot(line_d[ok], line_s[ok], "w-", lw=1.5, label=r"$\lambda = 0$: $\sigma_c^2(d)$")
+    ax.plot(line_d[ok], line_s[ok], "w-", lw=1.5)
+    H.label_line(ax, line_d[ok], line_s[ok], r"$\lambda = 0$: $\sigma_c^2(d)$", at=0.3)
     ax.axvline(two["no_threshold_above_d"], color="w", ls=":", lw=1)
     ax.set_yscale("log")
     ax.set_ylim(se[0], se[-1])
@@ -260,7 +261,6 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
         rf"two tokens, $\beta$ = {two['beta']:g}, $\rho_0$ = {two['rho0']:g}: share antipodal",
         fontsize=7,
     )
-    ax.legend(fontsize=6, loc="upper left")
     fig.colorbar(mesh, ax=ax, shrink=0.9)
     ax = axes[1]
     runs = two["runs"]
@@ -289,7 +289,7 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
         lo, hi = np.quantile(cos, [0.25, 0.75], axis=0)
         ax.fill_between(ts, lo, hi, color=c, alpha=0.15, lw=0)
         ax.plot(ts, np.asarray(a[f"abs_{k}"]).mean(0), "--", color=c, lw=0.8)
-    ax.set_xlabel("depth t")
+    ax.set_xlabel("Depth $t$")
     ax.set_ylabel(r"mean $\langle x_i, x_j\rangle$ (dashed: $|\cdot|$)")
     ax.set_title(
         rf"n = {many['n']}, d = {many['d']}, $\beta$ = {many['beta']:g}, "
@@ -297,9 +297,11 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
         fontsize=7,
     )
     ax.set_ylim(-0.1, 1.02)
-    ax.legend(fontsize=6, loc="lower right")
+    ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
+    H.panel_letters(axes)
     fig.suptitle(
-        "stochastic transformer: value matrices V + sigma dW/dt (Q = K = V = I)", fontsize=9
+        r"Stochastic transformer: value matrices $V + \sigma\, dW/dt$ ($Q = K = V = I$)",
+        fontsize=9,
     )
     rows = ["| d | threshold sigma_c^2 | " + " | ".join(f"{v:.3g}" for v in s2) + " |"]
     rows.append("|---|---|" + "---|" * s2.size)

@@ -248,7 +248,8 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("t")
         ax.set_title(f"d = {d}, n = {side['fits'][f'd{d}']['n']} (first seed)", fontsize=7)
-        ax.legend(fontsize=6, ncol=2)
+        if ax is axes[-1]:  # the same betas in every panel: one legend, beside the last
+            ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.02, 0.5))
     axes[1].set_ylabel("clusters; dotted: Renyi centres")
     fig.suptitle("causal SA on the sphere, Q = K = V = I, tokens i.i.d. uniform", fontsize=9)
     rows = [
@@ -270,6 +271,7 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
                 f"| {key[1:]} | {which} | {fit[which]['exponent']:.3f} | "
                 f"[{lo:.3f}, {hi:.3f}] | {fit['predicted_exponent']:g} |"
             )
+    H.panel_letters(axes)
     return {NAME: fig, NAME + ".md": "\n".join(rows) + "\n"}
 
 

@@ -158,7 +158,7 @@ def draw(data: F.Data) -> dict[str, Figure]:
     a, runs = data.arrays, data.sidecar["runs"]
     betas = a["betas"]
     fig, axes = plt.subplots(1, len(runs), figsize=(6.5, 2.6), squeeze=False)
-    for ax, run in zip(axes[0], runs, strict=True):
+    for k, (ax, run) in enumerate(zip(axes[0], runs, strict=True)):
         d, beta_half = run["d"], run["beta_half_at_t1"]
         ts = a[f"d{d}_ts"]
         mesh = ax.pcolormesh(
@@ -167,21 +167,22 @@ def draw(data: F.Data) -> dict[str, Figure]:
         if f"d{d}_boundary" in a:
             tb = a[f"d{d}_boundary"]
             keep = tb <= ts[-1]
-            ax.plot(tb[keep], betas[keep], "k-", lw=1, label="equiangular $\\gamma=0.999$")
-            ax.legend(loc="upper left", fontsize=6, frameon=False)
+            ax.plot(tb[keep], betas[keep], "k-", lw=1)
+            H.label_line(ax, tb[keep], betas[keep], r"equiangular, $\gamma = 0.999$", at=0.75)
         ax.axhline(math.log(N), color="k", ls=":", lw=0.8)
         ax.text(0.3, math.log(N) + 0.15, r"$\log n$", va="bottom", fontsize=6)
         ax.set_xlabel("$t$")
         ax.set_ylabel(r"$\beta$")
         half = "none" if beta_half is None else f"{beta_half:.2f}"
-        ax.set_title(rf"d = {d}: fraction at $t_1$ falls through 1/2 at $\beta$ = {half}", pad=3)
+        ax.set_title(rf"$d = {d}$: at $t_1$, half the pairs clustered at $\beta = {half}$", pad=3)
+        H.panel_label(ax, "ab"[k], x=-0.1)
         bar = fig.colorbar(mesh, ax=ax, fraction=0.05, pad=0.02)
-        bar.set_label("fraction of clustered pairs", fontsize=7)
+        bar.set_label("Fraction of clustered pairs", fontsize=7)
     H.headline(
         fig,
         r"Tokens on the sphere (post-LN): fraction of pairs with $\langle x_i, x_j\rangle > 0.999$",
-        f"n = {N}, Q = K = V = I, dt = {DT}, "
-        + ", ".join(f"d = {r['d']}: {r['systems_per_beta']} systems per beta" for r in runs),
+        rf"$n = {N}$, $Q = K = V = I$, $dt = {DT}$, "
+        + ", ".join(rf"$d = {r['d']}$: {r['systems_per_beta']} systems per $\beta$" for r in runs),
         y=0.995,
         sub_y=0.93,
     )

@@ -61,7 +61,9 @@ class PhaseDiagram:
 
 
 @eqx.filter_jit
-def _run(model, betas, keys, dt, every, n_saves, threshold, *, shape, beta_batch, layernorm, chunk):
+def _run(
+    model, betas, keys, dt, every, n_saves, threshold, *, shape, beta_batch, layernorm, chunk, span
+):
     systems, n, d = shape
     off = ~jnp.eye(n, dtype=bool)
 
@@ -81,6 +83,8 @@ def _run(model, betas, keys, dt, every, n_saves, threshold, *, shape, beta_batch
             return jax.lax.fori_loop(0, every, lambda _, u: step(u), y)
 
         x0 = jax.random.normal(key, (systems, n, d), dtype=model.dtype)
+        if span:  # the starts' coordinates in an orthonormal basis of their span
+            x0 = jnp.swapaxes(jnp.linalg.qr(jnp.swapaxes(x0, 1, 2), mode="r"), 1, 2)
         y = jax.vmap(frame.initial_state)(x0)
         frac0, first = observe(frame.tokens(y))
 
@@ -101,11 +105,11 @@ def _run(model, betas, keys, dt, every, n_saves, threshold, *, shape, beta_batch
                 order = jnp.argsort(done, stable=True)
                 pad = jnp.concatenate([order, jnp.full(nc * chunk - systems, order[-1])])
                 live = (~done[pad]).reshape(nc, chunk).any(axis=1)
-                parts = y[pad].reshape(nc, chunk, n, d)
+                parts = y[pad].reshape(nc, chunk, *y.shape[1:])
                 parts = jax.lax.map(
                     lambda a: jax.lax.cond(a[1], layers, lambda u: u, a[0]), (parts, live)
                 )
-                y = y.at[order].set(parts.reshape(nc * chunk, n, d)[:systems])
+                y = y.at[order].set(parts.reshape(nc * chunk, *y.shape[1:])[:systems])
                 frac, out = observe(frame.tokens(y))
                 return (y, done | (frac == 1)), out
 
@@ -136,6 +140,7 @@ def phase_diagram(
     beta_batch: int = 1,
     skip_clustered: bool | None = None,
     chunk: int = 256,
+    in_span: bool | None = None,
 ) -> PhaseDiagram:
     """The clustered-pair fraction of ``systems`` random starts per beta, over time.
 
@@ -172,6 +177,16 @@ def phase_diagram(
             where it is exact and not otherwise; ``True`` where it is not exact is a
             ``ValueError``.
         chunk: systems per chunk when skipping.
+        in_span: run each system in the ``n``-dimensional span of its start, where
+            ``d > n``. Exact with ``Q = K = V = I``: every placement of the layer norm
+            maps tokens to combinations of tokens scaled by their norms, so the tokens
+            stay in the span of the start, and the layer commutes with rotations, so
+            the coordinates in an orthonormal basis of that span (``R^T`` of the QR
+            factorisation ``x0^T = U R``) follow the same layers with inner products,
+            hence fractions, those of the tokens in ``R^d`` (to rounding: a pair within
+            rounding of the threshold may count otherwise). The products cost ``n / d``
+            of those in ``R^d``. ``None`` (the default) runs in the span where it is
+            exact and ``d > n``; ``True`` where it is not exact is a ``ValueError``.
 
     Returns:
         A ``PhaseDiagram``.
@@ -225,6 +240,15 @@ def phase_diagram(
             f"{'' if V is None else ', V given'}. Pass skip_clustered=None or False."
         )
     skip = exact if skip_clustered is None else skip_clustered
+    isotropic = Q is None and K is None and V is None
+    if in_span and not isotropic:
+        raise ValueError(
+            "in_span=True needs Q = K = V = I (the layers then commute with rotations); "
+            "Q, K or V was given. Pass in_span=None or False."
+        )
+    span = bool(isotropic and d > n) if in_span is None else bool(in_span)
+    if span and d > n:
+        model = IsotropicAttention(n, dtype=dtype)
     keys = jax.random.split(jax.random.PRNGKey(seed), b.size)
     frac, one = _run(
         model,
@@ -238,6 +262,7 @@ def phase_diagram(
         beta_batch=min(beta_batch, b.size),
         layernorm=layernorm,
         chunk=min(chunk, systems) if skip else None,
+        span=span and d > n,
     )
     return PhaseDiagram(
         betas=b,
