@@ -350,7 +350,8 @@ class FigureScript:
     def drawn(self, out_dir: str | os.PathLike[str], quick: bool = False) -> dict[str, Any]:
         """The figures ``draw`` makes from the data saved in ``out_dir``, as they are
         written (``_style.tidy`` applied) but not written: ``{stem: Figure or text}``
-        (for checks of the look, ``_style.problems``). The caller closes them. Raises ``MissingData`` as ``redraw`` does."""
+        (for checks of the look, ``_style.problems``). The caller closes them. Raises
+        ``MissingData`` as ``redraw`` does."""
         import matplotlib
 
         from attnflow.experiments._style import tidy

@@ -162,7 +162,9 @@ def draw(data: F.Data) -> dict[str, Figure]:
     )
     ax.set_xlabel("$t$", labelpad=1)
     ax.set_ylabel(r"spread of $\varphi_2^*$ in a group", labelpad=1)
-    ax.legend(fontsize=5.5, loc="lower left", frameon=False, borderaxespad=0.1)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo, hi * (hi / lo) ** 0.4)  # a band above the lines for the legend
+    ax.legend(fontsize=5.5, loc="upper right", frameon=False, borderaxespad=0.1)
     ax.set_title(r"$\varphi_2^*$ settles like $e^{-0.25t}$", pad=3, fontsize=7)
     H.panel_label(ax, "c")
     H.headline(

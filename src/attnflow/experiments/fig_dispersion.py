@@ -475,7 +475,7 @@ def _plot_leaders(data: dict, t1: float, qk_limit: float | None = None) -> Figur
     ax2.set_xlabel("$t$ (layers of $dt$ = 0.05)")
     ax2.set_ylabel(r"$\max_i \max_j P_{ij}/\sum_j P_{ij}$")
     ax2.set_title(f"(b) n = {int(ns[-1])}: largest share over rows (median over seeds)")
-    ax2.legend(fontsize=5.5)
+    ax2.legend(fontsize=5.5, loc="center left", bbox_to_anchor=(1.02, 0.5))  # (a)'s too
     for a in (ax, ax2):
         a.grid(alpha=0.25, lw=0.4)
         a.tick_params(labelsize=6)

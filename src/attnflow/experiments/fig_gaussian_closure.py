@@ -219,7 +219,9 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
     left.set_xlabel("$x_1$")
     left.set_ylabel("$x_2$")
     left.set_title(f"d = 2, n = {n_big:,}")
-    left.legend(loc="lower left", frameon=False, markerscale=6)
+    left.legend(
+        loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False, markerscale=6
+    )
     H.panel_label(left, "a")
     rows = []
     for c, case in enumerate(s["cases"]):
@@ -257,7 +259,7 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
     right.set_yscale("log")
     right.set_xlabel("$n$")
     right.set_ylabel(f"distance of the moments at t = {s['t1']:g}")
-    right.legend(loc="lower left", frameon=False, fontsize=6)
+    right.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False, fontsize=6)
     H.panel_label(right, "b")
     table = H.markdown_table(["case", "closure from", "n", "mean", "sd", "fitted exponent"], rows)
     return {NAME: fig, NAME + ".md": table}

@@ -104,6 +104,7 @@ def compute(quick: bool) -> F.Data:
 def draw(data: F.Data) -> dict[str, Figure]:
     """Tokens and hyperplanes (top), levels against t (bottom), from ``compute``'s data."""
     import matplotlib.pyplot as plt
+    from mpl_toolkits.mplot3d import Axes3D
 
     import attnflow.plotting as AP
 
@@ -153,7 +154,16 @@ def draw(data: F.Data) -> dict[str, Figure]:
             for axis in (ax.xaxis, ax.yaxis):
                 cast("Any", axis).set_rotate_label(False)  # an Axis3D method
         fig.text(xs[j] + 0.13, 0.895, r["label"], ha="center", va="bottom", fontsize=7)
-        fig.text(xs[j] - 0.045, 0.895, f"({'abc'[j]})", ha="left", va="bottom", fontweight="bold")
+        text = ax.text2D if isinstance(ax, Axes3D) else ax.text
+        text(  # the panel letter, placed in the figure (the 3-d axes' box is larger)
+            xs[j] - 0.045,
+            0.895,
+            f"({'abc'[j]})",
+            transform=fig.transFigure,
+            ha="left",
+            va="bottom",
+            fontweight="bold",
+        )
         # bottom row: levels against t
         ax = fig.add_axes((xs[j], 0.13, 0.26, 0.25))
         p, ts = r["p"], r["ts"]

@@ -370,7 +370,7 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
     w0, w1 = WINDOWS[j]
     for ax in (ax_f, ax_k):
         ax.set_xscale("log")
-        ax.set_xlabel("tokens n")
+        ax.set_xlabel("Tokens $n$")
     ax_f.set_ylim(-0.03, 1.03)
     ax_f.set_ylabel(rf"fraction of starts counting $k^*$ in $[{w0:g}T, {w1:g}T]$")
     # below the panels, off the data
@@ -406,9 +406,10 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
         )
     ax_w.set_xscale("log")
     ax_w.set_yscale("log")
-    ax_w.set_xlabel("tokens n")
+    ax_w.set_xlabel("Tokens $n$")
     ax_w.set_ylabel(r"$W_1$(tokens, mean-field density)")
-    ax_w.legend(fontsize=5)
+    ax_w.legend(fontsize=5, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+    H.panel_letters((ax_f, ax_k, ax_w))
     fig.suptitle(
         r"Circle, SA, $Q = K = V = I$: plateau counts against $k^*(\beta)$ (left, middle) "
         rf"and particles against the mean field at $\beta$ = {mf['beta']:g} (right)",

@@ -188,8 +188,8 @@ def draw(data: F.Data) -> dict[str, Figure]:
             bbox_to_anchor=(1.04, 0.5),
             frameon=False,
         )
-        for k, letter in enumerate("abcd"):
-            H.panel_label(ax[k], letter if row == 0 else letter + "'")
+        for k in range(4):  # a row per tier: (a)-(d), then (e)-(h)
+            H.panel_label(ax[k], "abcdefgh"[4 * row + k])
     H.headline(
         fig,
         "QK norm at long context, with a sink or a gate",

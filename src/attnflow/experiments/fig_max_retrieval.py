@@ -200,7 +200,7 @@ def draw(data: F.Data) -> dict[str, Figure]:
         axes[1].plot(sizes, a["bound"], "--", color="0.4", lw=1, label="bound")
     for ax in axes:
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("items n")
+        ax.set_xlabel("Items $n$")
     axes[0].set_ylabel("accuracy (%)")
     axes[1].set_ylabel("attention on the max item")
     axes[1].set_yscale("log")

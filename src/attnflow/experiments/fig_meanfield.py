@@ -284,7 +284,7 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
         k = np.asarray(r["k"])
         ax.plot(k, r["predicted"], "-", color=f"C{i}", lw=1, label=rf"$\beta$ = {r['beta']:g}")
         ax.plot(k, r["measured"], "o", color=f"C{i}", ms=3, mfc="none")
-    ax.set_xlabel("mode k")
+    ax.set_xlabel("Mode $k$")
     ax.set_ylabel(r"growth rate $\lambda_k$")
     ax.set_title("rates: closed form (line), solver (o)", fontsize=7)
     ax.legend(fontsize=6)
@@ -322,7 +322,7 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
     ax.loglog(n, c["w1_iid"], "s-", ms=3, label=f"i.i.d., slope {c['slope_iid']:.2f}")
     ax.set_xticks(n, [f"{int(v)}" for v in n])
     ax.minorticks_off()
-    ax.set_xlabel("particles n")
+    ax.set_xlabel("Particles $n$")
     ax.set_ylabel(rf"$W_1$(particles, density) at t = {c['t1']:g}")
     ax.legend(fontsize=6)
     ax = axes[3]

@@ -283,7 +283,7 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
         handletextpad=0.3,
     )
     ax_k.set_ylabel("count in the window (mean, 95%)")
-    ax_k.legend(fontsize=6, loc="upper left")
+    ax_k.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     for i, r in enumerate(runs):
         ax_t.plot(
             a[f"b{i}_ts_over_T"], a[f"b{i}_counts"][0], lw=1, label=rf"$\beta$ = {r['beta']:g}"

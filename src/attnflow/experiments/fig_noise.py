@@ -279,7 +279,7 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
     if zero:
         title += f"; d = {', '.join(zero)}: limit 0"
     ax.set_title(title, fontsize=7)
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
     ax = axes[2]
     ts = np.asarray(a["many_ts"])
     for k, v in enumerate(many["sigma2"]):

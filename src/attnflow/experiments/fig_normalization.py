@@ -174,7 +174,7 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
     a = data.arrays
     ts = a["ts"]
     s = ts > 0
-    fig, axes = plt.subplots(1, 2, figsize=(6.5, 2.7))
+    fig, axes = plt.subplots(1, 2, figsize=(6.5, 3.0))
     for k, r in enumerate(data.sidecar["runs"]):
         ln = r["layernorm"]
         color = f"C{k}"
@@ -207,8 +207,16 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
         ax.text(t_ref[-1], y0 * (t_ref[-1] / t_ref[0]) ** -p, lab, fontsize=7, va="bottom")
     ax.set_xlabel("$t$", labelpad=1)
     ax.set_title("power laws: the stream grows", pad=3)
-    ax.legend(fontsize=6, loc="lower left", frameon=False, ncol=2)
     H.panel_label(ax, "b")
+    # below both panels, off the data: the placements are the same in both
+    fig.legend(
+        *ax.get_legend_handles_labels(),
+        fontsize=6,
+        loc="lower center",
+        frameon=False,
+        ncol=6,
+        bbox_to_anchor=(0.5, 0.0),
+    )
     sd = data.sidecar
     H.headline(
         fig,
@@ -217,7 +225,7 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
         rf"placement (scipy)",
         sub_y=0.925,
     )
-    fig.subplots_adjust(left=0.09, right=0.97, bottom=0.16, top=0.8, wspace=0.28)
+    fig.subplots_adjust(left=0.09, right=0.94, bottom=0.25, top=0.8, wspace=0.28)
     return {NAME: fig, f"{NAME}.md": _table(data)}
 
 

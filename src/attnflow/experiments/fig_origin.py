@@ -162,6 +162,7 @@ def draw(data: F.Data) -> dict[str, Figure]:
     cb.set_ticks([-1, 0, 1, 2][: int(np.floor(tt[-1])) + 2])
     cb.set_ticklabels(["0.1", "1", "10", "100"][: int(np.floor(tt[-1])) + 2])
     cb.ax.set_title("$t$", fontsize=7, pad=2)
+    H.part_of_panel(cax)  # the colour bar of (b)
     cb.ax.tick_params(labelsize=6)
     H.panel_label(ax, "b")
     # (c) radius, spread, mean against t

@@ -217,6 +217,7 @@ def draw(data: F.Data) -> dict[str, Figure]:
     cax = fig.add_axes((0.93, 0.55, 0.012, 0.33))
     cb = fig.colorbar(sm, cax=cax)
     cb.ax.set_title(r"$\mu$", fontsize=7, pad=2)
+    H.part_of_panel(cax)  # the colour bar of (b)
     cb.ax.tick_params(labelsize=6)
     H.panel_label(ax, "b", x=-0.16)
     # (c) leading coordinate of every token

@@ -218,7 +218,7 @@ def draw(data: F.Data) -> dict[str, Figure]:
     ax.set_xlabel("layer $k + 1$", labelpad=1)
     ax.set_ylabel(r"$|\mathrm{res}(X_k)|/|X_k|$", labelpad=1)
     ax.set_title("solid: no skip; dashed: residual", pad=3)
-    ax.legend(fontsize=6, frameon=False, loc="lower right")
+    ax.legend(fontsize=6, frameon=False, loc="center right")
     H.panel_label(ax, "a")
     # (b) log log (1/r) against depth, pure attention
     ax = fig.add_axes((0.415, 0.17, 0.25, 0.64))
@@ -264,10 +264,10 @@ def draw(data: F.Data) -> dict[str, Figure]:
         fig,
         "Without the skip connection attention collapses the tokens to one point, "
         "doubly exponentially; with it they cluster",
-        f"n = {N}, d = 2, x0 uniform in [-s, s]^2, Q = K = I, the paper's V; "
-        f"no skip: r < 1e-12 after {one['pure_layers_to_collapse']} layers (s = 1), never "
-        f"(s = 5); residual, dt = {DT}: {one['residual_observed']['label']}, r = "
-        f"{a['r0_res'][-1]:.2f} at T = {T:g}",
+        rf"$n = {N}$, $d = 2$, $x_0$ uniform in $[-s, s]^2$, $Q = K = I$, the paper's $V$; "
+        rf"no skip: $r < 10^{{-12}}$ after {one['pure_layers_to_collapse']} layers ($s = 1$), "
+        rf"never ($s = 5$); residual, $\mathrm{{d}}t = {DT}$: "
+        rf"{one['residual_observed']['label']}, $r = {a['r0_res'][-1]:.2f}$ at $T = {T:g}$",
         sub_y=0.925,
     )
     return {NAME: fig}

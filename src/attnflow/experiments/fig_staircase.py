@@ -142,7 +142,7 @@ def draw(data: F.Data) -> dict[str, Figure]:
     ax.set_xlabel("rescaled time", labelpad=1)
     ax.set_ylabel("energy (shifted)", labelpad=1)
     ax.set_xlim(0, s[-1])
-    ax.legend(fontsize=6, loc="lower right", frameon=False, bbox_to_anchor=(1.0, 0.1))
+    ax.legend(fontsize=6, loc="lower right", frameon=False, bbox_to_anchor=(1.0, 0.45))
     ax.set_title("the energy climbs a staircase", pad=3)
     H.panel_label(ax, "a")
     th = a["angles"]

@@ -140,7 +140,9 @@ def draw(data: F.Data) -> dict[str, Figure]:
     ax.set_ylim(max(gap[:, followers].min(), 1e-3), gap.max() * 3)
     ax.set_xlabel("$t$", labelpad=1)
     ax.set_ylabel(r"$|z_{3,i} - z_{3,\mathrm{leader}(i)}|$")
-    ax.legend(loc="lower right", frameon=False, fontsize=6)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo, hi * (hi / lo) ** 0.45)  # a band above the lines for the legend
+    ax.legend(loc="upper left", frameon=False, fontsize=6)
     ax.set_title("$G$-part: free, unbounded", pad=3, fontsize=7)
     H.panel_label(ax, "c")
     H.headline(

@@ -278,7 +278,10 @@ def draw(data: F.Data) -> dict[str, Figure | str]:
         ax.set_title(rf"$\beta$ = {p['beta']:g} ({side}; $D_c$ = {p['D_c']:.3f})")
         H.panel_label(ax, "ab"[b])
     axes[0].set_ylabel(r"$r = |\langle e^{i\theta} \rangle|$")
-    axes[0].legend(loc="upper right", frameon=False)
+    # below the panels: the curves fill them
+    fig.legend(
+        *axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=4, frameon=False
+    )
     header = ["beta", "start", "D / D_c", "mean r", "sd", "range", "mean field"]
     table = H.markdown_table(header, rows)
     return {NAME: fig, NAME + ".md": table}
