@@ -155,8 +155,8 @@ def tidy(fig: Figure) -> None:
         >>> import matplotlib.pyplot as plt
         >>> fig, ax = plt.subplots()
         >>> _ = ax.set_title("clusters at beta = 4, n = 32")
-        >>> tidy(fig); ax.get_title()
-        'Clusters at $\\beta = 4$, $n = 32$'
+        >>> tidy(fig); print(ax.get_title())
+        Clusters at $\\beta = 4$, $n = 32$
         >>> plt.close(fig)
     """
     supt = fig.get_suptitle()

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 NAME = "fig_dispersion"
 # seconds on a 2-core machine (two jobs), quick and full: the runner starts the longest first
-SECONDS = {"quick": 13, "full": 42}
+SECONDS = {"quick": 13, "full": 100}
 KERNEL_ORDER = ("softmax", "qknorm", "ssmax", "adaptive", "sigmoid")
 COLORS = {
     "softmax": "#1f77b4",
@@ -125,7 +125,6 @@ def _config(quick: bool) -> dict:
     )
 
 
-# ------------------------------------------------------------------ figure 1
 def _sphere(rng, n, d):
     x = rng.normal(size=(n, d))
     return x / np.linalg.norm(x, axis=1, keepdims=True)
@@ -233,7 +232,6 @@ def _max_vs_n(cfg: dict) -> dict:
     )
 
 
-# ------------------------------------------------------------------ figure 2
 def _leaders(cfg: dict) -> dict:
     import attnflow as af
 
@@ -280,7 +278,6 @@ def _leaders(cfg: dict) -> dict:
     return dict(ns=cfg["ns"], ts=ts.tolist(), kernels=out)
 
 
-# ------------------------------------------------------------------ figure 3
 def _sink(cfg: dict) -> dict:
     import attnflow as af
 
@@ -320,17 +317,6 @@ def _sink(cfg: dict) -> dict:
     return dict(ns=cfg["ns"], cases=out)
 
 
-# ------------------------------------------------------------------ plotting
-# the panels' titles: the kernels' names as prose
-TITLES = {
-    "softmax": "Softmax",
-    "qknorm": "QK norm",
-    "ssmax": "SSMax",
-    "adaptive": "Adaptive temperature",
-    "sigmoid": "Sigmoid",
-}
-
-
 def _plot_max(data: dict) -> Figure:
     import matplotlib.pyplot as plt
 
@@ -357,7 +343,7 @@ def _plot_max(data: dict) -> Figure:
                 lw=0.9,
                 label=r["effective_bound_label"],
             )
-        title = TITLES.get(kern, kern)
+        title = {"qknorm": "QK norm", "ssmax": "SSMax"}.get(kern, kern)  # as prose
         title += rf" ($\beta = {r['beta']:.3g}$)" if kern == "qknorm" else ""
         if kern == "ssmax":
             title += rf" ($s=1/\log {N_TRAIN}$)"
@@ -529,13 +515,11 @@ def _plot_sink(data: dict) -> Figure:
         fontsize=7,
     )
     fig.tight_layout()
-    # below both panels: the curves fill the first
-    handles, labels = ax.get_legend_handles_labels()
+    handles, labels = ax.get_legend_handles_labels()  # below both: the curves fill (a)
     fig.legend(handles, labels, fontsize=5.5, ncol=4, loc="upper center", bbox_to_anchor=(0.5, 0.0))
     return fig
 
 
-# ------------------------------------------------------------------ summary
 def _summary(f1: dict, f2: dict, f3: dict) -> dict:
     s = {"max_at_n": {}, "leader_time_median": {}, "sink_mass": {}}
     for kern, r in f1["kernels"].items():

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 NAME = "fig_noise"
 # seconds on a 2-core machine (two jobs), quick and full: the runner starts the longest first
-SECONDS = {"quick": 10, "full": 62}
+SECONDS = {"quick": 10, "full": 50}
 SEED = 0
 BETA_PAIR, RHO0, SETTLED = 1.0, -0.9, 0.99  # two tokens: start, and "ended antipodal"
 PAIR_STEPS, PAIR_T1 = 500, 20.0  # layers per run; depth t1 = PAIR_T1 / max(1, sigma^2 / 2)

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 NAME = "fig_normalization"
-SECONDS = {"quick": 4, "full": 3}
+SECONDS = {"quick": 4, "full": 9}
 N, BETA = 32, 1.0
 PLACEMENTS = ("post", "ngpt", "peri", "pre", "mix", "scaled")
 LABELS = {

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 NAME = "fig_staircase"
-SECONDS = {"quick": 4, "full": 2}
+SECONDS = {"quick": 4, "full": 4}
 LR, STEPS, RECORD, MERGE_BELOW, MERGE_ANGLE = 1e-5, 40_000, 20, 5e-5, 1e-3
 
 
