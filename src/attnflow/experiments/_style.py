@@ -261,7 +261,8 @@ def _covered(ax: Axes, renderer: Any) -> list[str]:
         if not line.get_visible():
             continue
         path = line.get_transform().transform_path(line.get_path())
-        pts = path.vertices[np.all(np.isfinite(path.vertices), axis=1)]
+        verts = np.asarray(path.vertices, float)
+        pts = verts[np.all(np.isfinite(verts), axis=1)]
         pts = pts[_inside(clip, pts)]
         if line.get_linestyle() in ("None", "", " ", "none"):
             covered = bool(_inside(box, pts).any())
@@ -284,7 +285,7 @@ def _covered(ax: Axes, renderer: Any) -> list[str]:
         trans = coll.get_transform()
         for path in coll.get_paths():
             p = trans.transform_path(path)
-            if len(p.vertices) and p.intersects_bbox(box, filled=True):
+            if np.asarray(p.vertices).size and p.intersects_bbox(box, filled=True):
                 hits.append(f"{type(coll).__name__} {coll.get_label()!r}")
                 break
     for image in ax.images:

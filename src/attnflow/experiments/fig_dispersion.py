@@ -334,6 +334,7 @@ def _plot_max(data: dict) -> Figure:
             ns, np.minimum(r["bound_tight"], 1.0), "k--", lw=0.9, label=r"$1/(1+(n-1)e^{-\delta})$"
         )
         ax.plot(ns, np.minimum(r["bound_loose"], 2.0), "k:", lw=0.9, label=r"$e^{\delta}/n$")
+        own = None
         if r["effective_bound"] is not None:
             (own,) = ax.plot(
                 ns,
@@ -350,7 +351,7 @@ def _plot_max(data: dict) -> Figure:
         ax.set_title(title)
         if ax is axes[0]:  # the same four curves in every panel: named once
             ax.legend(fontsize=5, loc="lower left")
-        elif r["effective_bound"] is not None:  # and what a panel adds
+        elif own is not None:  # and what a panel adds
             ax.legend(handles=[own], fontsize=5, loc="lower left")
     ax = axes[-1]
     for kern in KERNEL_ORDER:
