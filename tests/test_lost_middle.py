@@ -78,6 +78,25 @@ def _bessel_series(n, x):
     )
 
 
+def test_threshold_at_any_beta_and_a_profile_past_the_float_range_refused():
+    """Past beta = 709, e^beta alone overflows: the threshold comes from the rates scaled
+    by e^-beta (against the formula with scipy's unscaled iv where that is finite, and
+    falling like e^-beta beyond), and a profile whose growth leaves float64 is refused
+    by name instead of returning inf or NaN."""
+    k = np.arange(1, 21)
+    w = np.exp(-0.5 * (math.pi * k / 8.0) ** 2)
+    for beta in (5.0, 100.0, 300.0):
+        a = k**2 * iv(k, beta)  # a^2 finite up to about beta = 350
+        ref = 2 * (1 - math.exp(-1.0)) * np.sum(w * a) / np.sum(w * a * a)
+        assert lost_in_middle_threshold(beta) == pytest.approx(ref, rel=1e-12)
+    ratio = lost_in_middle_threshold(730.0) / lost_in_middle_threshold(720.0)
+    # e^-10 from the exponential, times the slow change of the Bessel ratios
+    assert ratio == pytest.approx(math.exp(-10.0), rel=0.05)
+    assert lost_in_middle_threshold(5000.0) == 0.0  # below the smallest float, not NaN
+    with pytest.raises(ValueError, match=r"beta = 800, t = 1 exceeds the float64 range"):
+        lost_in_middle_profile(np.linspace(0.02, 1.0, 5), 1.0, 800.0)
+
+
 def test_bad_arguments_name_themselves():
     with pytest.raises(ValueError, match="beta"):
         lost_in_middle_threshold(0.0)

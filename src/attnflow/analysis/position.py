@@ -72,12 +72,12 @@ __all__ = [
 
 
 def _modes(beta: float, M: float, modes: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(a_k, w_k)`` for ``k = 1 .. modes``."""
+    """``(a_k e^{-beta}, w_k)`` for ``k = 1 .. modes``: the rates scaled by ``e^{-beta}``
+    (``scipy.special.ive``), finite at every beta (``e^beta`` alone overflows past 709)."""
     from scipy.special import ive
 
     k = np.arange(1, modes + 1, dtype=np.float64)
-    a = k**2 * ive(k, beta) * math.exp(beta)
-    return a, _mode_weights(M, modes)
+    return k**2 * ive(k, beta), _mode_weights(M, modes)
 
 
 def _args(beta, lam, M, modes) -> tuple[float, float, float, int]:
@@ -111,7 +111,9 @@ def lost_in_middle_threshold(
 
     Returns:
         ``t_crit`` (float). ``lam = 0`` gives 0: without the decay the slope at ``s = 1``
-        is ``-sum_k w_k (a_k t)^2 / 2 < 0`` for every ``t > 0`` (no recency).
+        is ``-sum_k w_k (a_k t)^2 / 2 < 0`` for every ``t > 0`` (no recency). It falls
+        like ``e^{-beta}`` and is computed from the scaled rates ``a_k e^{-beta}``, so it
+        is finite at every beta (below the smallest float, past beta of about 745, 0).
 
     Examples:
         >>> from attnflow.analysis.position import lost_in_middle_threshold
@@ -119,8 +121,9 @@ def lost_in_middle_threshold(
         2.457
     """
     beta, lam, M, modes = _args(beta, lam, M, modes)
-    a, w = _modes(beta, M, modes)
-    return float(2.0 * (-math.expm1(-lam)) * np.sum(w * a) / np.sum(w * a * a))
+    scaled, w = _modes(beta, M, modes)  # a_k = e^beta scaled_k: the ratio takes e^-beta
+    ratio = np.sum(w * scaled) / np.sum(w * scaled * scaled)
+    return float(2.0 * (-math.expm1(-lam)) * ratio * math.exp(-beta))
 
 
 def _psi(c: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -173,9 +176,17 @@ def lost_in_middle_profile(
         coef = lam * np.exp(lam * s_arr) / math.expm1(lam)
         y = np.log(math.expm1(lam) / np.expm1(lam * s_arr))
     y = np.maximum(y, 0.0)  # s = 1 gives 0 up to rounding
-    a, w = _modes(beta, M, modes)
-    c = (a * t).reshape((-1,) + (1,) * s_arr.ndim)
-    return np.sum(w.reshape(c.shape) * coef * _psi(c, y[None]), axis=0)
+    scaled, w = _modes(beta, M, modes)
+    with np.errstate(over="ignore", invalid="ignore"):  # reported below, by name
+        c = (scaled * np.exp(beta) * t).reshape((-1,) + (1,) * s_arr.ndim)
+        out = np.sum(w.reshape(c.shape) * coef * _psi(c, y[None]), axis=0)
+    if not np.all(np.isfinite(out)):
+        raise ValueError(
+            f"the profile at beta = {beta:g}, t = {t:g} exceeds the float64 range (it grows "
+            f"like exp(2 sqrt(a_k t log(1/s))) with a_k = k^2 I_k(beta), about e^beta); use a "
+            f"smaller t or beta, or positions s nearer 1."
+        )
+    return out
 
 
 class RetrievalProfile(NamedTuple):
