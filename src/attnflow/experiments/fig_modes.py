@@ -59,15 +59,14 @@ def plateau_count(
 
 
 def plateau_interval(plateau: list[int]) -> tuple[float, float, float]:
-    """The mean of the plateau counts of the seeds and its 95% t-interval (the mean itself
-    when there is one seed or no spread)."""
-    from scipy import stats
+    """The mean of the plateau counts of the seeds and its 95% t-interval
+    (``attnflow._stats.mean_interval``; the mean itself when there is one seed or no
+    spread)."""
+    from attnflow._stats import mean_interval
 
-    mean = float(np.mean(plateau))
-    if len(plateau) < 2 or np.std(plateau) == 0:
-        return mean, mean, mean
-    lo, hi = stats.t.interval(0.95, len(plateau) - 1, loc=mean, scale=stats.sem(plateau))
-    return mean, float(lo), float(hi)
+    r = mean_interval(plateau)
+    lo, hi = r["interval"] or (r["mean"], r["mean"])
+    return r["mean"], float(lo), float(hi)
 
 
 def window_summary(plateau: list[int], k: int) -> dict:
