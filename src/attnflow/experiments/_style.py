@@ -46,31 +46,20 @@ GREEK = (
     "tau upsilon phi chi psi omega"
 ).split()
 _GREEK = re.compile(r"(?<![\w\\])(" + "|".join(GREEK) + r")(?![\w])", re.IGNORECASE)
-# a one-letter symbol (with digits, a star or a prime) or dt in a relation: "n = 32", "t1 < 2"
-_RELATION = re.compile(
-    r"(?<![\w\\.'-])(dt|[A-Za-z][0-9]*[*']?)\s*(=|<=|>=|<|>|≤|≥|≈)\s*(?=[\w\-.(+$√])"
-)
+# a one-letter symbol (with digits, a star or a prime) or dt, not inside a word
+_SYMBOL = r"(?<![\w\\.'-])(?:dt|[A-Za-z][0-9]*[*']?)"
+_OP = r"(?:=|<=|>=|<|>|≤|≥|≈)"
+# a symbol in a relation: "n = 32", "t1 < 2"
+_RELATION = re.compile(_SYMBOL + r"\s*" + _OP + r"\s*(?=[\w\-.(+$√])")
+# a mathtext span (an escaped \$ is not a delimiter)
+_SPANS = re.compile(r"(?<!\\)(\$[^$]*\$)")
 _LETTER = re.compile(r"^\(([a-z])\)$")
 _LEADING_LETTER = re.compile(r"^\(([a-z])\)\s+")
 
 
 def _outside_math(text: str) -> str:
-    """``text`` with every ``$...$`` span replaced by a space (escaped ``\\$`` kept)."""
-    out, inside, i = [], False, 0
-    while i < len(text):
-        c = text[i]
-        if c == "\\" and i + 1 < len(text) and text[i + 1] == "$":
-            if not inside:
-                out.append("$")
-            i += 2
-            continue
-        if c == "$":
-            inside = not inside
-            out.append(" ")
-        elif not inside:
-            out.append(c)
-        i += 1
-    return "".join(out)
+    """``text`` with every ``$...$`` span replaced by a space."""
+    return _SPANS.sub(" ", text)
 
 
 def _sentence_case(text: str) -> bool:
@@ -92,10 +81,9 @@ def _symbols(text: str) -> list[str]:
     return found
 
 
-# a chain of one-letter symbols (or dt) set equal to a number or a one-letter symbol
+# a chain of symbols set equal to a number or a one-letter symbol: "Q = K = V = I"
 _CHAIN = re.compile(
-    r"(?<![\w\\.'-])((?:(?:dt|[A-Za-z][0-9]*[*']?)\s*(?:=|<=|>=|<|>|≤|≥|≈)\s*)+)"
-    r"(-?\d[\d.,]*\d|-?\d|[A-Za-z](?![\w(]))"
+    r"((?:" + _SYMBOL + r"\s*" + _OP + r"\s*)+)(-?\d[\d.,]*\d|-?\d|[A-Za-z](?![\w(]))"
 )
 _MATH_OP = {"<=": r"\leq", ">=": r"\geq", "≤": r"\leq", "≥": r"\geq", "≈": r"\approx"}
 
@@ -108,11 +96,9 @@ def _math_relation(m: re.Match[str]) -> str:
     return "$" + body.replace("dt", "\\mathrm{d}t").strip() + "$"
 
 
-# a symbol in mathtext followed by a plain relation to a number: "$c$ = 4" -> "$c = 4$"
 # after a mathtext span, a plain relation to a number: "$c$ = 4" -> "$c = 4$"
 _AFTER = re.compile(r"^\s*(=|<|>)\s*(-?\d[\d.,]*\d|-?\d)(?![\w.])")
 _LONE = re.compile(r"([b-zB-HJ-Z][*']?)(?=$|[\s,:;=<>])")
-_SPANS = re.compile(r"(?<!\\)(\$[^$]*\$)")
 
 
 def _tidy_text(text: str, capital: bool) -> str:
@@ -145,6 +131,31 @@ def _titles(ax: Axes) -> list[Any]:
     return [ax.title, ax._left_title, ax._right_title]  # pyright: ignore[reportAttributeAccessIssue]
 
 
+def _texts(fig: Figure) -> list[tuple[str, Any, bool]]:
+    """``(where, Text, needs sentence case)`` of every text of ``fig``: what ``tidy``
+    sets and ``problems`` reads."""
+    out: list[tuple[str, Any, bool]] = []
+    supt = fig.get_suptitle()
+    for i, t in enumerate(fig.texts):
+        if t.get_text() == supt:
+            out.append(("the figure's title", t, True))
+        else:  # a headline's first line is a title; other figure texts are notes
+            out.append((f"figure text {t.get_text()[:30]!r}", t, i == 0))
+    for k, ax in enumerate(fig.axes):
+        if not ax.get_visible():
+            continue
+        name = "a colour bar" if ax.get_label() == "<colorbar>" else f"axes {k}"
+        out += [(f"{name}'s title", t, True) for t in _titles(ax)]
+        axes = (ax.xaxis, ax.yaxis, *([ax.zaxis] if ax.name == "3d" else []))  # pyright: ignore[reportAttributeAccessIssue]
+        out += [(f"{name}'s axis label", a.get_label(), True) for a in axes]
+        out += [(f"{name}'s text", t, False) for t in ax.texts]
+        legend = ax.get_legend()
+        if legend is not None:
+            out += [(f"{name}'s legend", t, False) for t in legend.get_texts()]
+            out.append((f"{name}'s legend title", legend.get_title(), False))
+    return out
+
+
 def tidy(fig: Figure) -> None:
     """Apply the typographic part of rules 2 and 3 to every title, label and legend
     entry of ``fig``, in place (module docstring). Idempotent.
@@ -159,23 +170,9 @@ def tidy(fig: Figure) -> None:
         Clusters at $\\beta = 4$, $n = 32$
         >>> plt.close(fig)
     """
-    supt = fig.get_suptitle()
-    for i, t in enumerate(fig.texts):
-        t.set_text(_tidy_text(t.get_text(), i == 0 or t.get_text() == supt))
-    for ax in fig.axes:
-        for title in _titles(ax):  # set_title would reset the font to rcParams'
-            if title.get_text():
-                title.set_text(_tidy_text(title.get_text(), True))
-        for axis in (ax.xaxis, ax.yaxis, *([ax.zaxis] if ax.name == "3d" else [])):  # pyright: ignore[reportAttributeAccessIssue]
-            label = axis.get_label()
-            if label.get_text():
-                label.set_text(_tidy_text(label.get_text(), True))
-        for t in ax.texts:
-            t.set_text(_tidy_text(t.get_text(), False))
-        legend = ax.get_legend()
-        if legend is not None:
-            for t in [*legend.get_texts(), legend.get_title()]:
-                t.set_text(_tidy_text(t.get_text(), False))
+    for _, t, capital in _texts(fig):  # on the Text: set_title would reset its font
+        if t.get_text():
+            t.set_text(_tidy_text(t.get_text(), capital))
 
 
 def _is_panel(ax: Axes) -> bool:
@@ -196,37 +193,6 @@ def _panel_letter(ax: Axes) -> str | None:
         if m:
             return m.group(1)
     return None
-
-
-def _texts(fig: Figure) -> list[tuple[str, str, bool]]:
-    """``(where, text, needs sentence case)`` of every text of ``fig``."""
-    out: list[tuple[str, str, bool]] = []
-    supt = fig.get_suptitle()
-    if supt:
-        out.append(("the figure's title", supt, True))
-    for i, t in enumerate(fig.texts):
-        if t.get_visible() and t.get_text().strip() and t.get_text() != supt:
-            # a headline's first line is a title; other figure texts are notes
-            out.append((f"figure text {t.get_text()[:30]!r}", t.get_text(), i == 0))
-    for k, ax in enumerate(fig.axes):
-        if not ax.get_visible():
-            continue
-        name = "a colour bar" if ax.get_label() == "<colorbar>" else f"axes {k}"
-        for loc in ("left", "center", "right"):
-            if ax.get_title(loc).strip():
-                out.append((f"{name}'s title", ax.get_title(loc), True))
-        labels = [ax.get_xlabel(), ax.get_ylabel()]
-        if ax.name == "3d":
-            labels.append(ax.get_zlabel())  # pyright: ignore[reportAttributeAccessIssue]
-        out += [(f"{name}'s axis label", lab, True) for lab in labels if lab.strip()]
-        out += [(f"{name}'s text", t.get_text(), False) for t in ax.texts if t.get_visible()]
-        legend = ax.get_legend()
-        if legend is not None:
-            title = legend.get_title().get_text()
-            out += [(f"{name}'s legend", t.get_text(), False) for t in legend.get_texts()]
-            if title:
-                out.append((f"{name}'s legend title", title, False))
-    return out
 
 
 def _inside(box: Any, pts: Any) -> Any:
@@ -264,11 +230,8 @@ def _covered(ax: Axes, renderer: Any) -> list[str]:
         verts = np.asarray(path.vertices, float)
         pts = verts[np.all(np.isfinite(verts), axis=1)]
         pts = pts[_inside(clip, pts)]
-        if line.get_linestyle() in ("None", "", " ", "none"):
-            covered = bool(_inside(box, pts).any())
-        else:
-            covered = path.intersects_bbox(box, filled=False) or (bool(_inside(box, pts).any()))
-        if covered:
+        drawn = line.get_linestyle() not in ("None", "", " ", "none")  # not markers only
+        if _inside(box, pts).any() or (drawn and path.intersects_bbox(box, filled=False)):
             hits.append(f"line {line.get_label()!r}")
     for coll in ax.collections:
         if not coll.get_visible():
@@ -327,8 +290,9 @@ def problems(fig: Figure) -> list[str]:
                 letters.append(letter)
         if letters and sorted(letters) != [chr(ord("a") + i) for i in range(len(letters))]:
             out.append(f"the panel letters {sorted(letters)} do not run from (a) without a gap")
-    for where, text, titled in _texts(fig):
-        if _LETTER.match(text.strip()):
+    for where, t, titled in _texts(fig):
+        text = t.get_text()
+        if not t.get_visible() or not text.strip() or _LETTER.match(text.strip()):
             continue
         if titled and not _sentence_case(text):
             out.append(

@@ -217,8 +217,16 @@ def phase_diagram(
             f"t1 = {t1} must be a whole number of layers dt = {dt}, and that number a "
             f"multiple of save_every = {save_every}."
         )
-    if Q is None and K is None and V is None:  # the papers' identity weights, fast path
-        model: Attention | IsotropicAttention = IsotropicAttention(d, dtype=dtype)
+    isotropic = Q is None and K is None and V is None
+    if in_span and not isotropic:
+        raise ValueError(
+            "in_span=True needs Q = K = V = I (the layers then commute with rotations); "
+            "Q, K or V was given. Pass in_span=None or False."
+        )
+    # the systems run in the span of their start: n coordinates, where there are fewer
+    span = isotropic and d > n and in_span is not False
+    if isotropic:  # the papers' identity weights, fast path
+        model: Attention | IsotropicAttention = IsotropicAttention(n if span else d, dtype=dtype)
     else:
         eye = np.eye(d)
         mats = [eye if A is None else np.asarray(A) for A in (Q, K, V)]
@@ -240,15 +248,6 @@ def phase_diagram(
             f"{'' if V is None else ', V given'}. Pass skip_clustered=None or False."
         )
     skip = exact if skip_clustered is None else skip_clustered
-    isotropic = Q is None and K is None and V is None
-    if in_span and not isotropic:
-        raise ValueError(
-            "in_span=True needs Q = K = V = I (the layers then commute with rotations); "
-            "Q, K or V was given. Pass in_span=None or False."
-        )
-    span = bool(isotropic and d > n) if in_span is None else bool(in_span)
-    if span and d > n:
-        model = IsotropicAttention(n, dtype=dtype)
     keys = jax.random.split(jax.random.PRNGKey(seed), b.size)
     frac, one = _run(
         model,
@@ -262,7 +261,7 @@ def phase_diagram(
         beta_batch=min(beta_batch, b.size),
         layernorm=layernorm,
         chunk=min(chunk, systems) if skip else None,
-        span=span and d > n,
+        span=span,
     )
     return PhaseDiagram(
         betas=b,
