@@ -90,7 +90,7 @@ def simulate(
     with warnings.catch_warnings():
         # A frame out of the float range warns; its status below says so instead.
         warnings.simplefilter("ignore", RuntimeWarning)
-        z_final, x_final = np.asarray(traj.z[-1]), np.asarray(traj.x[-1])
+        z_final, x_final = np.asarray(traj.z)[-1], np.asarray(traj.x)[-1]
         z_status = common.array_status(traj, "z", z_final)
         x_status = common.array_status(traj, "x", x_final)
     t_stop = float(traj.t_stop[0])

@@ -17,11 +17,11 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.core as jax_core
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
 from .. import _checks
+from .._host import put
 from .._precision import mm
 from . import kernels as _kernels
 from .base import AbstractKernelAttention, saved_kernel_params
@@ -263,12 +263,9 @@ class Attention(AbstractKernelAttention):
         _checks.warn_float64_cast(Qa, Ka, Va, stacklevel=5)
         # an overflowing cast is reported just below, naming the matrix; not as numpy's warning
         with np.errstate(over="ignore"):
-            self.Q = jnp.asarray(Qa, dtype=dtype)
-            self.K = jnp.asarray(Ka, dtype=dtype)
-            self.V = jnp.asarray(Va, dtype=dtype)
-            self.beta = jnp.asarray(beta, dtype=dtype)
+            self.Q, self.K, self.V, self.beta = (put(a, dtype) for a in (Qa, Ka, Va, beta))
         for name, arr in (("Q", self.Q), ("K", self.K), ("V", self.V), ("beta", self.beta)):
-            if _is_concrete(arr) and not bool(jnp.all(jnp.isfinite(arr))):
+            if _is_concrete(arr) and not np.all(np.isfinite(np.asarray(arr))):
                 raise ValueError(
                     f"{name} has entries beyond the {np.dtype(dtype).name} range (largest "
                     f"{float(np.finfo(dtype).max):.3g}); enable x64 "

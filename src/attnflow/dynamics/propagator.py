@@ -103,8 +103,8 @@ def _bits(a: Any, dtype: Any) -> Any:
         return None
     dtype = np.dtype(dtype)
     size = dtype.itemsize
-    if _is_concrete(a):
-        return jnp.asarray(_np_bits(a, dtype))
+    if _is_concrete(a):  # placed as it is: no compiled program of its own
+        return jax.device_put(_np_bits(a, dtype))
     if jnp.iscomplexobj(a):
         a = jnp.stack([jnp.real(a), jnp.imag(a)], axis=-1)
     return jax.lax.bitcast_convert_type(a.astype(dtype), _UINT[size][1])
@@ -123,6 +123,18 @@ def _unbits(b: Any, complex_: bool = False) -> Any:
     """The array that ``_bits`` stored (``complex_``: from its trailing (re, im) axis)."""
     if b is None:
         return None
+    if _is_concrete(b):  # read on the host: no compiled program of its own
+        size = np.dtype(b.dtype).itemsize
+        h = np.ascontiguousarray(np.asarray(b))
+        # (re, im) side by side are the complex number's own bytes
+        f = (
+            h.view({4: np.complex64, 8: np.complex128}[size])[..., 0]
+            if complex_
+            else h.view(np.dtype(_FLOAT[size]))
+        )
+        # where b is, if it was placed there (a model on a device, or replicated)
+        placed = isinstance(b, jax.Array) and b.committed
+        return jax.device_put(f, b.sharding) if placed else jax.device_put(f)
     f = jax.lax.bitcast_convert_type(b, _FLOAT[np.dtype(b.dtype).itemsize])
     return jax.lax.complex(f[..., 0], f[..., 1]) if complex_ else f
 
@@ -264,7 +276,9 @@ class FlowCache(eqx.Module):
             has_modal = got["T"] is not None and self.method in ("eigh", "eig")
             for name in ("T", "T_inv", "mu_re", "mu_im", "sign"):
                 setattr(self, name, _bits(got[name], dtype) if has_modal else None)
-            self.partner = jnp.asarray(got["partner"], jnp.int32) if has_modal else None
+            self.partner = (
+                jax.device_put(np.asarray(got["partner"], np.int32)) if has_modal else None
+            )
             self.cond = _bits(np.asarray(got["cond"], np.float64), dtype)
             self.good = None
             return
@@ -331,6 +345,8 @@ def _phi(t: Array, lam: Array) -> Array:
 
 def _eigen_value(t, evals, evecs, evecs_inv, real_dtype):
     scale = jnp.exp(t.astype(evals.dtype) * evals)
+    if not jnp.iscomplexobj(evecs):  # real eigenvectors: real values (what a cast keeps)
+        scale = jnp.real(scale)
     out = mm(evecs * scale[None, :].astype(evecs.dtype), evecs_inv)
     return jnp.real(out).astype(real_dtype)
 

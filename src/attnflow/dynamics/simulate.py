@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from jaxtyping import ArrayLike, Float
 
 from .. import _checks
+from .._host import put
 from . import _devices, _inputs
 from ._inputs import check_ts, check_x0
 from .base import AbstractModel
@@ -283,9 +284,7 @@ def simulate(
     solver.check_frame(fr, dtype)
     solver.check_noise(noise, fr)
     _checks.warn_float64_cast(x0)
-    x0j = jnp.asarray(x0, dtype=dtype)
-    if not batched:
-        x0j = x0j[None]
+    x0j = put(x0 if batched else x0[None], dtype)
     # At t = 0 every frame's state is the tokens' (normalised on the sphere).
     if stacked:
         y0 = eqx.filter_vmap(lambda f, x: f.initial_state(x))(fr, x0j)
@@ -334,7 +333,7 @@ def simulate(
         to_x=run.to_x,
         solver=solver_info,
         t1=t1f,
-        x0=x0j if batched else x0j[0],
+        x0=x0j if batched else put(x0, dtype),
         discretisation=solver.discretisation(),
         frame_object=fr,
     )

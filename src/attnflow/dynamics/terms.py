@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
+from .._host import put
 from .._precision import einsum, mm
 from .frames import AbstractFrame, normalize_rows, tangent
 from .noise import brownian_tree, layer_times
@@ -420,7 +421,7 @@ def layer_term(frame: AbstractFrame, dt: float, dtype: Any, *, ode: bool = False
     """The layer-type term of ``frame`` with step ``dt`` in ``dtype``: ``EulerTerm`` with
     ``ode`` (``method="euler-ode"``), else ``LayerTerm``. Works for a frame whose leaves
     are stacked (one model per system): the per-mode factors broadcast over the stack."""
-    dt_a = jnp.asarray(dt, dtype)
+    dt_a = put(dt, dtype)
     if ode:
         return EulerTerm(frame=frame, dt=dt_a)
     prop = frame.model.propagator

@@ -55,6 +55,13 @@ def _unstack(model, i: int):
     return unstack(model, i)
 
 
+@eqx.filter_jit
+def _convert_program(disc: AbstractTime, prop, modal: bool, ts, to_x, y, to_original: bool):
+    """``disc.convert`` as one compiled program (a warm start reads one program from the
+    compilation cache, not one per operation)."""
+    return disc.convert(prop, modal, ts, to_x, y, to_original)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Trajectory:
     """Saved states of one system or a batch, in both frames.
@@ -164,13 +171,14 @@ class Trajectory:
         # One system: keep what was reached, then the state where it stopped.
         r = reached[0]
         keep = np.flatnonzero(r)
-        y = ys[0][keep]
+        # (1, m, n, d); every save reached (the usual case): the solve's own array
+        y = ys if keep.size == r.size and ys.shape[0] == 1 else ys[0][keep][None]
         tk = np.asarray(ts_requested)[keep]
         to = None if to_x is None else np.asarray(to_x)[keep]
         ok = statuses[0] == "ok"
         ts_stop = float(t_stop[0])
         if not ok and (tk.size == 0 or ts_stop > tk[-1] * (1 + 1e-12)):
-            y = jnp.concatenate([y, jnp.asarray(y_stop)[0][None].astype(dtype)], axis=0)
+            y = jnp.concatenate([y, jnp.asarray(y_stop)[0][None, None].astype(dtype)], axis=1)
             tk = np.append(tk, ts_stop)
             if to is not None:
                 assert isinstance(disc, Layers)  # the maps R^k come from the layer loop
@@ -192,7 +200,7 @@ class Trajectory:
             t1=t1,
             batched=False,
             coords=coords,
-            _y=y[None],
+            _y=y,
             _to_x=None if to is None else jnp.asarray(to, dtype),
             x0=x0,
             discretisation=disc,
@@ -257,8 +265,14 @@ class Trajectory:
     # ------------------------------------------------------------------- states
     def _convert(self, y, to_original: bool):
         """The frame that was not integrated, from the states ``y`` ``(b, m, n, d)``."""
-        return self.discretisation.convert(
-            self.model.propagator, self.frame_of.modal, self.ts, self._to_x, y, to_original
+        return _convert_program(
+            self.discretisation,
+            self.model.propagator,
+            self.frame_of.modal,
+            self.ts,
+            self._to_x,
+            y,
+            to_original,
         )
 
     def _convert64(self, y: np.ndarray, to_original: bool) -> np.ndarray:

@@ -12,6 +12,7 @@ import numpy as np
 from jaxtyping import Array
 
 from ... import _checks, _exported
+from ..._host import put
 from .. import _devices
 from ..status import Status
 from ..terms import AbstractTime, Continuous, FlowTerm
@@ -242,10 +243,10 @@ class AdaptiveSolver(AbstractSolver):
         args = (
             FlowTerm(frame),
             y0,
-            jnp.asarray(ts, dtype),
-            jnp.asarray(t1, dtype),
-            jnp.asarray(self.rtol, dtype),
-            jnp.asarray(self.atol, dtype),
+            put(ts, dtype),
+            put(t1, dtype),
+            put(self.rtol, dtype),
+            put(self.atol, dtype),
         )
         kw: dict[str, Any] = dict(solver_name=self.method, max_steps=int(self.max_steps))
         if devices is None and not stacked and chunk is None and cost is None:

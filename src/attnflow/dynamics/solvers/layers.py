@@ -13,6 +13,7 @@ import numpy as np
 from jaxtyping import Array
 
 from ... import _checks
+from ..._host import put
 from .. import _devices
 from ..noise import brownian_tolerance
 from ..noise import check_noise as checked_noise
@@ -238,7 +239,7 @@ class _FixedStep(AbstractSolver):
         self.check_noise(noise, frame)
         term = self.term(frame, y0.dtype, noise, t1, y0.shape[-2])
         opts: dict[str, Any] = dict(log_limit=log_limit(y0.dtype), max_layers=n_layers)
-        saves = jnp.asarray(save_layers, jnp.int32)
+        saves = put(save_layers, np.int32)
         if noise is not None:
             if devices is not None or stacked:
                 raise ValueError(
