@@ -425,3 +425,30 @@ def test_phi1_sign_convention_is_pinned():
         ref = Qo @ af.spectral_structure(V).phi1
         ref = ref if ref[np.argmax(np.abs(ref))] > 0 else -ref
         np.testing.assert_allclose(st.phi1, ref, atol=1e-10)
+
+
+def test_planar_hull_distances_equal_scipy_convex_hull():
+    """observe_limit's hull in the plane (by hand, Andrew's monotone chain) gives every
+    point's distance to the hull's boundary as scipy's Qhull facets do: random clouds,
+    integer lattices with repeated and collinear points, rings."""
+    from scipy.spatial import ConvexHull
+
+    from attnflow.analysis.observe import _planar_hull_facets
+
+    rng = np.random.default_rng(0)
+    clouds = []
+    for _ in range(20):
+        n = int(rng.integers(3, 60))
+        t = rng.uniform(0, 2 * np.pi, n)
+        clouds += [
+            rng.normal(size=(n, 2)) * [1.0, 1e-3],  # thin
+            rng.integers(-3, 4, size=(n + 5, 2)).astype(float),  # repeats, collinear
+            np.c_[np.cos(t), np.sin(t)] * rng.uniform(0.5, 1.0, (n, 1)),
+        ]
+    for Y in clouds:
+        eq = ConvexHull(Y).equations
+        want = np.maximum(-(Y @ eq[:, :-1].T + eq[:, -1]).min(axis=1), 0.0)
+        normals, offsets = _planar_hull_facets(Y)
+        got = np.maximum(-(Y @ normals.T + offsets).min(axis=1), 0.0)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-13 * np.abs(Y).max())
+        assert np.allclose(np.linalg.norm(normals, axis=1), 1.0)
