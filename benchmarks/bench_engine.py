@@ -7,8 +7,9 @@
    d = 128, 100 layers; the best of 5 timed runs after a compiled warm-up).
 2. A warm command-line simulate (``attnflow simulate --n 8 --t1 5 --json``, every program
    read from the compilation cache, Python's bytecode written) against JAX's own start-up
-   (``python -c "import jax; jax.numpy.zeros(1).block_until_ready()"``): medians of 9
-   interleaved pairs.
+   (``python -c "import jax; jax.numpy.zeros(1).block_until_ready()"``): medians of 25
+   interleaved pairs, and the quartiles of the pairs' own ratios (JAX's start-up alone
+   moves by a third from run to run on this machine).
 
 Run:  python benchmarks/bench_engine.py [--quick]
 Writes benchmarks/results/engine.json.
@@ -113,12 +114,16 @@ def cli_start(repeats: int) -> dict:
         t_sim += _wall(sim, env, 1)
         t_jax += _wall(jax_only, env, 1)
     load1 = os.getloadavg()[0]
+    pairs = [a / b for a, b in zip(t_sim, t_jax)]
     return {
         "simulate_s": t_sim,
         "jax_start_s": t_jax,
         "simulate_median_s": statistics.median(t_sim),
         "jax_start_median_s": statistics.median(t_jax),
         "ratio": statistics.median(t_sim) / statistics.median(t_jax),
+        # each pair ran back to back: its ratio sees one state of the machine
+        "pair_ratios": pairs,
+        "pair_ratio_quartiles": statistics.quantiles(pairs, n=4),
         "load_avg_1min": [load0, load1],
     }
 
@@ -136,7 +141,7 @@ def main() -> None:
         full = {"systems": 256, "n": 32, "d": 128, "layers": 100}
         res["sphere_step"] = sphere_step(**(full | sizes))
     if "cli" in args.cases:
-        res["cli"] = cli_start(2 if args.quick else 9)
+        res["cli"] = cli_start(2 if args.quick else 25)
     print(json.dumps(res, indent=1))
     if not args.quick:
         RESULTS.mkdir(exist_ok=True)
