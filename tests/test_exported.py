@@ -24,6 +24,7 @@ import jax, numpy as np
 jax.config.update("jax_enable_x64", True)
 import attnflow as af
 from attnflow import _exported
+from attnflow.dynamics.noise import Noise
 where = Path(sys.argv[1])
 af.enable_compilation_cache(where)
 rng = np.random.default_rng(3)
@@ -51,8 +52,13 @@ with _exported.allowed():
     out["files_beta"] = kept()
     out["other_frame"] = run(model, frame="original")   # another program
     out["files_other"] = kept()
-    out["layers"] = run(model, method="euler", dt=0.25)   # not kept: layers run as before
+    out["layers"] = run(model, method="euler", dt=0.25)   # the layer loop: kept too
     out["files_layers"] = kept()
+    out["layers_again"] = run(model, method="euler", dt=0.25)   # read back
+    # a noisy loop carries its systems' keys: not kept
+    out["noisy"] = run(model, frame="sphere", method="euler", dt=0.25, noise=Noise(0.1, 0))
+    out["files_noisy"] = kept()
+out["layers_plain"] = run(model, method="euler", dt=0.25)
 out["other_beta_plain"] = run(other)
 out["other_frame_plain"] = run(model, frame="original")
 print(json.dumps(out))
@@ -88,7 +94,10 @@ def test_a_kept_solve_gives_the_traced_numbers_to_the_bit(tmp_path: Path) -> Non
     # another frame is another program
     assert len(out["files_other"]) == 2
     assert out["other_frame"] == out["other_frame_plain"]
-    assert out["files_layers"] == out["files_other"]
+    # the layer loop is a third program, the same numbers; a noisy loop is not kept
+    assert len(out["files_layers"]) == 3 and set(out["files_other"]) < set(out["files_layers"])
+    assert out["layers"] == out["layers_again"] == out["layers_plain"]
+    assert out["files_noisy"] == out["files_layers"]
 
 
 def test_keys_refuse_what_they_cannot_name() -> None:

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from ... import _checks
+from ... import _checks, _exported
 from ..._host import put
 from .. import _devices
 from ..noise import brownian_tolerance
@@ -288,7 +288,14 @@ class _FixedStep(AbstractSolver):
 
 
 def _with_progress(term, y0, saves, n_layers: int, progress: bool, opts: dict) -> Any:
-    """The layer loop of one model on one device, with a progress bar of its layers."""
+    """The layer loop of one model on one device, with a progress bar of its layers.
+    Without the bar and without noise keys, through ``attnflow._exported`` (a warm
+    command reads the traced loop instead of tracing it)."""
+    if not progress and "keys" not in opts:
+        out = _exported.call(
+            "layers", _layer_loop_jit, (term, y0, saves), dict(progress_every=0, **opts)
+        )
+        return jax.block_until_ready(out)
     bar = None
     callback: Callable[[Any], None] | None = None
     if progress:
