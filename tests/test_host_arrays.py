@@ -64,3 +64,17 @@ def test_unbits_stays_on_the_device_of_placed_bits():
     b = jax.device_put(P._bits(np.eye(2), np.float64), dev)
     assert P._unbits(b).devices() == {dev}
     assert not P._unbits(P._bits(np.eye(2), np.float64)).committed
+
+
+def test_unbits_of_bits_split_over_devices_stays_split():
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    if len(jax.devices()) < 2:
+        pytest.skip("needs two devices (the suite forces two host devices)")
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+    split = NamedSharding(mesh, PartitionSpec("x"))
+    a = np.random.default_rng(1).normal(size=(4, 3))
+    b = jax.device_put(P._bits(a, np.float64), split)
+    out = P._unbits(b)
+    assert out.sharding.is_equivalent_to(split, out.ndim)
+    np.testing.assert_array_equal(np.asarray(out), a)

@@ -123,7 +123,9 @@ def _unbits(b: Any, complex_: bool = False) -> Any:
     """The array that ``_bits`` stored (``complex_``: from its trailing (re, im) axis)."""
     if b is None:
         return None
-    if _is_concrete(b):  # read on the host: no compiled program of its own
+    # a concrete b, on one device or replicated, is read on the host: no compiled
+    # program of its own (a b split over devices is cast where it is)
+    if _is_concrete(b) and (not isinstance(b, jax.Array) or b.sharding.is_fully_replicated):
         size = np.dtype(b.dtype).itemsize
         h = np.ascontiguousarray(np.asarray(b))
         # (re, im) side by side are the complex number's own bytes
