@@ -75,7 +75,8 @@ def _boundary_distances(points: np.ndarray, tol: float) -> np.ndarray:
     """Distance of each point to the relative boundary of the convex hull of ``points``.
 
     0 for hull vertices and points on facets. Computed in the affine hull of the points
-    (``scipy.spatial.ConvexHull`` in its dimension; segments and single points by hand).
+    (``scipy.spatial.ConvexHull`` in its dimension; polygons, segments and single points
+    by hand).
     """
     c = points.mean(axis=0)
     X = points - c

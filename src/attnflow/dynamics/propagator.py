@@ -70,6 +70,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
+from .._host import put
 from .._precision import highest, mm
 
 __all__ = ["Propagator", "FlowCache", "PROPAGATOR_METHODS", "condition_threshold", "fresh"]
@@ -103,8 +104,8 @@ def _bits(a: Any, dtype: Any) -> Any:
         return None
     dtype = np.dtype(dtype)
     size = dtype.itemsize
-    if _is_concrete(a):  # placed as it is: no compiled program of its own
-        return jax.device_put(_np_bits(a, dtype))
+    if _is_concrete(a):
+        return put(_np_bits(a, dtype))
     if jnp.iscomplexobj(a):
         a = jnp.stack([jnp.real(a), jnp.imag(a)], axis=-1)
     return jax.lax.bitcast_convert_type(a.astype(dtype), _UINT[size][1])
@@ -278,9 +279,7 @@ class FlowCache(eqx.Module):
             has_modal = got["T"] is not None and self.method in ("eigh", "eig")
             for name in ("T", "T_inv", "mu_re", "mu_im", "sign"):
                 setattr(self, name, _bits(got[name], dtype) if has_modal else None)
-            self.partner = (
-                jax.device_put(np.asarray(got["partner"], np.int32)) if has_modal else None
-            )
+            self.partner = put(got["partner"], np.int32) if has_modal else None
             self.cond = _bits(np.asarray(got["cond"], np.float64), dtype)
             self.good = None
             return
